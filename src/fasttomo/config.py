@@ -1,0 +1,484 @@
+"""Typed, validated configuration schemas.
+
+The YAML files in ``configs/`` are composed by Hydra in the entry points (the only modules that
+import hydra/omegaconf), turned into a plain dict and then into these dataclasses by
+:func:`from_dict`, which rejects unknown keys and wrong types with an error naming the field and
+the fix. Every field carries an attribute docstring; ``__post_init__`` validates ranges.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import types
+import typing
+from typing import Any, Optional, Union
+
+
+class ConfigError(ValueError):
+    """A configuration value is invalid; the message names the field and how to fix it."""
+
+
+def _require(cond: bool, field: str, msg: str) -> None:
+    if not cond:
+        raise ConfigError(f"{field}: {msg}")
+
+
+def _positive(value: float, field: str) -> None:
+    _require(isinstance(value, (int, float)) and math.isfinite(value) and value > 0, field,
+             f"must be > 0, got {value!r}; set {field}=<positive number>.")
+
+
+def _nonneg(value: float, field: str) -> None:
+    _require(isinstance(value, (int, float)) and math.isfinite(value) and value >= 0, field,
+             f"must be >= 0, got {value!r}; set {field}=<number >= 0>.")
+
+
+def _choice(value: Any, choices: tuple, field: str) -> None:
+    _require(value in choices, field, f"must be one of {list(choices)}, got {value!r}.")
+
+
+# --------------------------------------------------------------------------------------- data
+@dataclasses.dataclass
+class DataConfig:
+    source: str = "phantom"
+    """Where the tilt series comes from: phantom (built-in synthetic), mrc, hdf5 or tiff."""
+    path: Optional[str] = None
+    """Tilt-stack file (.mrc/.st/.ali/.h5/.tif) for source != phantom."""
+    angles: Optional[str] = None
+    """Angle file (.rawtlt/.tlt one angle per line in degrees, or SerialEM .mdoc). None: take the
+    angles from the stack file itself (MRC extended header, HDF5 dataset)."""
+    pixel_size: Optional[float] = None
+    """Pixel size in Angstrom; overrides the file's value. None: from the file (phantom: 10 A)."""
+    # --- built-in phantom
+    width: int = 64
+    """Phantom: image width W (pixels, along X)."""
+    height: int = 64
+    """Phantom: image height H (pixels, along Y = tilt axis)."""
+    n_tilts: int = 61
+    """Phantom: number of tilts, evenly spaced over [tilt_min, tilt_max]."""
+    tilt_min: float = -60.0
+    """Phantom: first tilt angle in degrees."""
+    tilt_max: float = 60.0
+    """Phantom: last tilt angle in degrees."""
+    noise: float = 0.0
+    """Phantom: Gaussian noise std, relative to the std of the clean projections."""
+    phantom_seed: int = 0
+    """Phantom: seed of the noise (the phantom's geometry is fixed)."""
+    # --- reconstruction box
+    thickness: Optional[int] = None
+    """Z size of the reconstructed volume in voxels (beam direction at 0 degrees). None: the
+    phantom's own thickness, or W/2 for real data."""
+    # --- preparation of real data (issue 3 adds the readers that use these)
+    hdf5_stack: str = "/tiltseries/stack"
+    """HDF5: dataset path of the (n_tilts, H, W) stack."""
+    hdf5_angles: str = "/tiltseries/angles"
+    """HDF5: dataset path (or attribute name on the stack) of the angles in degrees."""
+    hdf5_pixel_size: str = "pixel_size_A"
+    """HDF5: dataset path, or attribute name on the stack dataset or one of its parent groups, of
+    the pixel size in Angstrom (fasttomo's own files: the /tiltseries attribute pixel_size_A)."""
+    exclude_views: list = dataclasses.field(default_factory=list)
+    """1-based view numbers to drop before anything else (as IMOD's -EXCLUDELIST)."""
+    binning: int = 1
+    """Bin the images by this integer factor (pixel size grows by it)."""
+    crop: Optional[list] = None
+    """[y0, y1, x0, x1] pixel window (after binning) to keep; None keeps all."""
+    tilt_axis_angle: float = 0.0
+    """Angle (degrees, counter-clockwise from the image Y axis) of the tilt axis in the raw images;
+    the images are rotated (never transposed) so the axis lies along Y."""
+    normalize: str = "quantile"
+    """Intensity normalization: quantile (robust 1st/99.9th percentile scaling) or none."""
+    invert: bool = False
+    """Invert contrast (bright-field data where mass is dark)."""
+    intensity_offset: Optional[float] = None
+    """Offset subtracted from integer data when converted to float32 (None: no offset)."""
+    drop_dark_views: bool = False
+    """Drop views detected as dark or blank (they are always reported in the log)."""
+    nonfinite: str = "reject"
+    """NaN/Inf pixels: reject (error) or mask (ignored in the loss)."""
+
+    def __post_init__(self) -> None:
+        _choice(self.source, ("phantom", "mrc", "hdf5", "tiff"), "data.source")
+        if self.source != "phantom":
+            _require(bool(self.path), "data.path",
+                     f"data.source={self.source} needs a file: set data.path=/path/to/stack.")
+        for name in ("width", "height", "n_tilts"):
+            v = getattr(self, name)
+            _require(isinstance(v, int) and v >= 2, f"data.{name}", f"must be an integer >= 2, got {v!r}.")
+        _require(-90 < self.tilt_min < self.tilt_max < 90, "data.tilt_min/tilt_max",
+                 f"need -90 < tilt_min < tilt_max < 90 degrees, got {self.tilt_min}, {self.tilt_max}.")
+        _nonneg(self.noise, "data.noise")
+        if self.pixel_size is not None:
+            _positive(self.pixel_size, "data.pixel_size")
+        if self.thickness is not None:
+            _require(isinstance(self.thickness, int) and self.thickness >= 2, "data.thickness",
+                     f"must be an integer >= 2 voxels, got {self.thickness!r}.")
+        _require(isinstance(self.binning, int) and self.binning >= 1, "data.binning",
+                 f"must be an integer >= 1, got {self.binning!r}.")
+        _choice(self.normalize, ("quantile", "none"), "data.normalize")
+        _choice(self.nonfinite, ("reject", "mask"), "data.nonfinite")
+        if self.crop is not None:
+            _require(len(self.crop) == 4 and all(isinstance(v, int) and v >= 0 for v in self.crop), "data.crop",
+                     f"must be [y0, y1, x0, x1] of integers >= 0, got {self.crop!r}.")
+            _require(self.crop[0] < self.crop[1] and self.crop[2] < self.crop[3], "data.crop",
+                     f"needs y0 < y1 and x0 < x1, got {self.crop!r}.")
+        _require(all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in self.exclude_views),
+                 "data.exclude_views", f"must be 1-based view numbers (integers >= 1), got {self.exclude_views!r}.")
+        _require(isinstance(self.tilt_axis_angle, (int, float)) and math.isfinite(self.tilt_axis_angle),
+                 "data.tilt_axis_angle", f"must be a finite number of degrees, got {self.tilt_axis_angle!r}.")
+        if self.intensity_offset is not None:
+            _require(math.isfinite(self.intensity_offset), "data.intensity_offset",
+                     f"must be a finite number, got {self.intensity_offset!r}.")
+        for name in ("hdf5_stack", "hdf5_angles", "hdf5_pixel_size"):
+            _require(isinstance(getattr(self, name), str) and bool(getattr(self, name)), f"data.{name}",
+                     "must be a non-empty dataset path or attribute name.")
+
+
+# --------------------------------------------------------------------------------------- model
+@dataclasses.dataclass
+class ModelConfig:
+    kind: str = "kplanes_tilted"
+    """Object model: kplanes_tilted (K-Planes in T learned rotated frames) or voxel (plain grid)."""
+    n_rotations: int = 2
+    """T: number of rotated frames (1 with learn_rotations=false is plain K-Planes)."""
+    learn_rotations: bool = True
+    """Learn the T frame rotations (frame 0 starts at identity, the others random)."""
+    rotation_param: str = "svd"
+    """Rotation parametrization: svd (free 3x3 projected onto SO(3)) or quaternion."""
+    channels: int = 8
+    """C: feature channels per plane."""
+    resolutions: list = dataclasses.field(default_factory=lambda: [16, 32])
+    """Plane resolution per scale: an int (isotropic) or [rx, ry, rz] per scale."""
+    decoder: str = "hybrid"
+    """Decoder head: linear (one layer) or hybrid (Linear-ReLU-Linear-ReLU-Linear)."""
+    hidden: int = 32
+    """Hidden width of the hybrid decoder."""
+    activation: str = "softplus"
+    """Density activation: softplus (shifted) or trunc_exp."""
+    density_shift: float = -2.0
+    """Shift added to the raw decoder output before the activation (softplus(x + shift))."""
+    init_low: float = 0.1
+    """Planes start uniform in [init_low, init_high] (K-Planes' multiplicative init)."""
+    init_high: float = 0.5
+    """See init_low."""
+    voxel_shape: Optional[list] = None
+    """voxel model only: [Z, Y, X] grid; None uses the reconstruction box."""
+
+    def __post_init__(self) -> None:
+        _choice(self.kind, ("kplanes_tilted", "voxel"), "model.kind")
+        _require(isinstance(self.n_rotations, int) and self.n_rotations >= 1, "model.n_rotations",
+                 f"must be an integer >= 1, got {self.n_rotations!r}.")
+        _choice(self.rotation_param, ("svd", "quaternion"), "model.rotation_param")
+        _require(isinstance(self.channels, int) and self.channels >= 1, "model.channels",
+                 f"must be an integer >= 1, got {self.channels!r}.")
+        _require(len(self.resolutions) >= 1, "model.resolutions", "needs at least one scale, e.g. [16, 32].")
+        for r in self.resolutions:
+            ok = (isinstance(r, int) and r >= 2) or (
+                isinstance(r, (list, tuple)) and len(r) == 3 and all(isinstance(v, int) and v >= 2 for v in r))
+            _require(ok, "model.resolutions",
+                     f"each scale must be an int >= 2 or [rx, ry, rz] of ints >= 2, got {r!r}.")
+        _choice(self.decoder, ("linear", "hybrid"), "model.decoder")
+        _require(isinstance(self.hidden, int) and self.hidden >= 1, "model.hidden", f"must be >= 1, got {self.hidden!r}.")
+        _choice(self.activation, ("softplus", "trunc_exp"), "model.activation")
+        _require(self.init_low < self.init_high, "model.init_low/init_high", "need init_low < init_high.")
+
+    def resolution_triples(self) -> tuple[tuple[int, int, int], ...]:
+        return tuple((r, r, r) if isinstance(r, int) else tuple(r) for r in self.resolutions)
+
+
+# --------------------------------------------------------------------------------------- pose
+@dataclasses.dataclass
+class PoseConfig:
+    learn: bool = False
+    """Refine per-tilt poses (in-plane rotations z1, z3 and 2-D shifts; the tilt angle is fixed)."""
+    learn_rotations: bool = True
+    """With learn=true: refine the in-plane rotations z1 and z3."""
+    learn_shifts: bool = True
+    """With learn=true: refine the 2-D image shifts."""
+    start_step: int = 0
+    """Pose refinement starts after this many steps (the field settles first)."""
+
+    def __post_init__(self) -> None:
+        _require(isinstance(self.start_step, int) and self.start_step >= 0, "pose.start_step",
+                 f"must be an integer >= 0, got {self.start_step!r}.")
+
+
+# --------------------------------------------------------------------------------------- sampler
+@dataclasses.dataclass
+class SamplerConfig:
+    kind: str = "device"
+    """Batch sampler: device (device-resident index arithmetic) or dataloader (per-pixel torch
+    DataLoader, kept for comparison)."""
+    batch_size: int = 1024
+    """Rays per step (per rank under torchrun)."""
+    samples_per_ray: int = 64
+    """S: quadrature points per ray."""
+    val_fraction: float = 0.02
+    """Fraction of pixels held out for validation (fixed-seed split, identical on all ranks)."""
+    split_seed: int = 12345
+    """Seed of the train/validation split generator (independent of the run seed)."""
+    drop_last: bool = True
+    """Drop the ragged last batch of an epoch (keeps shapes fixed for CUDA graphs)."""
+    num_workers: int = 0
+    """dataloader sampler only: DataLoader worker processes."""
+    skip_masked: bool = False
+    """Leave masked pixels (tilt series validity mask False) out of the training and validation
+    sets instead of yielding them with weight 0. The split itself is unchanged (made over all
+    pixels), so it stays stable whatever the mask."""
+
+    def __post_init__(self) -> None:
+        _choice(self.kind, ("device", "dataloader"), "sampler.kind")
+        for name in ("batch_size", "samples_per_ray"):
+            v = getattr(self, name)
+            _require(isinstance(v, int) and v >= 1, f"sampler.{name}", f"must be an integer >= 1, got {v!r}.")
+        _require(0 <= self.val_fraction < 0.5, "sampler.val_fraction",
+                 f"must be in [0, 0.5), got {self.val_fraction!r}.")
+        _require(isinstance(self.num_workers, int) and self.num_workers >= 0, "sampler.num_workers",
+                 f"must be an integer >= 0, got {self.num_workers!r}.")
+        _require(isinstance(self.skip_masked, bool), "sampler.skip_masked",
+                 f"must be true or false, got {self.skip_masked!r}.")
+
+
+# --------------------------------------------------------------------------------------- optim
+@dataclasses.dataclass
+class OptimConfig:
+    steps: int = 600
+    """Number of optimizer steps."""
+    lr_grids: float = 2e-2
+    """Adam learning rate of the plane / voxel parameters."""
+    lr_decoder: float = 5e-3
+    """Adam learning rate of the decoder MLP."""
+    lr_rotations: float = 1e-3
+    """Adam learning rate of the TILTED frame rotations."""
+    lr_poses: float = 1e-3
+    """Adam learning rate of the per-tilt pose parameters."""
+    betas: list = dataclasses.field(default_factory=lambda: [0.9, 0.99])
+    """Adam betas."""
+    eps: float = 1e-15
+    """Adam epsilon."""
+    weight_decay: float = 0.0
+    """Adam (decoupled) weight decay."""
+    grad_clip: Optional[float] = None
+    """Clip the global gradient norm to this value; null turns clipping off."""
+
+    def __post_init__(self) -> None:
+        _require(isinstance(self.steps, int) and self.steps >= 1, "optim.steps",
+                 f"must be an integer >= 1, got {self.steps!r}.")
+        for name in ("lr_grids", "lr_decoder", "lr_rotations", "lr_poses"):
+            _nonneg(getattr(self, name), f"optim.{name}")
+        _require(len(self.betas) == 2 and all(0 <= b < 1 for b in self.betas), "optim.betas",
+                 f"must be two numbers in [0, 1), got {self.betas!r}.")
+        _positive(self.eps, "optim.eps")
+        _nonneg(self.weight_decay, "optim.weight_decay")
+        if self.grad_clip is not None:
+            _positive(self.grad_clip, "optim.grad_clip")
+
+
+# --------------------------------------------------------------------------------------- schedule
+@dataclasses.dataclass
+class ScheduleConfig:
+    kind: str = "cosine"
+    """Learning-rate schedule: constant, cosine, exponential or plateau."""
+    warmup_steps: int = 0
+    """Linear warm-up from 0 over this many steps (combines with every kind)."""
+    min_factor: float = 0.05
+    """cosine/exponential: the factor reached at the last step."""
+    plateau_patience: int = 50
+    """plateau: validation checks without improvement before the rate is cut."""
+    plateau_factor: float = 0.5
+    """plateau: multiply the rate by this on a plateau."""
+
+    def __post_init__(self) -> None:
+        _choice(self.kind, ("constant", "cosine", "exponential", "plateau"), "schedule.kind")
+        _require(isinstance(self.warmup_steps, int) and self.warmup_steps >= 0, "schedule.warmup_steps",
+                 f"must be an integer >= 0, got {self.warmup_steps!r}.")
+        _require(0 < self.min_factor <= 1, "schedule.min_factor", f"must be in (0, 1], got {self.min_factor!r}.")
+        _require(0 < self.plateau_factor < 1, "schedule.plateau_factor",
+                 f"must be in (0, 1), got {self.plateau_factor!r}.")
+
+
+# --------------------------------------------------------------------------------------- loss
+@dataclasses.dataclass
+class LossConfig:
+    kind: str = "mse"
+    """Data term: mse or l1 (Huber-free)."""
+    plane_tv: float = 1e-4
+    """Weight of the plane total variation (K-Planes planes)."""
+    volume_tv: float = 0.0
+    """Weight of the volume total variation (on density of a random sub-grid, or the voxel grid)."""
+    volume_tv_kind: str = "squared"
+    """Volume TV variant: squared (anisotropic squared differences) or l1."""
+    volume_tv_points: int = 16
+    """Side of the random sub-grid (n^3 points) on which volume TV is evaluated for fields."""
+
+    def __post_init__(self) -> None:
+        _choice(self.kind, ("mse", "l1"), "loss.kind")
+        _nonneg(self.plane_tv, "loss.plane_tv")
+        _nonneg(self.volume_tv, "loss.volume_tv")
+        _choice(self.volume_tv_kind, ("squared", "l1"), "loss.volume_tv_kind")
+        _require(isinstance(self.volume_tv_points, int) and self.volume_tv_points >= 2, "loss.volume_tv_points",
+                 f"must be an integer >= 2, got {self.volume_tv_points!r}.")
+
+
+# --------------------------------------------------------------------------------------- precision
+@dataclasses.dataclass
+class PrecisionConfig:
+    dtype: str = "fp32"
+    """Autocast dtype of the field: fp32, bf16 or fp16 (fp16 uses a GradScaler). Rays, rotations
+    and the line integral always run in fp32."""
+    cuda_graph: bool = False
+    """Capture the training step in a CUDA graph (GPU, fixed shapes)."""
+    compile: bool = False
+    """torch.compile the field."""
+
+    def __post_init__(self) -> None:
+        _choice(self.dtype, ("fp32", "bf16", "fp16"), "precision.dtype")
+
+
+# --------------------------------------------------------------------------------------- kernels
+@dataclasses.dataclass
+class KernelsConfig:
+    backend: str = "auto"
+    """auto (fused Triton kernels where valid, else pure torch), triton (require them) or torch."""
+    fuse_decoder: bool = False
+    """Fuse the decoder's first layer into the interpolation kernel (GPU, triton backend)."""
+
+    def __post_init__(self) -> None:
+        _choice(self.backend, ("auto", "triton", "torch"), "kernels.backend")
+
+
+# --------------------------------------------------------------------------------------- runtime
+@dataclasses.dataclass
+class RuntimeConfig:
+    device: str = "auto"
+    """auto (CUDA if available, else CPU), cpu, cuda or cuda:N."""
+    seed: int = 0
+    """The one seed that drives model init, batches and noise."""
+    threads: Optional[int] = None
+    """CPU threads for torch (None: torch's default)."""
+    deterministic: bool = False
+    """Ask torch for deterministic algorithms (slower)."""
+
+    def __post_init__(self) -> None:
+        _require(self.device == "auto" or self.device == "cpu" or self.device.startswith("cuda"),
+                 "runtime.device", f"must be auto, cpu, cuda or cuda:N, got {self.device!r}.")
+        if self.threads is not None:
+            _require(isinstance(self.threads, int) and self.threads >= 1, "runtime.threads",
+                     f"must be an integer >= 1, got {self.threads!r}.")
+
+
+# --------------------------------------------------------------------------------------- logging
+@dataclasses.dataclass
+class LoggingConfig:
+    log_every: int = 25
+    """Scalars (losses, learning rates, step time) every N steps."""
+    val_every: int = 100
+    """Validation loss (fp32) every N steps."""
+    image_every: int = 200
+    """Central-slice images to TensorBoard every N steps (0: only at the end)."""
+    tensorboard: bool = True
+    """Write TensorBoard events under <run>/tb."""
+    progress: bool = True
+    """Show a tqdm progress bar with ETA."""
+    checkpoint_every: int = 0
+    """Write a checkpoint every N steps (0: only at the end)."""
+
+    def __post_init__(self) -> None:
+        for name in ("log_every", "val_every"):
+            v = getattr(self, name)
+            _require(isinstance(v, int) and v >= 1, f"logging.{name}", f"must be an integer >= 1, got {v!r}.")
+        for name in ("image_every", "checkpoint_every"):
+            v = getattr(self, name)
+            _require(isinstance(v, int) and v >= 0, f"logging.{name}", f"must be an integer >= 0, got {v!r}.")
+
+
+# --------------------------------------------------------------------------------------- output
+@dataclasses.dataclass
+class OutputConfig:
+    dir: Optional[str] = None
+    """Run folder. Set by the entry point from Hydra's run dir; an existing non-empty folder is
+    never overwritten."""
+    volume_shape: Optional[list] = None
+    """[Z, Y, X] of the exported volume; None: the reconstruction box at pixel sampling."""
+    formats: list = dataclasses.field(default_factory=lambda: ["mrc", "h5"])
+    """Volume files to write: any of mrc, h5, tiff."""
+    imod_xzy: bool = False
+    """Also write the volume in IMOD's un-rotated XZY orientation (as before trimvol -rx)."""
+    overwrite: bool = False
+    """Allow writing into a folder that already holds results."""
+
+    def __post_init__(self) -> None:
+        for f in self.formats:
+            _choice(f, ("mrc", "h5", "tiff"), "output.formats[]")
+
+
+@dataclasses.dataclass
+class Config:
+    data: DataConfig = dataclasses.field(default_factory=DataConfig)
+    model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
+    pose: PoseConfig = dataclasses.field(default_factory=PoseConfig)
+    sampler: SamplerConfig = dataclasses.field(default_factory=SamplerConfig)
+    optim: OptimConfig = dataclasses.field(default_factory=OptimConfig)
+    schedule: ScheduleConfig = dataclasses.field(default_factory=ScheduleConfig)
+    loss: LossConfig = dataclasses.field(default_factory=LossConfig)
+    precision: PrecisionConfig = dataclasses.field(default_factory=PrecisionConfig)
+    kernels: KernelsConfig = dataclasses.field(default_factory=KernelsConfig)
+    runtime: RuntimeConfig = dataclasses.field(default_factory=RuntimeConfig)
+    logging: LoggingConfig = dataclasses.field(default_factory=LoggingConfig)
+    output: OutputConfig = dataclasses.field(default_factory=OutputConfig)
+    resume: Optional[str] = None
+    """Checkpoint file to continue from (exact resume)."""
+    name: str = "fasttomo"
+    """Run name (written in the MRC label and metadata)."""
+
+
+# --------------------------------------------------------------------------------------- dict -> dataclass
+def _type_ok(value: Any, tp: Any) -> bool:
+    origin = typing.get_origin(tp)
+    if tp is Any:
+        return True
+    if origin in (Union, types.UnionType):
+        return any(_type_ok(value, a) for a in typing.get_args(tp))
+    if tp is type(None):
+        return value is None
+    if tp is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if tp is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if tp in (list, dict, str, bool):
+        return isinstance(value, tp)
+    return True
+
+
+def from_dict(cls: type, data: dict | None, prefix: str = "") -> Any:
+    """Build dataclass ``cls`` from a plain dict, rejecting unknown keys and wrong types."""
+    data = dict(data or {})
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - set(fields))
+    if unknown:
+        where = prefix.rstrip(".") or "config"
+        raise ConfigError(
+            f"{where}: unknown key(s) {unknown}; valid keys are {sorted(fields)}. "
+            "Check the spelling (use +key=value only for keys the schema knows)."
+        )
+    kwargs = {}
+    for name, value in data.items():
+        tp = hints[name]
+        field = f"{prefix}{name}"
+        if dataclasses.is_dataclass(tp):
+            _require(isinstance(value, dict) or value is None, field, f"must be a group (mapping), got {value!r}.")
+            kwargs[name] = from_dict(tp, value, prefix=f"{field}.")
+            continue
+        args = typing.get_args(tp) or (tp,)
+        if isinstance(value, int) and not isinstance(value, bool) and float in args and int not in args:
+            value = float(value)
+        _require(_type_ok(value, tp), field,
+                 f"has the wrong type: got {value!r} ({type(value).__name__}), expected {tp}.")
+        kwargs[name] = value
+    return cls(**kwargs)
+
+
+def to_dict(cfg: Any) -> dict:
+    """A plain, JSON/YAML-serializable dict of a config dataclass."""
+    return dataclasses.asdict(cfg)
