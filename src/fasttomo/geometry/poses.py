@@ -1,0 +1,110 @@
+"""Per-tilt projection poses (tilt angle fixed, in-plane rotations and shifts optionally learned).
+
+Detector coordinates of a volume point p = (x, y, z) (centred, voxel units) seen in view n:
+
+    (u, v, w) = Rz(z3[n]) @ Ry(theta[n]) @ Rz(z1[n]) @ p + (su[n], sv[n], 0)
+
+with ``Ry``/``Rz`` from :mod:`fasttomo.geometry.so3` (IMOD convention: at z1 = z3 = 0 and no
+shift, u = x cos(theta) + z sin(theta), v = y). theta comes from the data (degrees at the surface,
+a buffer in radians here), optionally one angle per image line (continuous-rotation data,
+``angles_deg`` of shape (N, H)). z1, z3 (radians) and the shifts (pixels) are parameters, all
+starting at zero; the reference view (smallest |angle|) is multiplied by a zero mask, so its
+values have no effect and receive zero gradient. Everything is a registered parameter or buffer,
+so ``.to(device)`` moves the state and never re-initializes it. Rotation math runs in fp32 with
+autocast disabled.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+
+from fasttomo.geometry.so3 import rot_y, rot_z
+
+
+class Poses(torch.nn.Module):
+    def __init__(self, angles_deg: np.ndarray, reference_index: int, learn_rotations: bool = False,
+                 learn_shifts: bool = False) -> None:
+        super().__init__()
+        angles = np.asarray(angles_deg, dtype=np.float64)
+        if angles.ndim not in (1, 2) or angles.shape[0] < 1:
+            raise ValueError(f"Poses: angles_deg must be (N,) or (N, H), got shape {angles.shape}")
+        n = angles.shape[0]
+        if not 0 <= reference_index < n:
+            raise ValueError(f"Poses: reference_index {reference_index} outside [0, {n})")
+        self.n_views = n
+        self.reference_index = int(reference_index)
+        self.learn_rotations = bool(learn_rotations)
+        self.learn_shifts = bool(learn_shifts)
+        self.register_buffer("theta", torch.from_numpy(np.deg2rad(angles)).float())
+        mask = torch.ones(n)
+        mask[reference_index] = 0.0
+        self.register_buffer("free_mask", mask)
+        self.z1 = torch.nn.Parameter(torch.zeros(n), requires_grad=self.learn_rotations)
+        self.z3 = torch.nn.Parameter(torch.zeros(n), requires_grad=self.learn_rotations)
+        self.shifts = torch.nn.Parameter(torch.zeros(n, 2), requires_grad=self.learn_shifts)
+
+    @classmethod
+    def from_tiltseries(cls, ts, pose_cfg=None) -> "Poses":
+        """Poses of a :class:`~fasttomo.data.tiltseries.TiltSeries` under a ``PoseConfig``
+        (None: fixed poses). ``pose.learn=false`` freezes everything."""
+        learn = bool(pose_cfg is not None and pose_cfg.learn)
+        return cls(ts.angles, ts.reference_index(),
+                   learn_rotations=learn and pose_cfg.learn_rotations,
+                   learn_shifts=learn and pose_cfg.learn_shifts)
+
+    @property
+    def per_line(self) -> bool:
+        return self.theta.dim() == 2
+
+    def trainable_parameters(self) -> list[torch.nn.Parameter]:
+        """The parameters that are learned (for the optimizer's pose group)."""
+        return [p for p in (self.z1, self.z3, self.shifts) if p.requires_grad]
+
+    def _effective(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        m = self.free_mask
+        return self.z1 * m, self.z3 * m, self.shifts * m.unsqueeze(-1)
+
+    def forward(self, tilt: torch.Tensor, row: torch.Tensor | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rotation (B, 3, 3) and detector shift (B, 2) = (su, sv) of views ``tilt`` (B,).
+
+        ``row`` (B,) selects the per-line angle for (N, H) angles; ignored otherwise.
+        """
+        with torch.autocast(device_type=self.theta.device.type, enabled=False):
+            if self.per_line:
+                if row is None:
+                    raise ValueError("Poses: per-line angles need the image row of every ray")
+                theta = self.theta[tilt, row]
+            else:
+                theta = self.theta[tilt]
+            z1, z3, shifts = self._effective()
+            r = rot_z(z3[tilt]) @ rot_y(theta) @ rot_z(z1[tilt])
+            return r, shifts[tilt]
+
+    def angles_deg(self) -> np.ndarray:
+        """The tilt angles in degrees, (N,) or (N, H) as given."""
+        return np.rad2deg(self.theta.detach().double().cpu().numpy())
+
+    @torch.no_grad()
+    def describe(self) -> dict:
+        """Per-view pose values in user units (degrees, pixels) for metrics.json (host sync)."""
+        z1, z3, shifts = (t.detach().double().cpu() for t in self._effective())
+        ang = self.angles_deg()
+        if ang.ndim == 2:
+            ang = ang.mean(axis=1)
+        deg = 180.0 / math.pi
+        return {
+            "reference_index": self.reference_index,
+            "learn_rotations": self.learn_rotations,
+            "learn_shifts": self.learn_shifts,
+            "tilt_deg": [float(a) for a in ang],
+            "z1_deg": (z1 * deg).tolist(),
+            "z3_deg": (z3 * deg).tolist(),
+            "shift_u_px": shifts[:, 0].tolist(),
+            "shift_v_px": shifts[:, 1].tolist(),
+            "max_abs_inplane_deg": float(((z1.abs() + z3.abs()) * deg).max()),
+            "max_abs_shift_px": float(shifts.abs().max()),
+        }

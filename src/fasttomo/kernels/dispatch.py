@@ -1,0 +1,184 @@
+"""The one door to every fused op. Model code calls only these functions.
+
+Each op takes its fast path (a Triton kernel registered as a torch custom op in
+``kernels/triton/ops.py``) only when that is valid:
+
+- the backend allows it: ``configure(backend)`` is called by the model/trainer builder with
+  ``kernels.backend`` (auto | triton | torch); the environment variable ``FASTTOMO_KERNELS``
+  (same values), if set, overrides it and is read inside ``configure`` (never at import);
+- Triton imports and the custom ops register (checked once, lazily);
+- the tensors are CUDA, fp32, of supported shapes (see each ``_why_not_*``).
+
+Otherwise the pure-torch twin in ``kernels/reference.py`` runs. Under ``backend='triton'`` an input
+the fast path cannot take raises ``KernelUnavailableError`` naming the reason. The path taken is
+logged once per (op, path, reason) on logger ``fasttomo.kernels`` and counted in ``counters``
+(op -> path -> calls; a spy for tests, ``reset_counters()`` clears it). Backward passes count as
+``'<op>_bwd'``: a ``create_graph=True`` backward runs the twin's formula (path ``'torch'``), so
+higher-order autograd is exact.
+
+Under bf16 autocast (CUDA) the fused interpolation writes bf16 features (fp32 planes and fp32
+accumulation inside); the twin keeps fp32 (grid_sample runs in fp32 under autocast).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Optional
+
+import torch
+
+from fasttomo.kernels import reference
+from fasttomo.kernels.layout import PlaneLayout
+
+log = logging.getLogger("fasttomo.kernels")
+
+BACKENDS = ("auto", "triton", "torch")
+ENV_VAR = "FASTTOMO_KERNELS"
+
+_state = {"backend": "auto", "fuse_decoder": False}
+counters: dict[str, dict[str, int]] = {}
+_logged: set = set()
+_ops_module = None
+_ops_error: Optional[str] = None
+_INT32_MAX = 2**31 - 1
+
+
+class KernelUnavailableError(RuntimeError):
+    """kernels.backend=triton was asked for but the fast path cannot take this input."""
+
+
+def configure(backend: str = "auto", fuse_decoder: bool = False) -> str:
+    """Set the kernel backend (call when building the model/trainer). Returns the backend in force.
+
+    ``FASTTOMO_KERNELS`` (auto | triton | torch), if set, overrides ``backend``.
+    """
+    env = os.environ.get(ENV_VAR)
+    if env:
+        backend = env.strip().lower()
+    if backend not in BACKENDS:
+        raise ValueError(f"kernels.backend must be one of {list(BACKENDS)}, got {backend!r} "
+                         f"(from {'$' + ENV_VAR if env else 'the config'}).")
+    _state["backend"] = backend
+    _state["fuse_decoder"] = bool(fuse_decoder)
+    _logged.clear()
+    if backend == "triton" and _load_ops() is None:
+        raise KernelUnavailableError(
+            f"kernels.backend=triton but the Triton kernels cannot load ({_ops_error}); install "
+            f"triton (pip install 'fasttomo[triton]') or set kernels.backend=auto.")
+    log.info("kernels: backend=%s", backend)
+    return backend
+
+
+def backend() -> str:
+    return _state["backend"]
+
+
+def reset_counters() -> None:
+    counters.clear()
+
+
+def _count(op: str, path: str) -> None:
+    if torch.compiler.is_compiling():
+        return
+    d = counters.setdefault(op, {})
+    d[path] = d.get(path, 0) + 1
+
+
+def _load_ops():
+    global _ops_module, _ops_error
+    if _ops_module is None and _ops_error is None:
+        try:
+            from fasttomo.kernels.triton import ops as m  # imports triton, registers custom ops
+            _ops_module = m
+        except Exception as e:  # noqa: BLE001 - any import failure means "no fast path"
+            _ops_error = f"{type(e).__name__}: {e}"
+    return _ops_module
+
+
+def _common_reason(tensors) -> Optional[str]:
+    if _state["backend"] == "torch":
+        return "kernels.backend=torch"
+    for t in tensors:
+        if not t.is_cuda:
+            return f"tensor on {t.device.type}, fast path needs CUDA"
+        if t.dtype != torch.float32:
+            return f"dtype {t.dtype}, fast path needs float32"
+    dev = tensors[0].device
+    if any(t.device != dev for t in tensors):
+        return "tensors on different devices"
+    if _load_ops() is None:  # imported lazily: CPU-only runs never import triton
+        return f"triton unavailable ({_ops_error})"
+    return None
+
+
+def _route(op: str, reason: Optional[str]) -> bool:
+    """Decide, count and log once. True: take the fast path."""
+    path = "triton" if reason is None else "torch"
+    if reason is not None and _state["backend"] == "triton":
+        raise KernelUnavailableError(
+            f"{op}: kernels.backend=triton but the fast path cannot take this input: {reason}. "
+            f"Fix the input or set kernels.backend=auto to fall back to the pure-torch twin.")
+    if not torch.compiler.is_compiling():
+        _count(op, path)
+        key = (op, path, reason)
+        if key not in _logged:
+            _logged.add(key)
+            log.info("kernels: %s -> %s%s", op, path, "" if reason is None else f" ({reason})")
+    return reason is None
+
+
+def _why_not_kplanes(points, matrices, plane_data, layout: PlaneLayout) -> Optional[str]:
+    r = _common_reason((points, matrices, plane_data))
+    if r:
+        return r
+    T, C = layout.n_rot, layout.channels
+    if points.dim() != 2 or points.shape[1] != 3:
+        return f"points shape {tuple(points.shape)}, fast path needs (N, 3)"
+    if tuple(matrices.shape) != (T, 3, 3):
+        return f"matrices shape {tuple(matrices.shape)}, fast path needs ({T}, 3, 3)"
+    if plane_data.dim() != 1 or plane_data.numel() != layout.numel or not plane_data.is_contiguous():
+        return f"plane_data must be a contiguous 1-D buffer of {layout.numel} elements"
+    if layout.numel > _INT32_MAX:
+        return "plane buffer larger than 2**31 elements"
+    if points.shape[0] * 3 > 2**62:
+        return "too many points"
+    return None
+
+
+def tilted_kplanes(points: torch.Tensor, matrices: torch.Tensor, plane_data: torch.Tensor,
+                   layout: PlaneLayout) -> torch.Tensor:
+    if _route("tilted_kplanes", _why_not_kplanes(points, matrices, plane_data, layout)):
+        out_bf16 = (torch.is_autocast_enabled("cuda")
+                    and torch.get_autocast_dtype("cuda") == torch.bfloat16)
+        res = [v for r in layout.resolutions for v in r]
+        return torch.ops.fasttomo.tilted_kplanes(points.contiguous(), matrices.contiguous(),
+                                                 plane_data, layout.n_rot, layout.channels, res,
+                                                 out_bf16)
+    return reference.tilted_kplanes(points, matrices, plane_data, layout)
+
+
+def plane_tv(plane_data: torch.Tensor, layout: PlaneLayout) -> torch.Tensor:
+    r = _common_reason((plane_data,))
+    if r is None and (plane_data.dim() != 1 or plane_data.numel() != layout.numel
+                      or not plane_data.is_contiguous()):
+        r = f"plane_data must be a contiguous 1-D buffer of {layout.numel} elements"
+    if r is None and layout.numel > _INT32_MAX:
+        r = "plane buffer larger than 2**31 elements"
+    if _route("plane_tv", r):
+        res = [v for rr in layout.resolutions for v in rr]
+        return torch.ops.fasttomo.plane_tv(plane_data, layout.n_rot, layout.channels, res)
+    return reference.plane_tv(plane_data, layout)
+
+
+def volume_tv(volume: torch.Tensor, kind: str = "squared") -> torch.Tensor:
+    if kind not in ("squared", "l1"):
+        raise ValueError(f"volume_tv: kind must be 'squared' or 'l1', got {kind!r}")
+    r = _common_reason((volume,))
+    if r is None and (volume.dim() < 3 or min(volume.shape[-3:]) < 2 or volume.numel() == 0):
+        r = f"volume shape {tuple(volume.shape)}, fast path needs (..., D, H, W) with D, H, W >= 2"
+    if r is None and volume.numel() > _INT32_MAX // 2:
+        r = "volume larger than 2**30 elements"
+    if _route("volume_tv", r):
+        return torch.ops.fasttomo.volume_tv(volume.contiguous(), kind == "l1")
+    return reference.volume_tv(volume, kind)

@@ -1,0 +1,75 @@
+"""Static layout of the multi-scale K-Planes parameters in one flat buffer.
+
+All planes of all scales live in ONE flat fp32 parameter ``plane_data`` so fused kernels read and
+write a single buffer. For scale ``l`` and plane kind ``k`` (0 = xy, 1 = xz, 2 = yz) the T planes of
+the T rotations are stored back to back, each channels-last (H, W, C):
+
+    plane_data[offset[l][k] + t*H*W*C : offset[l][k] + (t+1)*H*W*C].view(H, W, C)
+
+Plane kind k samples the rotated point q = M_t p at (column, row) = (q[a], q[b]) with
+(a, b) = (0, 1), (0, 2), (1, 2): xy uses x for W and y for H, xz uses x/z, yz uses y/z.
+Feature ordering of the op output: index = l*T*C + t*C + c.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+# (column axis, row axis) of each plane kind
+PLANE_AXES: tuple[tuple[int, int], ...] = ((0, 1), (0, 2), (1, 2))
+
+
+@dataclasses.dataclass(frozen=True)
+class PlaneLayout:
+    n_rot: int
+    """T: number of rotated frames."""
+    channels: int
+    """C: channels per plane."""
+    resolutions: tuple[tuple[int, int, int], ...]
+    """Per scale: (rx, ry, rz) grid resolution along x, y, z (plane sizes derive from it)."""
+
+    def __post_init__(self) -> None:
+        if self.n_rot < 1 or self.channels < 1 or not self.resolutions:
+            raise ValueError(f"PlaneLayout needs T>=1, C>=1 and >=1 scale, got {self}")
+        for r in self.resolutions:
+            if len(r) != 3 or min(r) < 2:
+                raise ValueError(f"PlaneLayout: every resolution must be 3 ints >= 2, got {r}")
+
+    @property
+    def n_scales(self) -> int:
+        return len(self.resolutions)
+
+    def plane_shape(self, scale: int, kind: int) -> tuple[int, int]:
+        """(H, W) of plane ``kind`` at ``scale``: W along the column axis, H along the row axis."""
+        a, b = PLANE_AXES[kind]
+        r = self.resolutions[scale]
+        return r[b], r[a]
+
+    @property
+    def offsets(self) -> tuple[tuple[int, int, int], ...]:
+        """offsets[l][k]: start of the T planes of kind k at scale l in the flat buffer."""
+        out, pos = [], 0
+        for l in range(self.n_scales):
+            row = []
+            for k in range(3):
+                row.append(pos)
+                h, w = self.plane_shape(l, k)
+                pos += self.n_rot * h * w * self.channels
+            out.append(tuple(row))
+        return tuple(out)
+
+    @property
+    def numel(self) -> int:
+        h, w = self.plane_shape(self.n_scales - 1, 2)
+        return self.offsets[-1][2] + self.n_rot * h * w * self.channels
+
+    @property
+    def n_features(self) -> int:
+        return self.n_scales * self.n_rot * self.channels
+
+    def view(self, plane_data, scale: int, kind: int):
+        """The (T, H, W, C) view of one plane kind at one scale (no copy)."""
+        h, w = self.plane_shape(scale, kind)
+        o = self.offsets[scale][kind]
+        n = self.n_rot * h * w * self.channels
+        return plane_data[o : o + n].view(self.n_rot, h, w, self.channels)

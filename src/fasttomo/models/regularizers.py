@@ -1,0 +1,66 @@
+"""Regularizers of the object models (sync-free: no .item(), no host branching on values)."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from fasttomo.config import LossConfig
+from fasttomo.kernels import dispatch
+
+SUBGRID_SIZE = (0.05, 0.25)
+"""Side of the random TV sub-grid as a fraction of the box side [-1, 1] (normalized width 2)."""
+
+
+def _device(field: nn.Module) -> torch.device:
+    return next(field.parameters()).device
+
+
+def random_subgrid(n: int, generator: torch.Generator | None = None, device=None,
+                   size: tuple[float, float] = SUBGRID_SIZE) -> torch.Tensor:
+    """(n, n, n, 3) normalized xyz of a cubic n^3 grid (index order z, y, x) with a random side
+    (uniform in ``size`` times 2) at a random position fully inside [-1, 1]^3.
+
+    Random numbers are drawn on the generator's device (pass a generator on the field's device to
+    keep the step free of copies) and moved to ``device``.
+    """
+    if n < 2:
+        raise ValueError(f"random_subgrid: n must be >= 2, got {n}")
+    gdev = generator.device if generator is not None else device
+    r = torch.rand(4, generator=generator, device=gdev).to(device)
+    side = 2.0 * (size[0] + (size[1] - size[0]) * r[0])
+    lo = -1.0 + (2.0 - side) * r[1:]  # (3,) xyz corner
+    t = torch.linspace(0.0, 1.0, n, device=device) * side  # (n,)
+    x, y, z = (lo[a] + t for a in range(3))
+    gz, gy, gx = torch.meshgrid(z, y, x, indexing="ij")
+    return torch.stack((gx, gy, gz), dim=-1)
+
+
+def field_volume_tv(field: nn.Module, n: int, kind: str = "squared",
+                    generator: torch.Generator | None = None) -> torch.Tensor:
+    """Volume TV (``dispatch.volume_tv``) of the field's density on a random n^3 sub-grid."""
+    points = random_subgrid(n, generator, _device(field))
+    return dispatch.volume_tv(field(points), kind)
+
+
+def regularization(field: nn.Module, loss_cfg: LossConfig, generator: torch.Generator | None = None
+                   ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Weighted regularization total and its weighted parts ({'plane_tv', 'volume_tv'}, only the
+    terms with a positive weight that apply to the field; the parts sum to the total).
+
+    plane TV: fields with ``plane_tv()`` (K-Planes). Volume TV: the field's own ``volume_tv``
+    (voxel grid) or, for other fields, :func:`field_volume_tv` on a random sub-grid.
+    """
+    total = torch.zeros((), device=_device(field))
+    parts: dict[str, torch.Tensor] = {}
+    if loss_cfg.plane_tv > 0 and hasattr(field, "plane_tv"):
+        parts["plane_tv"] = loss_cfg.plane_tv * field.plane_tv()
+    if loss_cfg.volume_tv > 0:
+        if hasattr(field, "volume_tv"):
+            tv = field.volume_tv(loss_cfg.volume_tv_kind)
+        else:
+            tv = field_volume_tv(field, loss_cfg.volume_tv_points, loss_cfg.volume_tv_kind, generator)
+        parts["volume_tv"] = loss_cfg.volume_tv * tv
+    for v in parts.values():
+        total = total + v
+    return total, parts

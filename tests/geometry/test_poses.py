@@ -1,0 +1,131 @@
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from fasttomo.config import PoseConfig
+from fasttomo.data.tiltseries import TiltSeries
+from fasttomo.geometry.poses import Poses
+from fasttomo.geometry.rays import project_points
+
+ANGLES = np.array([-60.0, -30.0, -5.0, 0.5, 30.0, 60.0])
+
+
+def _ry(t):
+    c, s = math.cos(t), math.sin(t)
+    return np.array([[c, 0, s], [0, 1, 0], [-s, 0, c]])
+
+
+def _rz(a):
+    c, s = math.cos(a), math.sin(a)
+    return np.array([[c, -s, 0], [s, c, 0], [0, 0, 1]])
+
+
+def _project(poses, tilt, p):
+    tilt = torch.tensor([tilt])
+    r, s = poses(tilt, torch.zeros_like(tilt))
+    u, v = project_points(torch.tensor([p], dtype=torch.float32), r, s)
+    return float(u.detach()[0]), float(v.detach()[0])
+
+
+def test_imod_sign_check_point_above_the_centre_moves_to_plus_u():
+    poses = Poses(np.array([-30.0, 0.0, 30.0]), reference_index=1)
+    u, v = _project(poses, 2, (0.0, 0.0, 10.0))
+    assert u == pytest.approx(5.0, abs=1e-5) and v == pytest.approx(0.0, abs=1e-6)
+    u, _ = _project(poses, 0, (0.0, 0.0, 10.0))
+    assert u == pytest.approx(-5.0, abs=1e-5)
+
+
+@pytest.mark.parametrize("tilt", range(len(ANGLES)))
+def test_off_axis_point_lands_at_the_documented_formula(tilt):
+    poses = Poses(ANGLES, reference_index=3)
+    x, y, z = 7.0, -3.0, 11.0
+    th = math.radians(ANGLES[tilt])
+    u, v = _project(poses, tilt, (x, y, z))
+    assert u == pytest.approx(x * math.cos(th) + z * math.sin(th), abs=1e-4)
+    assert v == pytest.approx(y, abs=1e-5)
+
+
+@pytest.mark.parametrize("which", ["z1", "z3", "both"])
+def test_in_plane_rotations_and_shifts_match_the_explicit_matrix_product(which):
+    poses = Poses(ANGLES, reference_index=3, learn_rotations=True, learn_shifts=True)
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        if which in ("z1", "both"):
+            poses.z1.copy_(torch.rand(len(ANGLES), generator=g) - 0.5)
+        if which in ("z3", "both"):
+            poses.z3.copy_(torch.rand(len(ANGLES), generator=g) - 0.5)
+        poses.shifts.copy_(torch.randn(len(ANGLES), 2, generator=g) * 3)
+    p = np.array([7.0, -3.0, 11.0])
+    for tilt in (0, 1, 4, 5):  # not the reference
+        z1, z3 = float(poses.z1.detach()[tilt]), float(poses.z3.detach()[tilt])
+        su, sv = poses.shifts.detach()[tilt].tolist()
+        q = _rz(z3) @ _ry(math.radians(ANGLES[tilt])) @ _rz(z1) @ p
+        u, v = _project(poses, tilt, tuple(p))
+        assert (u, v) == (pytest.approx(q[0] + su, abs=1e-4), pytest.approx(q[1] + sv, abs=1e-4))
+        if which == "z1":  # z1 alone rotates the object before tilting: v changes too
+            assert abs(v - (p[1] + sv)) > 1e-2
+
+
+def test_reference_view_is_fixed_and_gets_zero_gradient():
+    poses = Poses(ANGLES, reference_index=3, learn_rotations=True, learn_shifts=True)
+    with torch.no_grad():
+        poses.z1.fill_(0.1)
+        poses.z3.fill_(-0.2)
+        poses.shifts.fill_(1.5)
+    tilts = torch.arange(len(ANGLES))
+    r, s = poses(tilts, tilts)
+    torch.testing.assert_close(r[3], torch.from_numpy(_ry(math.radians(0.5))).float())
+    assert s[3].abs().max() == 0
+    (r.sum() + (r * r.roll(1, 0)).sum() + s.sum()).backward()
+    for p in (poses.z1, poses.z3):
+        assert p.grad[3] == 0 and (p.grad[[0, 1, 2, 4, 5]] != 0).all()
+    assert (poses.shifts.grad[3] == 0).all() and (poses.shifts.grad[[0, 1, 2, 4, 5]] != 0).all()
+
+
+def test_frozen_poses_have_no_trainable_parameters_and_survive_a_device_move():
+    poses = Poses(ANGLES, reference_index=3)
+    assert poses.trainable_parameters() == [] and not poses.z1.requires_grad
+    learn = Poses(ANGLES, reference_index=3, learn_rotations=False, learn_shifts=True)
+    assert learn.trainable_parameters() == [learn.shifts]
+    with torch.no_grad():
+        learn.shifts.fill_(2.0)
+    moved = learn.to("cpu").to(torch.device("cpu"))
+    assert (moved.shifts == 2.0).all()
+    fresh = Poses(ANGLES, reference_index=3, learn_shifts=True)
+    fresh.load_state_dict(learn.state_dict())
+    assert (fresh.shifts == 2.0).all()
+    np.testing.assert_allclose(fresh.angles_deg(), ANGLES, atol=1e-5)
+
+
+def test_per_line_angles_select_the_row():
+    n, h = 3, 4
+    ang = np.linspace(-40, 40, n * h).reshape(n, h)
+    poses = Poses(ang, reference_index=1)
+    tilt = torch.tensor([0, 2, 2])
+    row = torch.tensor([1, 0, 3])
+    r, _ = poses(tilt, row)
+    for b in range(3):
+        expect = _ry(math.radians(ang[tilt[b], row[b]]))
+        np.testing.assert_allclose(r[b].numpy(), expect, atol=1e-6)
+    with pytest.raises(ValueError):
+        poses(tilt)
+    d = poses.describe()
+    assert len(d["tilt_deg"]) == n and d["tilt_deg"][0] == pytest.approx(ang[0].mean())
+
+
+def test_from_tiltseries_describe_and_fp32_under_autocast():
+    ts = TiltSeries(stack=np.zeros((5, 4, 6), np.float32), angles=np.array([-40, -20, 1, 20, 40.0]))
+    poses = Poses.from_tiltseries(ts, PoseConfig(learn=True, learn_shifts=False))
+    assert poses.reference_index == 2 and poses.learn_rotations and not poses.learn_shifts
+    with torch.no_grad():
+        poses.z1[0] = math.radians(2.0)
+        poses.z1[2] = math.radians(9.0)  # reference: masked
+    d = poses.describe()
+    assert d["z1_deg"][0] == pytest.approx(2.0, abs=1e-4) and d["z1_deg"][2] == 0.0
+    assert d["max_abs_inplane_deg"] == pytest.approx(2.0, abs=1e-4)
+    assert not Poses.from_tiltseries(ts).trainable_parameters()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        r, s = poses(torch.tensor([0, 4]), torch.tensor([0, 0]))
+    assert r.dtype == torch.float32 and s.dtype == torch.float32

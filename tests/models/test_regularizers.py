@@ -1,0 +1,68 @@
+import pytest
+import torch
+
+from fasttomo.config import LossConfig, ModelConfig
+from fasttomo.geometry.rays import Box
+from fasttomo.kernels import reference
+from fasttomo.models import KPlanesTILTED, VoxelField
+from fasttomo.models.regularizers import field_volume_tv, random_subgrid, regularization
+
+TINY = dict(channels=2, resolutions=[4, [3, 4, 5]], hidden=4)
+
+
+def test_random_subgrid_is_small_inside_and_reproducible():
+    for seed in range(20):
+        g = random_subgrid(5, torch.Generator().manual_seed(seed))
+        assert g.shape == (5, 5, 5, 3)
+        assert (g.abs() <= 1 + 1e-6).all()
+        side = g[-1, -1, -1] - g[0, 0, 0]
+        assert (side > 0.099).all() and (side < 0.501).all()
+        torch.testing.assert_close(side, side[:1].expand(3))  # cubic
+        # x varies along the last index, z along the first
+        assert (g[0, 0, 1, 0] > g[0, 0, 0, 0]) and (g[1, 0, 0, 2] > g[0, 0, 0, 2])
+    a = random_subgrid(4, torch.Generator().manual_seed(3))
+    b = random_subgrid(4, torch.Generator().manual_seed(3))
+    c = random_subgrid(4, torch.Generator().manual_seed(4))
+    torch.testing.assert_close(a, b)
+    assert not torch.equal(a, c)
+
+
+def test_field_volume_tv_is_zero_for_a_constant_field_and_differentiable():
+    class Affine(torch.nn.Module):
+        def __init__(self, slope):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.tensor([slope, 0.0, 0.0]))
+
+        def forward(self, p):
+            return p @ self.w
+
+    assert field_volume_tv(Affine(0.0), 4, "squared", torch.Generator().manual_seed(0)).item() == 0.0
+    f = Affine(2.0)
+    tv = field_volume_tv(f, 4, "l1", torch.Generator().manual_seed(0))
+    g = random_subgrid(4, torch.Generator().manual_seed(0))
+    step = float(g[0, 0, 1, 0] - g[0, 0, 0, 0])
+    assert tv.item() == pytest.approx(2.0 * step, rel=1e-5)  # only x differences, mean |2 dx|
+    tv.backward()
+    assert f.w.grad[0] != 0
+
+
+def test_regularization_parts_and_weights():
+    torch.manual_seed(0)
+    m = KPlanesTILTED(n_rotations=2, **TINY)
+    cfg = LossConfig(plane_tv=0.5, volume_tv=2.0, volume_tv_points=4)
+    total, parts = regularization(m, cfg, torch.Generator().manual_seed(1))
+    assert set(parts) == {"plane_tv", "volume_tv"}
+    torch.testing.assert_close(parts["plane_tv"], 0.5 * reference.plane_tv(m.plane_data, m.layout))
+    torch.testing.assert_close(parts["volume_tv"], 2.0 * field_volume_tv(m, 4, "squared", torch.Generator().manual_seed(1)))
+    torch.testing.assert_close(total, parts["plane_tv"] + parts["volume_tv"])
+    total.backward()
+    assert m.plane_data.grad.abs().sum() > 0
+    # weights of zero drop the term; the voxel grid uses its own TV and has no plane TV
+    total, parts = regularization(m, LossConfig(plane_tv=0.0, volume_tv=0.0))
+    assert parts == {} and total.item() == 0.0
+    v = VoxelField((3, 4, 5))
+    with torch.no_grad():
+        v.grid.copy_(torch.randn(3, 4, 5))
+    total, parts = regularization(v, LossConfig(plane_tv=1.0, volume_tv=3.0, volume_tv_kind="l1"))
+    assert set(parts) == {"volume_tv"}
+    torch.testing.assert_close(total, 3.0 * reference.volume_tv(v.density(), "l1"))
