@@ -1,0 +1,224 @@
+"""HDF5 tilt series (fasttomo's layout or any user-named datasets) and HDF5 volumes.
+
+fasttomo tilt-series layout (written by :func:`write_tiltseries_h5`, read by default)::
+
+    /tiltseries                 group; attrs: format="fasttomo-tiltseries", version=1,
+                                pixel_size_A (float, Angstrom), units="angstrom",
+                                angle_units="degrees", axis_order="tilt,y,x" (rows = tilt axis),
+                                source (str), metadata (JSON string)
+    /tiltseries/stack           (n_tilts, H, W) float32 projections
+    /tiltseries/angles          (n_tilts,) or (n_tilts, H) float64, degrees (attr units="degrees")
+    /tiltseries/valid           optional (n_tilts, H, W) bool; False = pixel to ignore
+    /ground_truth/volume        optional (Z, H, W) float32 (synthetic data); attrs voxel_size_A,
+                                axis_order="z,y,x"
+
+Other files: ``data.hdf5_stack`` names the stack dataset, ``data.hdf5_angles`` a dataset path or
+an attribute name (looked up on the stack dataset, then its parent groups up to the root), and
+``data.hdf5_pixel_size`` the same for the pixel size in Angstrom.
+
+Volume layout (:func:`write_volume_h5`): dataset ``/volume`` (Z, Y, X) float32 with attrs
+voxel_size (Angstrom), units="angstrom", axis_order="ZYX", label, config (JSON string, when
+given), fasttomo_attrs (JSON of every attribute passed, for an exact round trip).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import h5py
+import numpy as np
+
+from fasttomo.data.io import DataFileError, file_size
+from fasttomo.data.io.atomic import atomic_write
+
+FORMAT = "fasttomo-tiltseries"
+VOLUME_DATASET = "/volume"
+
+
+def _open(path: str) -> h5py.File:
+    size = file_size(path, "HDF5")
+    try:
+        return h5py.File(path, "r")
+    except OSError as err:
+        msg = str(err)
+        m = re.search(r"eof = (\d+).*stored_eof = (\d+)", msg)
+        if m:
+            raise DataFileError(
+                f"{path}: truncated HDF5 file: it should be {int(m.group(2))} bytes but has {int(m.group(1))} "
+                f"(file size {size}). The copy or export was interrupted; copy the file again."
+            ) from None
+        raise DataFileError(f"{path}: not a readable HDF5 file ({msg}; file size {size} bytes). The file is "
+                            "corrupt or of another type; check data.path and data.source.") from None
+
+
+def _read_dataset(path: str, ds: h5py.Dataset) -> np.ndarray:
+    try:
+        return ds[()]
+    except (OSError, ValueError) as err:
+        raise DataFileError(
+            f"{path}: dataset {ds.name} {ds.shape} {ds.dtype} cannot be read ({err}); the file is truncated or "
+            f"corrupt (expected {ds.size * ds.dtype.itemsize} data bytes, file size {os.path.getsize(path)}). "
+            "Copy the file again."
+        ) from None
+
+
+def _lookup(f: h5py.File, stack: h5py.Dataset, name: str) -> tuple[Any, str] | None:
+    """A named dataset, or an attribute on the stack or one of its parents; (value, where) or None."""
+    if name in f and isinstance(f[name], h5py.Dataset):
+        return f[name], f"dataset {f[name].name}"
+    key = name.rsplit("/", 1)[-1]
+    obj = stack
+    while True:
+        if key in obj.attrs:
+            return obj.attrs[key], f"attribute {key!r} of {obj.name}"
+        if obj.name == "/":
+            return None
+        obj = obj.parent
+
+
+@dataclass
+class H5Stack:
+    data: np.ndarray
+    angles: np.ndarray | None
+    pixel_size: float | None
+    valid: np.ndarray | None
+    ground_truth: np.ndarray | None
+    metadata: dict
+    notes: list[str]
+
+
+def read_stack_h5(path: str | os.PathLike, stack_path: str = "/tiltseries/stack",
+                  angles_path: str = "/tiltseries/angles", pixel_size_name: str = "pixel_size_A") -> H5Stack:
+    """Read a tilt stack and (if present) its angles, pixel size, validity mask and ground truth."""
+    path = os.fspath(path)
+    notes: list[str] = []
+    with _open(path) as f:
+        if stack_path not in f or not isinstance(f[stack_path], h5py.Dataset):
+            found: list[str] = []
+            f.visititems(lambda n, o: found.append(f"/{n} {o.shape}") if isinstance(o, h5py.Dataset) else None)
+            raise DataFileError(
+                f"{path}: no dataset {stack_path!r}; the file holds {found[:10] or 'no datasets'}. Set "
+                "data.hdf5_stack=<dataset path> to the (n_tilts, H, W) stack."
+            )
+        ds = f[stack_path]
+        if ds.ndim != 3:
+            raise DataFileError(f"{path}: dataset {stack_path} has shape {ds.shape} ({ds.ndim}-D); a tilt series "
+                                "must be 3-D (n_tilts, H, W). Point data.hdf5_stack at the stack.")
+        data = _read_dataset(path, ds)
+        angles = None
+        hit = _lookup(f, ds, angles_path)
+        if hit is not None:
+            value, where = hit
+            angles = np.asarray(_read_dataset(path, value) if isinstance(value, h5py.Dataset) else value,
+                                dtype=np.float64)
+            notes.append(f"angles from {where}")
+        pix = None
+        hit = _lookup(f, ds, pixel_size_name)
+        if hit is not None:
+            value, where = hit
+            value = _read_dataset(path, value) if isinstance(value, h5py.Dataset) else value
+            arr = np.atleast_1d(np.asarray(value, dtype=np.float64))
+            if arr.size != 1 and np.ptp(arr) > 1e-9 * abs(arr).max():
+                raise DataFileError(f"{path}: {where} gives an anisotropic pixel size {arr.tolist()}; fasttomo needs "
+                                    "square pixels. Resample the data, or set data.pixel_size to override.")
+            pix = float(arr.flat[0])
+            notes.append(f"pixel size from {where}")
+        group = ds.parent
+        valid = _read_dataset(path, group["valid"]).astype(bool) if "valid" in group and group.attrs.get(
+            "format") == FORMAT else None
+        gt = _read_dataset(path, f["/ground_truth/volume"]) if "/ground_truth/volume" in f else None
+        metadata: dict = {}
+        if "metadata" in group.attrs:
+            try:
+                metadata = json.loads(group.attrs["metadata"])
+            except (TypeError, ValueError):
+                notes.append("metadata attribute is not JSON; ignored")
+    return H5Stack(data=data, angles=angles, pixel_size=pix, valid=valid, ground_truth=gt, metadata=metadata,
+                   notes=notes)
+
+
+def write_tiltseries_h5(path: str | os.PathLike, ts, overwrite: bool = False) -> str:
+    """Write a TiltSeries in fasttomo's layout (module docstring), atomically."""
+
+    def _write(tmp: str) -> None:
+        with h5py.File(tmp, "w") as f:
+            g = f.create_group("tiltseries")
+            g.attrs.update(format=FORMAT, version=1, pixel_size_A=float(ts.pixel_size), units="angstrom",
+                           angle_units="degrees", axis_order="tilt,y,x", source=str(ts.source),
+                           metadata=json.dumps(ts.metadata, default=_json_default))
+            g.create_dataset("stack", data=np.ascontiguousarray(ts.stack, dtype=np.float32))
+            a = g.create_dataset("angles", data=np.asarray(ts.angles, dtype=np.float64))
+            a.attrs["units"] = "degrees"
+            if ts.valid is not None:
+                g.create_dataset("valid", data=ts.valid)
+            if ts.ground_truth is not None:
+                v = f.create_group("ground_truth").create_dataset("volume", data=ts.ground_truth)
+                v.attrs.update(voxel_size_A=float(ts.pixel_size), axis_order="z,y,x")
+
+    return atomic_write(path, _write, overwrite=overwrite)
+
+
+def _json_default(obj: Any) -> Any:
+    if isinstance(obj, np.ndarray):
+        return obj.tolist()
+    if isinstance(obj, np.generic):
+        return obj.item()
+    return str(obj)
+
+
+def write_volume_h5(path: str | os.PathLike, volume: np.ndarray, voxel_size: float, *, label: str,
+                    attrs: dict, overwrite: bool = False) -> str:
+    """Write a (Z, Y, X) float32 volume with its attributes (module docstring), atomically."""
+    arr = np.ascontiguousarray(volume, dtype=np.float32)
+
+    def _write(tmp: str) -> None:
+        with h5py.File(tmp, "w") as f:
+            d = f.create_dataset(VOLUME_DATASET, data=arr)
+            d.attrs.update(voxel_size=float(voxel_size), units="angstrom", axis_order="ZYX", label=str(label),
+                           fasttomo_attrs=json.dumps(attrs or {}, default=_json_default))
+            if attrs and "config" in attrs:
+                d.attrs["config"] = json.dumps(attrs["config"], default=_json_default)
+
+    return atomic_write(path, _write, overwrite=overwrite)
+
+
+def read_volume_h5(path: str | os.PathLike) -> tuple[np.ndarray, float | None, dict]:
+    """(volume_zyx, voxel_size_A or None, attrs) from an HDF5 volume (fasttomo's ``/volume`` or the
+    only 3-D dataset of the file)."""
+    path = os.fspath(path)
+    with _open(path) as f:
+        if VOLUME_DATASET in f:
+            ds = f[VOLUME_DATASET]
+        else:
+            cands: list[h5py.Dataset] = []
+            f.visititems(lambda n, o: cands.append(o) if isinstance(o, h5py.Dataset) and o.ndim == 3 else None)
+            if len(cands) != 1:
+                raise DataFileError(f"{path}: no {VOLUME_DATASET} dataset and {len(cands)} other 3-D datasets; "
+                                    "cannot tell which is the volume. Write it as /volume.")
+            ds = cands[0]
+        if ds.ndim != 3:
+            raise DataFileError(f"{path}: dataset {ds.name} has shape {ds.shape}; a volume must be 3-D (Z, Y, X).")
+        vol = _read_dataset(path, ds)
+        attrs = json.loads(ds.attrs["fasttomo_attrs"]) if "fasttomo_attrs" in ds.attrs else {
+            k: (v.tolist() if isinstance(v, np.ndarray) else v) for k, v in ds.attrs.items()}
+        vx = ds.attrs.get("voxel_size")
+        if vx is not None:
+            arr = np.atleast_1d(np.asarray(vx, dtype=np.float64))
+            if arr.size != 1 and np.ptp(arr) > 1e-9 * abs(arr).max():
+                raise DataFileError(f"{path}: anisotropic voxel size {arr.tolist()} in {ds.name}; fasttomo volumes "
+                                    "are isotropic. Resample the volume first.")
+            vx = float(arr.flat[0])
+            units = ds.attrs.get("units", "angstrom")
+            scale = _UNIT_TO_A.get(str(units).lower())
+            if scale is None:
+                raise DataFileError(f"{path}: unknown voxel size units {units!r}; use angstrom, nm or um.")
+            vx *= scale
+    return vol, vx, attrs
+
+
+_UNIT_TO_A = {"angstrom": 1.0, "a": 1.0, "å": 1.0, "nm": 10.0, "nanometer": 10.0, "um": 1e4, "micron": 1e4,
+              "µm": 1e4, "m": 1e10}

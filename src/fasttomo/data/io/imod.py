@@ -1,0 +1,147 @@
+"""IMOD and SerialEM text files: tilt-angle lists (.rawtlt/.tlt) and SerialEM .mdoc.
+
+Tilt-angle files hold angles in degrees as whitespace-separated numbers, one or many per line
+(IMOD writes one per line; other tools wrap several). Blank lines and ``#`` comments are skipped.
+:func:`read_tilt_file` returns the rows as read; :func:`angles_for_stack` turns them into
+
+  * ``(n_tilts,)`` -- all numbers in reading order, when there are n_tilts of them, or
+  * ``(n_tilts, H)`` per-line angles (continuous rotation) -- when there are exactly n_tilts rows of
+    exactly H numbers each (row i gives the angle of every image line of view i).
+
+No other count is accepted (a per-view list and a per-line table can never be confused, since
+H >= 2). SerialEM .mdoc files give per-section ``TiltAngle``, ``PixelSpacing`` (Angstrom) and, in the
+``[T = ... Tilt axis angle = A ...]`` title, the tilt-axis angle; sections are ordered by ZValue.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+
+import numpy as np
+
+from fasttomo.data.io import DataFileError, read_text_lines
+from fasttomo.data.io.atomic import atomic_write
+
+
+def read_tilt_file(path: str | os.PathLike) -> list[list[float]]:
+    """Rows of numbers (degrees) from a .rawtlt/.tlt file; an error names the bad line."""
+    path = os.fspath(path)
+    lines = read_text_lines(path, "tilt-angle")
+    rows: list[list[float]] = []
+    for lineno, line in enumerate(lines, 1):
+        text = line.split("#", 1)[0].replace(",", " ").strip()
+        if not text:
+            continue
+        try:
+            rows.append([float(tok) for tok in text.split()])
+        except ValueError:
+            raise DataFileError(
+                f"{path}, line {lineno}: {line.strip()!r} is not a list of numbers; a tilt-angle file holds "
+                "angles in degrees, one or many per line. Fix the line or give the right file as data.angles."
+            ) from None
+    if not rows:
+        raise DataFileError(f"{path}: the tilt-angle file holds no angles; give the angle list as data.angles.")
+    return rows
+
+
+def angles_for_stack(rows: list[list[float]], n_sections: int, height: int, where: str,
+                     stack_path: str) -> np.ndarray:
+    """Shape tilt-file rows into (n,) or (n, H) angles for a stack of n_sections images of H lines."""
+    counts = [len(r) for r in rows]
+    if len(rows) == n_sections and all(c == height for c in counts) and height > 1:
+        return np.asarray(rows, dtype=np.float64)
+    flat = np.asarray([a for r in rows for a in r], dtype=np.float64)
+    if flat.size != n_sections:
+        raise DataFileError(
+            f"{where}: {flat.size} angles in {len(rows)} lines, but the stack {stack_path} has {n_sections} "
+            f"sections; the angle count must equal the number of sections (or {n_sections} lines of "
+            f"{height} per-line angles). Give the angle file that belongs to this stack, or exclude views "
+            "only through data.exclude_views (the file must still list every section)."
+        )
+    return flat
+
+
+def _fmt_angle(a: float) -> str:
+    return repr(float(a))
+
+
+def write_tilt_file(path: str | os.PathLike, angles: np.ndarray, overwrite: bool = False) -> str:
+    """Write angles (degrees): one per line, or for (n, H) per-line angles one view per line."""
+    angles = np.asarray(angles, dtype=np.float64)
+    rows = angles[:, None] if angles.ndim == 1 else angles
+    text = "".join(" ".join(_fmt_angle(a) for a in row) + "\n" for row in rows)
+
+    def _write(tmp: str) -> None:
+        with open(tmp, "w", encoding="ascii") as f:
+            f.write(text)
+
+    return atomic_write(path, _write, overwrite=overwrite)
+
+
+@dataclass
+class MdocInfo:
+    """What a SerialEM .mdoc says about a tilt series."""
+
+    angles: np.ndarray
+    """(n_sections,) tilt angles in degrees, in ZValue order."""
+    pixel_size: float | None
+    """Pixel spacing in Angstrom (None if absent)."""
+    tilt_axis_angle: float | None
+    """Tilt-axis angle in degrees from the title line (None if absent)."""
+
+
+_KEY = re.compile(r"^\s*([A-Za-z][\w]*)\s*=\s*(.*?)\s*$")
+_SECTION = re.compile(r"^\s*\[\s*ZValue\s*=\s*(-?\d+)\s*\]")
+_AXIS = re.compile(r"Tilt\s*axis\s*angle\s*=\s*(-?[\d.]+(?:[eE][-+]?\d+)?)", re.IGNORECASE)
+
+
+def read_mdoc(path: str | os.PathLike) -> MdocInfo:
+    """Parse a SerialEM .mdoc (TiltAngle, PixelSpacing, tilt-axis angle)."""
+    path = os.fspath(path)
+    lines = read_text_lines(path, ".mdoc")
+    sections: dict[int, dict[str, str]] = {}
+    header: dict[str, str] = {}
+    current = header
+    axis = None
+    for line in lines:
+        m = _SECTION.match(line)
+        if m:
+            current = sections.setdefault(int(m.group(1)), {})
+            continue
+        if axis is None and line.lstrip().startswith("[T") and (m := _AXIS.search(line)):
+            axis = float(m.group(1))
+            continue
+        m = _KEY.match(line)
+        if m:
+            current[m.group(1)] = m.group(2)
+    if not sections:
+        raise DataFileError(
+            f"{path}: no [ZValue = n] sections found; this is not a SerialEM tilt-series .mdoc. Give the "
+            ".mdoc of the stack, or a .rawtlt/.tlt angle file, as data.angles."
+        )
+    zs = sorted(sections)
+    if zs != list(range(len(zs))):
+        raise DataFileError(f"{path}: ZValues {zs[:5]}... are not 0..{len(zs) - 1}; the .mdoc is incomplete.")
+    angles = []
+    for z in zs:
+        try:
+            angles.append(float(sections[z]["TiltAngle"].split()[0]))
+        except (KeyError, ValueError, IndexError):
+            raise DataFileError(
+                f"{path}: section ZValue = {z} has no numeric TiltAngle; fix the .mdoc or give a .rawtlt file."
+            ) from None
+    spacing = [sections[z].get("PixelSpacing") or header.get("PixelSpacing") for z in zs]
+    pix = None
+    vals = sorted({float(s.split()[0]) for s in spacing if s})
+    if vals:
+        pix = vals[0]
+        if len(vals) > 1:
+            raise DataFileError(f"{path}: sections have different PixelSpacing values {vals}; set data.pixel_size.")
+    if axis is None:
+        for key in ("TiltAxisAngle",):
+            if key in header:
+                axis = float(header[key].split()[0])
+                break
+    return MdocInfo(angles=np.asarray(angles), pixel_size=pix, tilt_axis_angle=axis)

@@ -1,0 +1,256 @@
+"""MRC/ST/ALI stacks and volumes through mrcfile (MRC2014 modes 0, 1, 2, 6, 12).
+
+Reading (:func:`read_mrc`):
+  * The file size is checked against the header first: an empty, truncated or corrupt file is an
+    error giving the expected and actual byte counts (never a silent None).
+  * Strict parsing first; a file that strict parsing rejects only for a header quirk (missing map
+    ID, wrong machine stamp, ...) is reopened permissively, with a warning, and the data must then
+    be present with the shape the header announces.
+  * Mode 0 is signed (MRC2014) unless the file carries IMOD's stamp without its "signed bytes" flag
+    (older IMOD files), in which case it is unsigned -- read from the header, never guessed.
+  * Extended headers: FEI1/FEI2 (mrcfile's indexed header: 'Alpha tilt' in degrees, 'Pixel size X'
+    in metres, 'Tilt axis angle'), legacy FEI (no exttyp, nint=0, nreal=32: 32 floats per section,
+    tilt angle first, tilt axis 11th, pixel size in metres 12th) and SerialEM 'SERI' (nint bytes per
+    section, nreal bit flags; bit 1 = tilt angle * 100 as the first int16).
+  * The voxel size comes from the header (cella / mx). fasttomo's own writer also stores the exact
+    value in a label (``fasttomo voxel_size_A=...``) so round trips are exact beyond float32.
+
+Writing (:func:`write_mrc`): float32 (mode 2), voxel size in Angstrom, origin 0, labels naming
+fasttomo; the array (Z, Y, X) goes unchanged to (nz, ny, nx); always through :func:`atomic_write`.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import warnings
+from dataclasses import dataclass, field
+
+import mrcfile
+import mrcfile.utils
+import numpy as np
+
+from fasttomo.data.io import DataFileError, file_size
+from fasttomo.data.io.atomic import atomic_write
+
+SUPPORTED_MODES = (0, 1, 2, 6, 12)
+HEADER_BYTES = 1024
+IMOD_STAMP = 1146047817
+_STRUCTURED_EXTTYPES = (b"SERI", b"FEI1", b"FEI2", b"AGAR", b"CCP4", b"HDF5")
+_SERI_SIZES = {1: 2, 2: 6, 4: 4, 8: 2, 16: 2, 32: 4, 64: 2, 128: 4, 256: 2, 512: 4, 1024: 2}
+_EXACT_LABEL = re.compile(r"fasttomo voxel_size_A=(\S+)")
+
+
+@dataclass
+class MrcData:
+    """Raw content of an MRC file (data in its stored dtype)."""
+
+    path: str
+    data: np.ndarray
+    """(nz, ny, nx) as stored (mode 0 as int8 or uint8, see module doc)."""
+    voxel_size: tuple[float, float, float] | None
+    """(x, y, z) in Angstrom from the header; None when the header has no cell size."""
+    labels: list[str]
+    mode: int
+    ext_type: str | None = None
+    """Extended header understood: FEI1, FEI2, FEI (legacy) or SERI; None otherwise."""
+    ext_angles: np.ndarray | None = None
+    """Per-section tilt angles (degrees) from the extended header."""
+    ext_pixel_size: float | None = None
+    """Pixel size (Angstrom) from the extended header."""
+    ext_tilt_axis: float | None = None
+    """Tilt-axis angle (degrees) from the extended header."""
+    notes: list[str] = field(default_factory=list)
+    """Things worth logging (permissive open, quirks)."""
+
+
+def _raw_header(path: str) -> bytes:
+    with open(path, "rb") as f:
+        return f.read(HEADER_BYTES)
+
+
+def _check_size(path: str) -> None:
+    """Empty/short/truncated/corrupt files: errors with expected and actual sizes."""
+    actual = file_size(path, "MRC")
+    if actual < HEADER_BYTES:
+        raise DataFileError(f"{path}: truncated MRC file: {actual} bytes, less than the {HEADER_BYTES}-byte "
+                            "header. Re-export or re-copy the stack.")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            with mrcfile.open(path, header_only=True, permissive=True) as m:
+                h = m.header
+                nx, ny, nz = int(h.nx), int(h.ny), int(h.nz)
+                mode, nsymbt = int(h.mode), int(h.nsymbt)
+                map_ok = bytes(h.map)[:3] == b"MAP"
+        except Exception as err:  # noqa: BLE001 - anything here means a corrupt header
+            raise DataFileError(f"{path}: corrupt MRC header ({err}); this is not a readable MRC file.") from None
+    if mode not in SUPPORTED_MODES:
+        what = "complex data (mode 4) cannot be reconstructed" if mode == 4 else f"mode {mode} is not supported"
+        hint = "" if map_ok else " The header has no 'MAP ' id either: the file is probably not MRC or is corrupt."
+        raise DataFileError(f"{path}: {what}; fasttomo reads MRC modes {list(SUPPORTED_MODES)}. Convert the file "
+                            f"(e.g. IMOD newstack -mode 2).{hint}")
+    if min(nx, ny, nz) <= 0 or nsymbt < 0:
+        raise DataFileError(f"{path}: corrupt MRC header: nx, ny, nz = {nx}, {ny}, {nz}, extended header "
+                            f"{nsymbt} bytes. Re-export the stack.")
+    itemsize = np.dtype(mrcfile.utils.dtype_from_mode(mode)).itemsize
+    expected = HEADER_BYTES + nsymbt + nx * ny * nz * itemsize
+    if actual < expected:
+        raise DataFileError(
+            f"{path}: truncated MRC file: the header announces {nx} x {ny} x {nz} mode-{mode} values after "
+            f"{HEADER_BYTES + nsymbt} header bytes = {expected} bytes, but the file has {actual} bytes "
+            f"({expected - actual} missing). The copy or export was interrupted; copy the file again."
+        )
+
+
+def _open(path: str) -> tuple[mrcfile.mrcfile.MrcFile, list[str]]:
+    notes: list[str] = []
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", RuntimeWarning)
+            return mrcfile.open(path, mode="r", permissive=False), notes
+    except (ValueError, RuntimeWarning) as err:
+        notes.append(f"strict MRC parsing failed ({err}); opened permissively for this header quirk")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        m = mrcfile.open(path, mode="r", permissive=True)
+    notes += [str(w.message) for w in caught]
+    return m, notes
+
+
+def read_mrc(path: str | os.PathLike) -> MrcData:
+    """Read an MRC file (stack or volume) with all checks; see the module docstring."""
+    path = os.fspath(path)
+    _check_size(path)
+    mrc, notes = _open(path)
+    with mrc:
+        h = mrc.header
+        expected = mrcfile.utils.data_shape_from_header(h)
+        if mrc.data is None or mrc.data.shape != expected:
+            got = None if mrc.data is None else mrc.data.shape
+            raise DataFileError(f"{path}: the data block could not be read (header shape {expected}, got {got}); "
+                                f"notes: {'; '.join(notes) or 'none'}. The file is corrupt; re-export it.")
+        data = np.array(mrc.data)  # copy out of the file buffer, stored dtype
+        mode = int(h.mode)
+        raw = _raw_header(path)
+        order = h.mode.dtype.byteorder if h.mode.dtype.byteorder in "<>" else "="
+        if mode == 0:
+            stamp = int(np.frombuffer(raw[152:156], dtype=order + "i4")[0])
+            flags = int(np.frombuffer(raw[156:160], dtype=order + "i4")[0])
+            if stamp == IMOD_STAMP and not flags & 1:
+                data = data.view(np.uint8)
+                notes.append("mode 0 read as unsigned bytes (IMOD stamp without the signed-bytes flag)")
+        vs = mrc.voxel_size
+        voxel = (float(vs.x), float(vs.y), float(vs.z))
+        labels = [lab for lab in (mrcfile.utils.printable_string_from_bytes(b).strip() for b in h.label[: int(h.nlabl)])
+                  if lab]
+        if voxel[0] <= 0 and voxel[1] <= 0:
+            voxel = None
+        else:
+            voxel = _exact_voxel(voxel, labels)
+        out = MrcData(path=path, data=data, voxel_size=voxel, labels=labels, mode=mode, notes=notes)
+        _read_extended(mrc, raw, order, out)
+    return out
+
+
+def _exact_voxel(voxel: tuple[float, float, float], labels: list[str]) -> tuple[float, float, float]:
+    for lab in labels:
+        m = _EXACT_LABEL.search(lab)
+        if m:
+            try:
+                exact = float(m.group(1))
+            except ValueError:
+                continue
+            return tuple(exact if math.isclose(v, exact, rel_tol=1e-5) else v for v in voxel)
+    return voxel
+
+
+def _read_extended(mrc, raw: bytes, order: str, out: MrcData) -> None:
+    h = mrc.header
+    nz = out.data.shape[0]
+    nsymbt = int(h.nsymbt)
+    if nsymbt <= 0:
+        return
+    exttyp = bytes(h.exttyp)
+    nint = int(np.frombuffer(raw[128:130], dtype=order + "i2")[0])
+    nreal = int(np.frombuffer(raw[130:132], dtype=order + "i2")[0])
+    ext = mrc.extended_header
+    ext_bytes = b"" if ext is None else ext.tobytes()
+    if exttyp in (b"FEI1", b"FEI2"):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            rec = mrc.indexed_extended_header
+        out.notes += [str(w.message) for w in caught]
+        if rec is None or len(rec) < nz:
+            out.notes.append(f"{exttyp.decode()} extended header holds {0 if rec is None else len(rec)} records "
+                             f"for {nz} sections; ignored")
+            return
+        rec = rec[:nz]
+        out.ext_type = exttyp.decode()
+        out.ext_angles = np.asarray(rec["Alpha tilt"], dtype=np.float64)
+        out.ext_pixel_size = _metres_to_A(np.asarray(rec["Pixel size X"], dtype=np.float64), out)
+        out.ext_tilt_axis = float(rec["Tilt axis angle"][0])
+    elif exttyp == b"SERI":
+        sizes = sum(s for bit, s in _SERI_SIZES.items() if nreal & bit)
+        if nint <= 0 or nint * nz > len(ext_bytes) or not nreal & 1 or sizes > nint:
+            out.notes.append(f"SERI extended header without tilt angles (nint={nint}, nreal flags={nreal}); ignored")
+            return
+        recs = np.frombuffer(ext_bytes[: nint * nz], dtype=np.uint8).reshape(nz, nint)
+        angles = np.ascontiguousarray(recs[:, :2]).view(order + "i2")[:, 0].astype(np.float64) / 100.0
+        out.ext_type = "SERI"
+        out.ext_angles = angles
+    elif exttyp not in _STRUCTURED_EXTTYPES and nint == 0 and nreal == 32 and len(ext_bytes) >= 128 * nz:
+        recs = np.frombuffer(ext_bytes[: 128 * nz], dtype=order + "f4").reshape(nz, 32).astype(np.float64)
+        out.ext_type = "FEI (legacy)"
+        out.ext_angles = recs[:, 0].copy()
+        out.ext_tilt_axis = float(recs[0, 10])
+        out.ext_pixel_size = _metres_to_A(recs[:, 11], out)
+    if out.ext_angles is not None and np.ptp(out.ext_angles) == 0:
+        out.notes.append(f"{out.ext_type} extended header gives the same tilt angle {out.ext_angles[0]} for every "
+                         "section; its angles are ignored")
+        out.ext_angles = None
+
+
+def _metres_to_A(values: np.ndarray, out: MrcData) -> float | None:
+    values = values[np.isfinite(values) & (values > 0)]
+    if values.size == 0:
+        return None
+    if np.ptp(values) > 1e-6 * values.max():
+        out.notes.append(f"extended header pixel sizes differ between sections ({values.min()}..{values.max()} m); "
+                         "using the first")
+    return float(values[0]) * 1e10
+
+
+def write_mrc(path: str | os.PathLike, data: np.ndarray, voxel_size: float, *, labels: list[str] | tuple = (),
+              overwrite: bool = False, image_stack: bool = False, extra_labels: list[str] | tuple = ()) -> str:
+    """Write ``data`` (Z, Y, X) unchanged as float32 MRC (nx = X, ny = Y, nz = Z), atomically.
+
+    ``image_stack`` marks a tilt series (ispg 0) instead of a volume (ispg 1). The voxel size
+    (Angstrom) goes to the header and, exactly, to a label; origin is 0.
+    """
+    arr = np.ascontiguousarray(data, dtype=np.float32)
+    if arr.ndim != 3:
+        raise DataFileError(f"{path}: can only write 3-D arrays to MRC, got shape {arr.shape}.")
+    vx = float(voxel_size)
+    all_labels = [*labels, f"fasttomo voxel_size_A={vx!r}", *extra_labels]
+
+    def _write(tmp: str) -> None:
+        with mrcfile.new(tmp, overwrite=True) as m:
+            m.set_data(arr)
+            if image_stack:
+                m.set_image_stack()
+            else:
+                m.set_volume()
+            m.voxel_size = vx
+            m.header.origin = (0.0, 0.0, 0.0)
+            m.header.nxstart = m.header.nystart = m.header.nzstart = 0
+            m.update_header_stats()
+            for lab in all_labels:
+                m.add_label(_ascii80(lab))
+
+    return atomic_write(path, _write, overwrite=overwrite)
+
+
+def _ascii80(text: str) -> str:
+    return text.encode("ascii", "replace").decode("ascii")[:80]

@@ -1,0 +1,123 @@
+"""Volume files: MRC (float32, voxel size in Angstrom), HDF5 (with attributes) and TIFF stacks.
+
+Orientation. The volume array is (Z, Y, X): Z the beam direction at 0 degrees, Y the tilt axis
+(see README "Geometry conventions"). It is written unchanged (MRC nx = X, ny = Y, nz = Z), which is
+IMOD's final, reoriented frame (as after ``trimvol -rx``) and opens in 3dmod with IMOD's handedness.
+
+``imod_xzy=True`` (MRC only) writes instead IMOD's un-rotated orientation, as ``tilt`` writes it
+before ``trimvol -rx``: sections along Y, image rows along Z. It is the rotation of the volume by
++90 degrees about X, ``F = np.rot90(V, k=-1, axes=(0, 1))``, i.e. ``F[y, j, x] = V[Z-1-j, y, x]`` --
+a rotation (determinant +1), never a transpose (a transpose mirrors). ``trimvol -rx`` (a -90 degree
+rotation about X) brings it back; :func:`read_volume` undoes it from the file's label.
+
+Sources: the MRC2014 format (Cheng et al., J. Struct. Biol. 192, 2015) and IMOD's description of
+it (bio3d.colorado.edu/imod/doc/mrc_format.txt: header, modes, SERI/FEI extended headers, the IMOD
+stamp and its signed-bytes flag); IMOD's tilt and trimvol manual pages for the XZY output of tilt
+and the -rx rotation; mrcfile's documentation for FEI1/FEI2 extended-header fields.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import numpy as np
+
+from fasttomo import __version__
+from fasttomo.data.io import DataFileError, _fmt, source_from_suffix
+
+log = logging.getLogger("fasttomo.data")
+XZY_LABEL = "fasttomo orientation=XZY (IMOD un-rotated; trimvol -rx gives ZYX)"
+
+
+def to_imod_xzy(volume_zyx: np.ndarray) -> np.ndarray:
+    """(Z, Y, X) -> IMOD's un-rotated (Y, Z', X) layout by a +90 degree rotation about X."""
+    return np.ascontiguousarray(np.rot90(volume_zyx, k=-1, axes=(0, 1)))
+
+
+def from_imod_xzy(volume_xzy: np.ndarray) -> np.ndarray:
+    """Inverse of :func:`to_imod_xzy` (the -90 degree rotation about X of ``trimvol -rx``)."""
+    return np.ascontiguousarray(np.rot90(volume_xzy, k=1, axes=(0, 1)))
+
+
+def _check_volume(path, volume_zyx: np.ndarray, voxel_size_A: float) -> np.ndarray:
+    vol = np.asarray(volume_zyx)
+    if vol.ndim != 3:
+        raise DataFileError(f"{path}: a volume must be 3-D (Z, Y, X), got shape {vol.shape}.")
+    if not np.isfinite(voxel_size_A) or voxel_size_A <= 0:
+        raise DataFileError(f"{path}: voxel size must be a positive number of Angstrom, got {voxel_size_A!r}.")
+    return np.ascontiguousarray(vol, dtype=np.float32)
+
+
+def write_volume(path: str | os.PathLike, volume_zyx: np.ndarray, voxel_size_A: float, *, label: str,
+                 attrs: dict, fmt: str, overwrite: bool = False, imod_xzy: bool = False) -> str:
+    """Write a (Z, Y, X) float32 volume as ``fmt`` (mrc, h5 or tiff), atomically; returns the path.
+
+    ``label`` names the run (MRC label, HDF5/TIFF attribute); ``attrs`` (JSON-serializable, e.g.
+    ``{"config": {...}}``) go to HDF5/TIFF attributes. An existing file is refused unless
+    ``overwrite``.
+    """
+    fmt = _fmt(path, fmt)
+    vol = _check_volume(path, volume_zyx, float(voxel_size_A))
+    if imod_xzy and fmt != "mrc":
+        raise DataFileError(f"{path}: imod_xzy orientation is only written as MRC (IMOD's format); use fmt='mrc'.")
+    if fmt == "mrc":
+        from fasttomo.data.io.mrc import write_mrc
+
+        extra = [XZY_LABEL] if imod_xzy else []
+        out = write_mrc(path, to_imod_xzy(vol) if imod_xzy else vol, voxel_size_A,
+                        labels=[f"fasttomo {__version__} run {label}"], extra_labels=extra, overwrite=overwrite)
+    elif fmt == "h5":
+        from fasttomo.data.io.hdf5 import write_volume_h5
+
+        out = write_volume_h5(path, vol, voxel_size_A, label=label, attrs=attrs, overwrite=overwrite)
+    else:
+        from fasttomo.data.io.tiff import write_tiff
+
+        out = write_tiff(path, vol, voxel_size_A, attrs={"label": label, **(attrs or {})}, overwrite=overwrite)
+    log.info("wrote %s volume %s (Z, Y, X = %s, voxel %.4g A%s)", fmt, out, vol.shape, voxel_size_A,
+             ", IMOD XZY orientation" if imod_xzy else "")
+    return out
+
+
+def read_volume(path: str | os.PathLike) -> tuple[np.ndarray, float, dict]:
+    """(volume_zyx float32, voxel_size_A, attrs) from an MRC, HDF5 or TIFF volume.
+
+    A missing voxel size is a warning and 1.0 A is assumed (``attrs['voxel_size_assumed']`` is
+    True); an anisotropic one is an error. fasttomo's XZY files are rotated back to (Z, Y, X).
+    """
+    path = os.fspath(path)
+    kind = source_from_suffix(path)
+    attrs: dict = {}
+    if kind == "mrc":
+        from fasttomo.data.io.mrc import read_mrc
+
+        m = read_mrc(path)
+        vol = m.data
+        if vol.ndim != 3:
+            raise DataFileError(f"{path}: MRC data has shape {vol.shape}; a volume must be 3-D.")
+        attrs["labels"] = m.labels
+        if any(lab.startswith("fasttomo orientation=XZY") for lab in m.labels):
+            vol = from_imod_xzy(vol)
+            attrs["orientation"] = "XZY"
+        vx = None
+        if m.voxel_size is not None:
+            sizes = np.asarray(m.voxel_size)
+            if np.ptp(sizes) > 1e-5 * sizes.max():
+                raise DataFileError(f"{path}: anisotropic voxel size (x, y, z) = {tuple(sizes.tolist())} A; fasttomo "
+                                    "volumes are isotropic. Resample the volume first.")
+            vx = float(sizes[0])
+    elif kind == "hdf5":
+        from fasttomo.data.io.hdf5 import read_volume_h5
+
+        vol, vx, attrs = read_volume_h5(path)
+    else:
+        from fasttomo.data.io.tiff import read_tiff
+
+        vol, vx, attrs = read_tiff(path)
+        if vol.ndim != 3:
+            raise DataFileError(f"{path}: TIFF data has shape {vol.shape}; a volume must be a 3-D stack.")
+    if vx is None:
+        log.warning("%s: no voxel size in the file; assuming 1.0 A per voxel.", path)
+        vx, attrs["voxel_size_assumed"] = 1.0, True
+    return np.ascontiguousarray(vol, dtype=np.float32), float(vx), attrs

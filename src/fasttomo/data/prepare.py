@@ -1,0 +1,302 @@
+"""Preparation of a tilt series read from a file, each step a ``data.*`` option.
+
+The order is fixed (:func:`prepare` runs it and records every step in ``metadata['preparation']``):
+
+ 1. ``nonfinite``      NaN/Inf pixels: ``reject`` (error naming view/row/col) or ``mask`` (pixels
+                       marked invalid in ``TiltSeries.valid``, value filled).
+ 2. ``exclude_views``  1-based section numbers of the file (IMOD's -EXCLUDELIST), dropped first so
+                       every later number refers to the file; angles are checked after this step
+                       (duplicates can be excluded).
+ 3. ``tilt_axis_angle`` each image is rotated by -angle about its centre (bilinear interpolation;
+                       a rotation, never a transpose) so the tilt axis, at ``angle`` degrees
+                       counter-clockwise from +Y in the raw image (x = column, y = row, as 3dmod
+                       shows it), lies along Y. Output size: the input's, with H and W swapped when
+                       the axis is closer to X than to Y. Corners without data are marked invalid.
+ 4. ``binning``        b x b block means (trailing rows/columns that do not fill a block are
+                       dropped); the pixel size grows by b; per-line angles are averaged per block.
+ 5. ``crop``           [y0, y1, x0, x1] window in the binned image (per-line angles follow rows).
+ 6. dark/blank views   a view whose standard deviation is < 1e-6 of the median view's (blank) or,
+                       for non-negative data, whose mean is < 10 % of the median view mean (dark) is
+                       reported; ``drop_dark_views`` removes it.
+ 7. sorting            non-monotonic angle lists (dose-symmetric) are sorted by angle (per-line
+                       angles: by their mean); ``metadata['sort_permutation']`` holds the order
+                       (sorted = before[perm]) and ``metadata['view_numbers']`` the 1-based file
+                       sections of the final views.
+ 8. ``invert``         x -> max - x (bright-field data where mass is dark).
+ 9. ``normalize``      ``quantile``: (x - q0.01) / (q0.999 - q0.01) over the whole series (not per
+                       view, which would break the intensity relation between tilts), or ``none``.
+
+Statistics use valid pixels only (a strided subsample of at most 2 million values for quantiles).
+Invalid pixels end up holding their view's median valid value.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from fasttomo.data.tiltseries import TiltSeries, TiltSeriesError
+
+log = logging.getLogger("fasttomo.data")
+
+QUANTILES = (0.01, 0.999)
+_MAX_STAT_VALUES = 2_000_000
+
+
+@dataclass
+class RawSeries:
+    """A tilt series as read from its files, before preparation."""
+
+    stack: np.ndarray
+    """(n, H, W) float32 (may hold NaN/Inf)."""
+    angles: np.ndarray
+    """(n,) or (n, H) degrees, in file order."""
+    pixel_size: float
+    source: str
+    angle_source: str
+    """Where the angles came from (named in errors)."""
+    valid: np.ndarray | None = None
+    ground_truth: np.ndarray | None = None
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+
+def _sample(values: np.ndarray) -> np.ndarray:
+    step = max(1, values.size // _MAX_STAT_VALUES)
+    return values[::step]
+
+
+def check_angles(angles: np.ndarray, where: str, view_numbers: np.ndarray) -> None:
+    """|angle| < 90 and finite, and no duplicates; errors name the file, the views and the fix."""
+    flat = angles if angles.ndim == 1 else angles.reshape(angles.shape[0], -1)
+    bad = ~np.isfinite(flat) if flat.ndim == 1 else ~np.isfinite(flat).all(axis=1)
+    if bad.any():
+        raise TiltSeriesError(f"{where}: NaN/Inf tilt angle for view(s) {view_numbers[bad].tolist()}; fix the angle file.")
+    worst = np.abs(flat) if flat.ndim == 1 else np.abs(flat).max(axis=1)
+    if (worst >= 90).any():
+        i = int(np.argmax(worst))
+        raise TiltSeriesError(
+            f"{where}: tilt angle {float(np.ravel(flat[i])[np.argmax(np.abs(np.ravel(flat[i])))]):.4g} degrees for view "
+            f"{int(view_numbers[i])} is not within (-90, 90); angles must be in degrees. Were radians given, or is "
+            "this not a tilt-angle list? Fix the angle file or exclude the view (data.exclude_views)."
+        )
+    if angles.ndim == 1:
+        uniq, inverse, counts = np.unique(angles, return_inverse=True, return_counts=True)
+        if (counts > 1).any():
+            dups = {float(uniq[k]): view_numbers[inverse == k].tolist() for k in np.flatnonzero(counts > 1)}
+            raise TiltSeriesError(
+                f"{where}: duplicate tilt angles (angle: 1-based views) {dups}; each view needs its own angle. Fix "
+                "the angle file or drop the repeats, e.g. data.exclude_views=[" +
+                ",".join(str(v[-1]) for v in dups.values()) + "]."
+            )
+
+
+def handle_nonfinite(stack: np.ndarray, valid: np.ndarray | None, mode: str, where: str) -> np.ndarray | None:
+    bad = ~np.isfinite(stack)
+    if not bad.any():
+        return valid
+    first = np.argwhere(bad)[0]
+    if mode == "reject":
+        raise TiltSeriesError(
+            f"{where}: {int(bad.sum())} NaN/Inf pixels (first at view {int(first[0]) + 1} (1-based), row {int(first[1])}, "
+            f"col {int(first[2])}); repair the data, exclude the view (data.exclude_views), or set "
+            "data.nonfinite=mask to ignore those pixels in the loss."
+        )
+    log.warning("%s: %d NaN/Inf pixels in %d views are masked (data.nonfinite=mask).", where, int(bad.sum()),
+                int(bad.any(axis=(1, 2)).sum()))
+    stack[bad] = 0.0
+    return ~bad if valid is None else valid & ~bad
+
+
+def _bilinear(img: np.ndarray, ok: np.ndarray | None, row: np.ndarray, col: np.ndarray):
+    h, w = img.shape
+    eps = 1e-6
+    inside = (row >= -eps) & (row <= h - 1 + eps) & (col >= -eps) & (col <= w - 1 + eps)
+    row = np.clip(row, 0, h - 1)
+    col = np.clip(col, 0, w - 1)
+    r0 = np.minimum(np.floor(row).astype(np.int64), h - 2)
+    c0 = np.minimum(np.floor(col).astype(np.int64), w - 2)
+    fr, fc = row - r0, col - c0
+    out = np.zeros(row.shape, dtype=np.float64)
+    valid = inside
+    for dr, dc, wt in ((0, 0, (1 - fr) * (1 - fc)), (0, 1, (1 - fr) * fc), (1, 0, fr * (1 - fc)), (1, 1, fr * fc)):
+        out += wt * img[r0 + dr, c0 + dc]
+        if ok is not None:
+            valid = valid & ((wt <= 1e-9) | ok[r0 + dr, c0 + dc])
+    return out.astype(np.float32), valid
+
+
+def rotate_tilt_axis(stack: np.ndarray, valid: np.ndarray | None, angle_deg: float):
+    """Rotate every image by -angle_deg about its centre so a tilt axis at +angle_deg (counter-clockwise
+    from +Y, x = column, y = row) lies along +Y. Returns (stack, valid or None)."""
+    n, h, w = stack.shape
+    phi = math.radians(angle_deg)
+    c, s = math.cos(phi), math.sin(phi)
+    ho, wo = (w, h) if abs(s) > abs(c) else (h, w)
+    y, x = np.meshgrid(np.arange(ho) - (ho - 1) / 2, np.arange(wo) - (wo - 1) / 2, indexing="ij")
+    col = x * c - y * s + (w - 1) / 2
+    row = x * s + y * c + (h - 1) / 2
+    snap = lambda a: np.where(np.abs(a - np.round(a)) < 1e-6, np.round(a), a)  # noqa: E731 - exact at k*90 deg
+    row, col = snap(row), snap(col)
+    out = np.empty((n, ho, wo), dtype=np.float32)
+    out_valid = np.empty((n, ho, wo), dtype=bool)
+    for i in range(n):
+        out[i], out_valid[i] = _bilinear(stack[i], None if valid is None else valid[i], row, col)
+    return out, (None if out_valid.all() else out_valid)
+
+
+def bin_stack(stack: np.ndarray, valid: np.ndarray | None, angles: np.ndarray, b: int):
+    """b x b block means; a block is valid only if all its pixels are. Returns (stack, valid, angles)."""
+    n, h, w = stack.shape
+    hb, wb = h // b, w // b
+    if hb < 2 or wb < 2:
+        raise TiltSeriesError(f"data.binning={b} leaves {hb} x {wb} pixels of a {h} x {w} image; use a smaller binning.")
+    blocks = stack[:, : hb * b, : wb * b].reshape(n, hb, b, wb, b)
+    if valid is None:
+        out, out_valid = blocks.mean(axis=(2, 4), dtype=np.float64).astype(np.float32), None
+    else:
+        vb = valid[:, : hb * b, : wb * b].reshape(n, hb, b, wb, b)
+        count = vb.sum(axis=(2, 4))
+        total = np.where(vb, blocks, 0).sum(axis=(2, 4), dtype=np.float64)
+        out = (total / np.maximum(count, 1)).astype(np.float32)
+        out_valid = count == b * b
+    if angles.ndim == 2:
+        angles = angles[:, : hb * b].reshape(n, hb, b).mean(axis=2)
+    return out, out_valid, angles
+
+
+def crop_stack(stack, valid, angles, crop: list, where: str):
+    n, h, w = stack.shape
+    y0, y1, x0, x1 = (int(v) for v in crop)
+    if not (0 <= y0 < y1 <= h and 0 <= x0 < x1 <= w) or y1 - y0 < 2 or x1 - x0 < 2:
+        raise TiltSeriesError(
+            f"{where}: data.crop={list(crop)} is not a window of at least 2 x 2 pixels inside the {h} x {w} image "
+            "(after binning); use [y0, y1, x0, x1] with 0 <= y0 < y1 <= H and 0 <= x0 < x1 <= W."
+        )
+    stack = np.ascontiguousarray(stack[:, y0:y1, x0:x1])
+    valid = None if valid is None else np.ascontiguousarray(valid[:, y0:y1, x0:x1])
+    if angles.ndim == 2:
+        angles = angles[:, y0:y1]
+    return stack, valid, angles
+
+
+def _view_stats(stack: np.ndarray, valid: np.ndarray | None):
+    means, stds = np.empty(len(stack)), np.empty(len(stack))
+    for i, img in enumerate(stack):
+        v = img if valid is None else img[valid[i]]
+        means[i], stds[i] = (float(v.mean()), float(v.std())) if v.size else (0.0, 0.0)
+    return means, stds
+
+
+def find_dark_views(stack: np.ndarray, valid: np.ndarray | None) -> dict[int, str]:
+    """Index -> reason for views that are blank (constant) or dark (see module doc)."""
+    means, stds = _view_stats(stack, valid)
+    med_std, med_mean = float(np.median(stds)), float(np.median(means))
+    found: dict[int, str] = {}
+    positive = float(np.min(_sample(stack[valid] if valid is not None else stack.ravel()))) >= 0
+    for i in range(len(stack)):
+        if stds[i] <= 1e-6 * max(med_std, 1e-30):
+            found[i] = f"blank (std {stds[i]:.3g} vs median {med_std:.3g})"
+        elif positive and med_mean > 0 and means[i] < 0.1 * med_mean:
+            found[i] = f"dark (mean {means[i]:.3g} < 10% of the median view mean {med_mean:.3g})"
+    return found
+
+
+def _take(idx, stack, valid, angles, views):
+    return stack[idx], (None if valid is None else valid[idx]), angles[idx], views[idx]
+
+
+def prepare(raw: RawSeries, cfg) -> TiltSeries:
+    """Apply the preparation steps of ``cfg`` (a DataConfig) in the documented order."""
+    where = raw.source
+    steps: list[str] = []
+    stack = np.ascontiguousarray(raw.stack, dtype=np.float32)
+    angles = np.asarray(raw.angles, dtype=np.float64)
+    valid = raw.valid
+    n = stack.shape[0]
+    views = np.arange(1, n + 1)
+    pixel = float(raw.pixel_size)
+    gt = raw.ground_truth
+
+    valid = handle_nonfinite(stack, valid, cfg.nonfinite, where)
+    if cfg.exclude_views:
+        ex = sorted({int(v) for v in cfg.exclude_views})
+        out_of_range = [v for v in ex if not 1 <= v <= n]
+        if out_of_range:
+            raise TiltSeriesError(f"{where}: data.exclude_views {out_of_range} are not sections of this {n}-view stack; "
+                                  f"view numbers are 1-based (1..{n}), as in IMOD.")
+        keep = np.setdiff1d(views, ex) - 1
+        stack, valid, angles, views = _take(keep, stack, valid, angles, views)
+        steps.append(f"excluded views {ex} (1-based)")
+        log.info("%s: excluded views %s (1-based); %d remain.", where, ex, len(views))
+    check_angles(angles, f"{where} (angles from {raw.angle_source})", views)
+
+    if cfg.tilt_axis_angle != 0:
+        if angles.ndim == 2:
+            raise TiltSeriesError(
+                f"{where}: per-line angles belong to the image lines as stored; they cannot follow a tilt-axis "
+                "rotation. Give images whose tilt axis already runs along Y (data.tilt_axis_angle=0).")
+        stack, valid = rotate_tilt_axis(stack, valid, cfg.tilt_axis_angle)
+        steps.append(f"rotated by {-cfg.tilt_axis_angle} degrees (tilt axis {cfg.tilt_axis_angle} -> Y)")
+        log.info("%s: rotated images by %.3f degrees so the tilt axis lies along Y (%s).", where,
+                 -cfg.tilt_axis_angle, "no empty corners" if valid is None else
+                 f"{int((~valid).sum())} pixels without data masked")
+    if cfg.binning > 1:
+        stack, valid, angles = bin_stack(stack, valid, angles, cfg.binning)
+        pixel *= cfg.binning
+        steps.append(f"binned by {cfg.binning}")
+        log.info("%s: binned by %d -> %s, pixel size %.4g A.", where, cfg.binning, stack.shape[1:], pixel)
+    if cfg.crop is not None:
+        stack, valid, angles = crop_stack(stack, valid, angles, cfg.crop, where)
+        steps.append(f"cropped to {list(cfg.crop)}")
+        log.info("%s: cropped to [y0, y1, x0, x1] = %s -> %s.", where, list(cfg.crop), stack.shape[1:])
+    if gt is not None and (cfg.tilt_axis_angle != 0 or cfg.binning > 1 or cfg.crop is not None):
+        log.info("%s: ground truth dropped (it no longer matches the rotated/binned/cropped images).", where)
+        gt = None
+
+    dark = find_dark_views(stack, valid)
+    if dark:
+        listing = "; ".join(f"view {views[i]}: {r}" for i, r in dark.items())
+        if cfg.drop_dark_views:
+            keep = np.setdiff1d(np.arange(len(views)), list(dark))
+            log.warning("%s: dropping %d dark/blank views (data.drop_dark_views=true): %s", where, len(dark), listing)
+            stack, valid, angles, views = _take(keep, stack, valid, angles, views)
+            steps.append(f"dropped dark/blank views: {listing}")
+        else:
+            log.warning("%s: dark/blank views kept: %s. Set data.drop_dark_views=true to drop them, or "
+                        "data.exclude_views=[...].", where, listing)
+    key = angles if angles.ndim == 1 else angles.mean(axis=1)
+    perm = np.argsort(key, kind="stable")
+    if not np.array_equal(perm, np.arange(len(perm))):
+        stack, valid, angles, views = _take(perm, stack, valid, angles, views)
+        steps.append("sorted views by tilt angle")
+        log.info("%s: angles not monotonic (e.g. dose-symmetric); views sorted by angle, file order kept in "
+                 "metadata['view_numbers'].", where)
+
+    ok = valid if valid is not None else np.ones(stack.shape, dtype=bool)
+    if cfg.invert:
+        top = float(stack[ok].max())
+        stack = top - stack
+        steps.append(f"inverted (x -> {top:.6g} - x)")
+        log.info("%s: contrast inverted (x -> max - x, max = %.6g).", where, top)
+    if cfg.normalize == "quantile":
+        lo, hi = (float(q) for q in np.quantile(_sample(stack[ok]), QUANTILES))
+        if not hi > lo:
+            raise TiltSeriesError(f"{where}: intensities are constant ({lo:.6g}) between the {QUANTILES} quantiles; "
+                                  "nothing to reconstruct (wrong file or all views blank?).")
+        stack = (stack - np.float32(lo)) / np.float32(hi - lo)
+        steps.append(f"quantile-normalized ({lo:.6g} -> 0, {hi:.6g} -> 1)")
+        log.info("%s: normalized: quantile %.3g = %.6g -> 0, quantile %.4g = %.6g -> 1.", where, QUANTILES[0], lo,
+                 QUANTILES[1], hi)
+    if valid is not None:
+        for i in range(len(stack)):
+            good = stack[i][valid[i]]
+            stack[i][~valid[i]] = np.median(good) if good.size else 0.0
+    meta = dict(raw.metadata)
+    meta.update(preparation=steps, view_numbers=views.tolist(), sort_permutation=perm.tolist(),
+                pixel_size_A=pixel)
+    return TiltSeries(stack=stack, angles=angles, pixel_size=pixel, source=raw.source, metadata=meta,
+                      ground_truth=gt, valid=valid)

@@ -1,0 +1,180 @@
+"""MRC stacks: modes, extended headers, permissive quirks, damaged files (real files via mrcfile)."""
+
+import logging
+import struct
+
+import mrcfile
+import numpy as np
+import pytest
+from io_helpers import ANGLES5, data_cfg, make_stack, write_raw_mrc, write_tlt
+from mrcfile.dtypes import get_ext_header_dtype
+
+from fasttomo.data.io import DataFileError
+from fasttomo.data.io.mrc import read_mrc
+from fasttomo.data.load import load_tiltseries
+
+
+def _load(tmp_path, data, angles=ANGLES5, **kw):
+    p = write_raw_mrc(tmp_path / "s.mrc", data, voxel=kw.pop("voxel", 3.5))
+    t = write_tlt(tmp_path / "s.rawtlt", angles)
+    return load_tiltseries(data_cfg(source="mrc", path=p, angles=t, **kw))
+
+
+@pytest.mark.parametrize("dtype", [np.int8, np.int16, np.float32, np.uint16, np.float16])
+def test_modes_read_exactly(tmp_path, dtype, caplog):
+    caplog.set_level(logging.INFO, logger="fasttomo.data")
+    raw = (make_stack() - 50).clip(-100, 100).astype(dtype) if dtype != np.uint16 else make_stack().astype(dtype)
+    ts = _load(tmp_path, raw)
+    assert ts.stack.dtype == np.float32
+    np.testing.assert_array_equal(ts.stack, raw.astype(np.float32))
+    assert ts.pixel_size == pytest.approx(3.5)
+    if np.issubdtype(dtype, np.integer):
+        assert "min" in caplog.text and "median" in caplog.text and "max" in caplog.text
+
+
+def test_integer_offset_is_explicit(tmp_path):
+    raw = make_stack().astype(np.uint16)
+    ts = _load(tmp_path, raw, intensity_offset=10.0)
+    np.testing.assert_array_equal(ts.stack, raw.astype(np.float32) - 10)
+
+
+def test_mode0_unsigned_when_imod_says_so(tmp_path):
+    raw = np.arange(5 * 4 * 4, dtype=np.uint8).reshape(5, 4, 4) * 2  # values up to 158 > 127
+    p = write_raw_mrc(tmp_path / "b.mrc", raw.view(np.int8), voxel=1.5,
+                      patch={152: struct.pack("<ii", 1146047817, 0)})
+    m = read_mrc(p)
+    assert m.data.dtype == np.uint8
+    np.testing.assert_array_equal(m.data, raw)
+    p2 = write_raw_mrc(tmp_path / "c.mrc", raw.view(np.int8), voxel=1.5,
+                       patch={152: struct.pack("<ii", 1146047817, 1)})
+    assert read_mrc(p2).data.dtype == np.int8  # signed flag set: MRC2014 signed bytes
+
+
+def _fei(n, kind, angles, pix_m, axis):
+    ext = np.zeros(n, dtype=get_ext_header_dtype(kind))
+    ext["Metadata size"] = ext.dtype.itemsize
+    ext["Metadata version"] = 0 if kind == b"FEI1" else 2
+    ext["Alpha tilt"] = angles
+    ext["Pixel size X"] = pix_m
+    ext["Pixel size Y"] = pix_m
+    ext["Tilt axis angle"] = axis
+    return ext
+
+
+@pytest.mark.parametrize("kind", [b"FEI1", b"FEI2"])
+def test_fei_extended_header(tmp_path, kind, caplog):
+    angles = np.array([-30.0, -15.0, 0.0, 15.0, 30.0])
+    p = write_raw_mrc(tmp_path / "f.mrc", make_stack(), voxel=None, exttyp=kind,
+                      ext=_fei(5, kind, angles, 2.5e-10, 84.0))
+    m = read_mrc(p)
+    assert m.ext_type == kind.decode()
+    np.testing.assert_allclose(m.ext_angles, angles)
+    assert m.ext_pixel_size == pytest.approx(2.5)
+    assert m.ext_tilt_axis == pytest.approx(84.0)
+    ts = load_tiltseries(data_cfg(source="mrc", path=p))
+    np.testing.assert_allclose(ts.angles, angles)
+    assert ts.pixel_size == pytest.approx(2.5)
+    assert ts.metadata["file_tilt_axis_angle"] == pytest.approx(84.0)
+    assert "tilt-axis angle of 84.00" in caplog.text  # warned: not applied automatically
+
+
+def test_legacy_fei_extended_header(tmp_path):
+    angles = np.array([-50.0, -25.0, 0.0, 25.0, 50.0], dtype=np.float32)
+    recs = np.zeros((1024, 32), dtype="<f4")
+    recs[:5, 0] = angles
+    recs[:5, 10] = -3.0
+    recs[:5, 11] = 4.2e-10
+    p = write_raw_mrc(tmp_path / "l.mrc", make_stack(), ext=np.frombuffer(recs.tobytes(), dtype="V1"),
+                      patch={128: struct.pack("<hh", 0, 32)})
+    m = read_mrc(p)
+    assert m.ext_type == "FEI (legacy)"
+    np.testing.assert_allclose(m.ext_angles, angles)
+    assert m.ext_pixel_size == pytest.approx(4.2, rel=1e-6)
+    assert m.ext_tilt_axis == pytest.approx(-3.0)
+
+
+def test_serialem_seri_extended_header(tmp_path):
+    angles = np.array([0.0, 3.0, -3.0, 6.0, -6.0])  # dose-symmetric order
+    nint, flags = 8, 1 | 8  # tilt angle (2 bytes) + magnification (2 bytes), padded to 8
+    recs = np.zeros((5, nint), dtype=np.uint8)
+    recs[:, :2] = np.round(angles * 100).astype("<i2").view(np.uint8).reshape(5, 2)
+    p = write_raw_mrc(tmp_path / "se.st", make_stack(), voxel=2.0, exttyp=b"SERI",
+                      ext=np.frombuffer(recs.tobytes(), dtype="V1"), patch={128: struct.pack("<hh", nint, flags)})
+    m = read_mrc(p)
+    assert m.ext_type == "SERI"
+    np.testing.assert_allclose(m.ext_angles, angles)
+    ts = load_tiltseries(data_cfg(source="mrc", path=p))
+    np.testing.assert_allclose(ts.angles, np.sort(angles))
+    assert ts.metadata["view_numbers"] == [5, 3, 1, 2, 4]
+
+
+def test_permissive_header_quirk_then_shape_check(tmp_path, caplog):
+    raw = make_stack()
+    p = write_raw_mrc(tmp_path / "q.mrc", raw, voxel=2.0, patch={208: b"XXXX"})  # map ID destroyed
+    with pytest.raises(ValueError):
+        mrcfile.open(p, permissive=False).close()
+    m = read_mrc(p)
+    np.testing.assert_array_equal(m.data, raw)
+    assert any("permissive" in n for n in m.notes)
+
+
+def test_empty_truncated_corrupt(tmp_path):
+    empty = tmp_path / "e.mrc"
+    empty.write_bytes(b"")
+    with pytest.raises(DataFileError, match=r"e\.mrc: the file is empty"):
+        read_mrc(empty)
+    p = write_raw_mrc(tmp_path / "t.mrc", make_stack(), voxel=1.0)
+    blob = open(p, "rb").read()
+    open(p, "wb").write(blob[:-100])
+    with pytest.raises(DataFileError, match=r"t\.mrc: truncated MRC file.*= 4864 bytes, but the file has 4764 bytes"):
+        read_mrc(p)
+    short = tmp_path / "s.mrc"
+    short.write_bytes(blob[:500])
+    with pytest.raises(DataFileError, match="500 bytes, less than the 1024-byte header"):
+        read_mrc(short)
+    junk = tmp_path / "j.mrc"
+    junk.write_bytes(np.random.default_rng(0).integers(0, 255, 3000, dtype=np.uint8).tobytes())
+    with pytest.raises(DataFileError, match=r"j\.mrc"):
+        read_mrc(junk)
+
+
+def test_complex_mode_rejected(tmp_path):
+    p = write_raw_mrc(tmp_path / "c.mrc", make_stack().astype(np.complex64))
+    with pytest.raises(DataFileError, match="mode 4.*modes \\[0, 1, 2, 6, 12\\]"):
+        read_mrc(p)
+
+
+def test_wrong_dimensionality(tmp_path):
+    p = write_raw_mrc(tmp_path / "one.mrc", make_stack()[0])
+    t = write_tlt(tmp_path / "one.rawtlt", [0.0])
+    with pytest.raises(DataFileError, match=r"one\.mrc.*2-D.*single image is not a tilt series"):
+        load_tiltseries(data_cfg(source="mrc", path=p, angles=t))
+    p4 = write_raw_mrc(tmp_path / "four.mrc", np.zeros((2, 3, 4, 5), np.float32))
+    with pytest.raises(DataFileError, match=r"four\.mrc.*4-D"):
+        load_tiltseries(data_cfg(source="mrc", path=p4, angles=t))
+
+
+def test_anisotropic_pixel_size(tmp_path):
+    p = write_raw_mrc(tmp_path / "a.mrc", make_stack(), voxel=(2.0, 3.0, 2.0))
+    t = write_tlt(tmp_path / "a.rawtlt", ANGLES5)
+    with pytest.raises(DataFileError, match=r"a\.mrc: anisotropic pixel size x = 2 A, y = 3 A"):
+        load_tiltseries(data_cfg(source="mrc", path=p, angles=t))
+    ts = load_tiltseries(data_cfg(source="mrc", path=p, angles=t, pixel_size=2.0))  # explicit override
+    assert ts.pixel_size == 2.0
+
+
+def test_missing_pixel_size_warns_and_says_what_was_assumed(tmp_path, caplog):
+    p = write_raw_mrc(tmp_path / "m.mrc", make_stack())  # cell size 0
+    t = write_tlt(tmp_path / "m.rawtlt", ANGLES5)
+    ts = load_tiltseries(data_cfg(source="mrc", path=p, angles=t))
+    assert ts.pixel_size == 1.0 and ts.metadata["pixel_size_assumed"]
+    assert "no pixel size" in caplog.text and "assuming 1.0 A" in caplog.text
+
+
+def test_no_angles_anywhere_suggests_sibling(tmp_path):
+    p = write_raw_mrc(tmp_path / "n.st", make_stack(), voxel=1.0)
+    with pytest.raises(DataFileError, match="no tilt angles.*data.angles="):
+        load_tiltseries(data_cfg(source="mrc", path=p))
+    write_tlt(tmp_path / "n.rawtlt", ANGLES5)
+    with pytest.raises(DataFileError, match=r"Found .*n\.rawtlt next to it: set data\.angles="):
+        load_tiltseries(data_cfg(source="mrc", path=p))

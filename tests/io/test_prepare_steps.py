@@ -1,0 +1,141 @@
+"""Preparation steps and the bad-input errors of load_tiltseries (real files)."""
+
+import logging
+
+import numpy as np
+import pytest
+from io_helpers import ANGLES5, data_cfg, make_stack, write_raw_mrc, write_tlt
+
+from fasttomo.config import ConfigError
+from fasttomo.data.io import DataFileError
+from fasttomo.data.load import load_tiltseries
+from fasttomo.data.prepare import rotate_tilt_axis
+from fasttomo.data.tiltseries import TiltSeriesError
+
+
+def _files(tmp_path, stack=None, angles=ANGLES5, voxel=2.0, name="s"):
+    stack = make_stack() if stack is None else stack
+    return (write_raw_mrc(tmp_path / f"{name}.mrc", stack, voxel=voxel), write_tlt(tmp_path / f"{name}.rawtlt", angles))
+
+
+def _load(tmp_path, stack=None, angles=ANGLES5, **kw):
+    p, t = _files(tmp_path, stack, angles)
+    return load_tiltseries(data_cfg(source="mrc", path=p, angles=t, **kw))
+
+
+def test_angle_count_mismatch(tmp_path):
+    with pytest.raises(DataFileError, match=r"s\.rawtlt: 4 angles .* stack .*s\.mrc has 5 sections"):
+        _load(tmp_path, angles=ANGLES5[:4])
+
+
+def test_duplicate_angles_then_fixed_by_exclusion(tmp_path):
+    dup = np.array([-40.0, -20.0, 0.0, 0.0, 40.0])
+    with pytest.raises(TiltSeriesError, match=r"s\.mrc \(angles from .*s\.rawtlt\): duplicate tilt angles "
+                                              r"\(angle: 1-based views\) \{0\.0: \[3, 4\]\}.*exclude_views=\[4\]"):
+        _load(tmp_path, angles=dup)
+    ts = _load(tmp_path, angles=dup, exclude_views=[4])
+    assert ts.n_tilts == 4 and ts.metadata["view_numbers"] == [1, 2, 3, 5]
+
+
+def test_angle_beyond_90(tmp_path):
+    with pytest.raises(TiltSeriesError, match=r"s\.rawtlt.*tilt angle 95 degrees for view 5 is not within \(-90, 90\)"
+                                              r".*radians"):
+        _load(tmp_path, angles=[-40, -20, 0, 20, 95])
+
+
+@pytest.mark.filterwarnings("ignore:Data array contains NaN")
+def test_nonfinite_reject_or_mask(tmp_path):
+    st = make_stack()
+    st[2, 3, 4] = np.nan
+    st[4, 0, 0] = np.inf
+    with pytest.raises(TiltSeriesError, match=r"s\.mrc: 2 NaN/Inf pixels \(first at view 3 \(1-based\), row 3, col 4\)"
+                                              r".*data\.nonfinite=mask"):
+        _load(tmp_path, st)
+    ts = _load(tmp_path, st, nonfinite="mask")
+    assert ts.valid is not None and ts.valid.shape == st.shape and ts.valid.dtype == bool
+    assert not ts.valid[2, 3, 4] and not ts.valid[4, 0, 0] and ts.valid.sum() == st.size - 2
+    assert np.isfinite(ts.stack).all()
+    np.testing.assert_array_equal(ts.stack[ts.valid], st[ts.valid])
+
+
+def test_unknown_suffix_and_source_mismatch(tmp_path):
+    p = tmp_path / "s.dat"
+    p.write_bytes(b"x")
+    with pytest.raises(DataFileError, match=r"s\.dat: unknown file suffix '\.dat'"):
+        load_tiltseries(data_cfg(source="mrc", path=str(p), angles="a.tlt"))
+    m, t = _files(tmp_path)
+    with pytest.raises(DataFileError, match="data.source=hdf5 but the suffix says mrc; use data=mrc"):
+        load_tiltseries(data_cfg(source="hdf5", path=m, angles=t))
+    with pytest.raises(DataFileError, match=r"nothere\.mrc: file not found"):
+        load_tiltseries(data_cfg(source="mrc", path=str(tmp_path / "nothere.mrc")))
+
+
+def test_exclude_bin_crop(tmp_path):
+    st = make_stack(h=12, w=17)
+    ts = _load(tmp_path, st, exclude_views=[1, 5], binning=2, crop=[1, 5, 2, 8])
+    assert ts.stack.shape == (3, 4, 6) and ts.pixel_size == 4.0
+    binned = st[1:4, :12, :16].reshape(3, 6, 2, 8, 2).mean(axis=(2, 4))
+    np.testing.assert_allclose(ts.stack, binned[:, 1:5, 2:8], rtol=1e-6)
+    np.testing.assert_array_equal(ts.angles, ANGLES5[1:4])
+    with pytest.raises(TiltSeriesError, match=r"exclude_views \[9\] are not sections of this 5-view stack"):
+        _load(tmp_path, st, exclude_views=[9])
+    with pytest.raises(TiltSeriesError, match=r"data\.crop=\[0, 20, 0, 4\] is not a window .* 6 x 8 image"):
+        _load(tmp_path, st, binning=2, crop=[0, 20, 0, 4])
+    with pytest.raises(ConfigError, match="data.exclude_views"):
+        data_cfg(source="mrc", path="x.mrc", exclude_views=[0])
+
+
+def test_sorting_keeps_permutation(tmp_path):
+    order = [0.0, 3.0, -3.0, 6.0, -6.0]
+    st = make_stack()
+    ts = _load(tmp_path, st, angles=order)
+    np.testing.assert_array_equal(ts.angles, [-6, -3, 0, 3, 6])
+    perm = ts.metadata["sort_permutation"]
+    assert perm == [4, 2, 0, 1, 3]
+    np.testing.assert_array_equal(ts.stack, st[perm])
+
+
+def test_quantile_normalization_and_inversion(tmp_path):
+    st = make_stack()
+    ts = _load(tmp_path, st, normalize="quantile")
+    flat = ts.stack.ravel()
+    assert np.quantile(flat, 0.01) == pytest.approx(0, abs=1e-5) and np.quantile(flat, 0.999) == pytest.approx(1, abs=1e-5)
+    inv = _load(tmp_path, st, invert=True)
+    np.testing.assert_allclose(inv.stack, st.max() - st)
+    invq = _load(tmp_path, st, invert=True, normalize="quantile")
+    assert np.corrcoef(invq.stack.ravel(), st.ravel())[0, 1] == pytest.approx(-1, abs=1e-6)
+
+
+def test_dark_and_blank_views(tmp_path, caplog):
+    caplog.set_level(logging.INFO, logger="fasttomo.data")
+    st = make_stack()
+    st[1] *= 0.02  # shutter closed
+    st[3] = 42.0  # blank
+    ts = _load(tmp_path, st)
+    assert ts.n_tilts == 5
+    assert "view 2: dark" in caplog.text and "view 4: blank" in caplog.text
+    ts = _load(tmp_path, st, drop_dark_views=True)
+    assert ts.metadata["view_numbers"] == [1, 3, 5]
+    np.testing.assert_array_equal(ts.angles, ANGLES5[[0, 2, 4]])
+
+
+def test_tilt_axis_rotation_is_a_rotation(tmp_path):
+    st = make_stack(h=12, w=12)
+    # raw images whose tilt axis lies at +90 degrees (counter-clockwise from +Y): the content rotated
+    rotated = np.ascontiguousarray(np.rot90(st, k=-1, axes=(1, 2)))
+    back, valid = rotate_tilt_axis(rotated, None, 90.0)
+    np.testing.assert_allclose(back, st, atol=1e-4)
+    assert valid is None
+    # non-square: H and W swap when the axis is closer to X
+    r2, _ = rotate_tilt_axis(make_stack(h=8, w=14), None, -90.0)
+    assert r2.shape == (5, 14, 8)
+    np.testing.assert_allclose(r2, np.rot90(make_stack(h=8, w=14), k=-1, axes=(1, 2)), atol=1e-4)
+    # small angles: corners without data are masked, the centre is kept
+    ts = _load(tmp_path, st, tilt_axis_angle=10.0)
+    assert ts.valid is not None and not ts.valid[:, 0, 0].any() and ts.valid[:, 6, 6].all()
+    # a feature on the axis stays on it, one off the axis moves the right way
+    img = np.zeros((1, 21, 21), np.float32)
+    img[0, 10, 15] = 1.0  # x = +5, y = 0 (col 15, row 10)
+    out, _ = rotate_tilt_axis(np.repeat(img, 2, 0), None, 90.0)
+    # axis at +90 deg (along -X) is rotated by -90 to +Y: the point at +X goes to -Y ... i.e. row 5
+    assert np.unravel_index(np.argmax(out[0]), out[0].shape) == (5, 10)
