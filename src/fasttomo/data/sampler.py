@@ -1,0 +1,538 @@
+"""Ray (pixel) batch sampling: the device-resident sampler and the per-pixel DataLoader twin.
+
+Every measured pixel of the tilt series is one ray. A pixel is named by its flat id
+
+    p = tilt * H * W + row * W + col          (row along the tilt axis, col along X)
+
+and a :class:`Batch` carries, for B rays, the view index, row, column, the measured value divided
+by the sampler's :attr:`RaySampler.scale` and a weight (1 valid, 0 masked).
+
+Order of the pixels (identical for both samplers, every rank, and across save/resume):
+
+1. **Split.** A CPU ``torch.Generator`` seeded with ``cfg.split_seed`` (independent of the run seed)
+   permutes all ``N = n*H*W`` ids; the first ``n_val`` become the validation set, the rest the
+   training set (both kept sorted). ``n_val = round(N * val_fraction)`` (at least 1 when the
+   fraction is > 0). Masked pixels stay in both sets with weight 0 unless ``cfg.skip_masked``.
+2. **Epoch permutation.** A CPU generator seeded from ``(seed, epoch)`` (SplitMix64 mix) permutes
+   the training ids, identically on every rank.
+3. **Shard.** Rank ``r`` of ``world_size`` takes the contiguous slice
+   ``[r * n_per_rank, (r + 1) * n_per_rank)`` with ``n_per_rank = n_train // world_size`` (the ragged
+   tail is dropped, so every rank makes the same number of batches and gradient sync cannot hang).
+4. **Batches** of ``batch_size`` in that order; ``drop_last`` drops the short last batch, otherwise
+   it is yielded. After the last batch of an epoch the sampler moves to the next epoch by itself
+   (``set_epoch`` may also be called, e.g. by a trainer that counts epochs).
+
+:class:`DeviceBatchSampler` keeps the normalized stack, the training ids and the current epoch's
+shard on the device and builds a batch with a few index-arithmetic kernels and two gathers into
+persistent buffers; :class:`DataLoaderSampler` is the classic per-pixel ``torch.utils.data``
+pipeline (``__getitem__`` per pixel, collate, host-to-device copy), kept for comparison. For the
+same seed both yield bit-identical batches.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import math
+from typing import Any, Iterator
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset, Sampler
+
+from fasttomo.config import ConfigError, SamplerConfig
+from fasttomo.data.tiltseries import TiltSeries
+
+__all__ = [
+    "Batch",
+    "RaySampler",
+    "DeviceBatchSampler",
+    "DataLoaderSampler",
+    "PixelDataset",
+    "build_sampler",
+    "robust_scale",
+    "split_pixels",
+    "epoch_generator",
+]
+
+_STATE_VERSION = 1
+_SCALE_QUANTILE = 99.9
+_SCALE_MAX_VALUES = 1 << 22  # subsample (deterministic stride) above this many valid pixels
+
+
+@dataclasses.dataclass
+class Batch:
+    """B rays. For the device sampler the tensors are persistent buffers (see DeviceBatchSampler)."""
+
+    tilt: torch.Tensor
+    """(B,) int64 view index."""
+    row: torch.Tensor
+    """(B,) int64 pixel row i (along the tilt axis)."""
+    col: torch.Tensor
+    """(B,) int64 pixel column j."""
+    target: torch.Tensor
+    """(B,) float32 measured value divided by the sampler's scale."""
+    weight: torch.Tensor
+    """(B,) float32: 1 for valid pixels, 0 for masked ones (ts.valid False)."""
+
+    def __len__(self) -> int:
+        return int(self.tilt.shape[0])
+
+
+# --------------------------------------------------------------------------------------- helpers
+def _valid_mask(ts: TiltSeries) -> np.ndarray | None:
+    valid = getattr(ts, "valid", None)
+    if valid is None:
+        return None
+    valid = np.asarray(valid, dtype=bool)
+    if valid.shape != ts.stack.shape:
+        raise ValueError(
+            f"tilt series from {ts.source}: validity mask shape {valid.shape} != stack shape "
+            f"{ts.stack.shape}; the mask must flag every pixel."
+        )
+    return None if valid.all() else np.ascontiguousarray(valid)
+
+
+def robust_scale(stack: np.ndarray, valid: np.ndarray | None = None) -> float:
+    """The sampler's target scale: the 99.9th percentile of |value| over the valid pixels.
+
+    Robust to a few hot pixels, deterministic (a fixed-stride subsample of at most 2**22 values
+    for large stacks), hence identical on every rank that holds the same data. Falls back to the
+    largest |value|, then to 1.0 for an all-zero stack. Returned as a float32-representable float.
+    """
+    values = stack[valid] if valid is not None else stack.reshape(-1)
+    if values.size == 0:
+        return 1.0
+    if values.size > _SCALE_MAX_VALUES:
+        values = values[:: math.ceil(values.size / _SCALE_MAX_VALUES)]
+    mags = np.abs(values.astype(np.float64))
+    scale = float(np.percentile(mags, _SCALE_QUANTILE))
+    if not (math.isfinite(scale) and scale > 0):
+        scale = float(mags.max())
+    if not (math.isfinite(scale) and scale > 0):
+        scale = 1.0
+    return float(np.float32(scale))
+
+
+def split_pixels(n_pixels: int, val_fraction: float, split_seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(train_ids, val_ids), both sorted int64 CPU tensors, from a generator seeded with split_seed."""
+    if val_fraction > 0:
+        n_val = min(n_pixels - 1, max(1, int(math.floor(n_pixels * val_fraction + 0.5))))
+    else:
+        n_val = 0
+    g = torch.Generator(device="cpu")
+    g.manual_seed(int(split_seed) & 0xFFFF_FFFF_FFFF_FFFF)
+    perm = torch.randperm(n_pixels, generator=g, dtype=torch.int64)
+    val_ids = perm[:n_val].sort().values
+    train_ids = perm[n_val:].sort().values
+    return train_ids, val_ids
+
+
+def _splitmix64(x: int) -> int:
+    x = (x + 0x9E3779B97F4A7C15) & 0xFFFF_FFFF_FFFF_FFFF
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & 0xFFFF_FFFF_FFFF_FFFF
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & 0xFFFF_FFFF_FFFF_FFFF
+    return x ^ (x >> 31)
+
+
+def epoch_generator(seed: int, epoch: int) -> torch.Generator:
+    """CPU generator of the epoch permutation, a pure function of (seed, epoch)."""
+    g = torch.Generator(device="cpu")
+    g.manual_seed(_splitmix64(_splitmix64(int(seed) & 0xFFFF_FFFF_FFFF_FFFF) ^ (int(epoch) & 0xFFFF_FFFF_FFFF_FFFF)))
+    return g
+
+
+# --------------------------------------------------------------------------------------- base
+class RaySampler:
+    """Shared bookkeeping of both samplers: split, scale, epoch order, sharding and state.
+
+    Attributes:
+        scale: targets are ``stack / scale`` (see :func:`robust_scale`); identical on all ranks.
+        n_train, n_val: sizes of the global training and validation sets (pixels).
+        n_per_rank: training pixels this rank visits per epoch (``n_train // world_size``).
+        batches_per_epoch: batches per epoch on every rank.
+        epoch: current epoch; ``position`` is the number of batches of it already produced.
+    """
+
+    kind = "base"
+
+    def __init__(self, ts: TiltSeries, cfg: SamplerConfig, *, seed: int, device: torch.device,
+                 rank: int = 0, world_size: int = 1) -> None:
+        if not (isinstance(world_size, int) and world_size >= 1 and isinstance(rank, int) and 0 <= rank < world_size):
+            raise ValueError(f"need 0 <= rank < world_size, got rank={rank!r}, world_size={world_size!r}.")
+        self.cfg = cfg
+        self.seed = int(seed)
+        self.device = torch.device(device)
+        self.rank = rank
+        self.world_size = world_size
+        self.batch_size = int(cfg.batch_size)
+        self.drop_last = bool(cfg.drop_last)
+        n, h, w = ts.stack.shape
+        self.shape = (int(n), int(h), int(w))
+        self._hw = int(h) * int(w)
+        self._w = int(w)
+
+        valid = _valid_mask(ts)
+        self.scale = robust_scale(ts.stack, valid)
+        # Normalized stack, float32; masked pixels are set to 0 so targets are always finite.
+        stack_n = ts.stack / np.float32(self.scale)
+        if valid is not None:
+            stack_n = np.where(valid, stack_n, np.float32(0))
+        self._stack_n = np.ascontiguousarray(stack_n, dtype=np.float32).reshape(-1)
+        self._valid = None if valid is None else valid.reshape(-1)
+        self.has_mask = valid is not None
+
+        train_ids, val_ids = split_pixels(self._stack_n.size, float(cfg.val_fraction), int(cfg.split_seed))
+        if self._valid is not None and cfg.skip_masked:
+            vt = torch.from_numpy(self._valid)
+            train_ids = train_ids[vt[train_ids]]
+            val_ids = val_ids[vt[val_ids]]
+        self._train_ids_cpu = train_ids
+        self._val_ids_cpu = val_ids
+        self.n_train = int(train_ids.numel())
+        self.n_val = int(val_ids.numel())
+        self.n_per_rank = self.n_train // world_size
+        if self.drop_last:
+            self.batches_per_epoch = self.n_per_rank // self.batch_size
+        else:
+            self.batches_per_epoch = -(-self.n_per_rank // self.batch_size)
+        if self.batches_per_epoch < 1:
+            raise ConfigError(
+                f"sampler.batch_size: {self.n_per_rank} training pixels per rank (n_train={self.n_train}, "
+                f"world_size={world_size}) cannot fill one batch of {self.batch_size} with drop_last=true; "
+                "lower sampler.batch_size or set sampler.drop_last=false."
+            )
+        self.epoch = 0
+        self.position = 0
+        self._ready_epoch: int | None = None  # epoch whose order is materialized
+        # The next epoch's permutation is drawn in a background thread (randperm releases the
+        # GIL), so the once-per-epoch reshuffle (~50 ms for 2.4 M pixels on one core) does not
+        # stall the step loop; short epochs under DDP would otherwise feel it.
+        self._executor: concurrent.futures.ThreadPoolExecutor | None = None
+        self._pending: dict[int, concurrent.futures.Future] = {}
+
+    # -- order ---------------------------------------------------------------------------------
+    def _draw_positions(self, epoch: int) -> torch.Tensor:
+        perm = torch.randperm(self.n_train, generator=epoch_generator(self.seed, epoch), dtype=torch.int64)
+        lo = self.rank * self.n_per_rank
+        return perm[lo:lo + self.n_per_rank].clone()  # pure CPU work: no CUDA call off the main thread
+
+    def _shard_positions(self, epoch: int, prefetch_next: bool = False) -> torch.Tensor:
+        """Positions (into the sorted train ids) of this rank's shard of ``epoch``, in order."""
+        fut = self._pending.pop(epoch, None)
+        pos = fut.result() if fut is not None else self._draw_positions(epoch)
+        for stale in [e for e in self._pending if e != epoch + 1]:
+            self._pending.pop(stale).cancel()
+        if prefetch_next and (epoch + 1) not in self._pending:
+            if self._executor is None:
+                self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="fasttomo-perm")
+            self._pending[epoch + 1] = self._executor.submit(self._draw_positions, epoch + 1)
+        return pos
+
+    def epoch_shard(self, epoch: int) -> torch.Tensor:
+        """This rank's training ids of ``epoch`` in visiting order (CPU int64, n_per_rank)."""
+        return self._train_ids_cpu[self._draw_positions(epoch)]
+
+    def _batch_bounds(self, position: int) -> tuple[int, int]:
+        lo = position * self.batch_size
+        return lo, min(lo + self.batch_size, self.n_per_rank)
+
+    def _prepare(self) -> None:
+        """Advance to the next epoch if this one is used up, and materialize the epoch's order."""
+        if self.position >= self.batches_per_epoch:
+            self.epoch += 1
+            self.position = 0
+        if self._ready_epoch != self.epoch:
+            self._materialize(self.epoch)
+            self._ready_epoch = self.epoch
+
+    def _materialize(self, epoch: int) -> None:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    # -- public API ------------------------------------------------------------------------------
+    def next_batch(self) -> Batch:
+        raise NotImplementedError
+
+    def set_epoch(self, epoch: int) -> None:
+        """Start ``epoch`` from its first batch (same on every rank; reshuffles)."""
+        if not (isinstance(epoch, int) and epoch >= 0):
+            raise ValueError(f"epoch must be an integer >= 0, got {epoch!r}")
+        self.epoch = epoch
+        self.position = 0
+
+    def val_batches(self, batch_size: int | None = None) -> Iterator[Batch]:
+        raise NotImplementedError
+
+    @property
+    def val_ids(self) -> torch.Tensor:
+        """Sorted validation pixel ids (CPU int64), identical on all ranks."""
+        return self._val_ids_cpu
+
+    @property
+    def train_ids(self) -> torch.Tensor:
+        """Sorted training pixel ids (CPU int64), identical on all ranks."""
+        return self._train_ids_cpu
+
+    def _fingerprint(self) -> dict[str, Any]:
+        return {
+            "seed": self.seed,
+            "split_seed": int(self.cfg.split_seed),
+            "world_size": self.world_size,
+            "batch_size": self.batch_size,
+            "drop_last": int(self.drop_last),
+            "n_train": self.n_train,
+            "n_val": self.n_val,
+            "shape": list(self.shape),
+        }
+
+    def state_dict(self) -> dict:
+        """Plain ints/floats/strings/lists only (``torch.load(weights_only=True)`` safe).
+
+        ``epoch`` and ``position`` are the same on every rank, so rank 0's state resumes all ranks.
+        """
+        return {
+            "version": _STATE_VERSION,
+            "kind": self.kind,
+            "epoch": int(self.epoch),
+            "position": int(self.position),
+            "scale": float(self.scale),
+            **self._fingerprint(),
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        """Resume exactly: the next batch is the one the saved sampler would have produced next.
+
+        A state of either kind loads into either sampler (same order). Refuses states made with a
+        different seed, split, data shape, batch size, drop_last or world size (the order differs).
+        """
+        if int(state.get("version", -1)) != _STATE_VERSION:
+            raise ValueError(f"sampler state version {state.get('version')!r} != {_STATE_VERSION}.")
+        mine = self._fingerprint()
+        diff = {k: (state.get(k), v) for k, v in mine.items() if state.get(k) != v}
+        if diff:
+            details = ", ".join(f"{k}: saved {a!r} vs now {b!r}" for k, (a, b) in diff.items())
+            raise ValueError(
+                f"sampler state does not match this run ({details}); resume with the same seed, "
+                "sampler settings, data and number of processes as the saved run."
+            )
+        if abs(float(state["scale"]) - self.scale) > 1e-6 * max(1.0, abs(self.scale)):
+            raise ValueError(
+                f"sampler state scale {state['scale']!r} != {self.scale!r}: the tilt-series values "
+                "differ from the saved run's; resume on the same data."
+            )
+        epoch, position = int(state["epoch"]), int(state["position"])
+        if not (epoch >= 0 and 0 <= position <= self.batches_per_epoch):
+            raise ValueError(f"sampler state epoch/position {epoch}/{position} out of range.")
+        self.epoch = epoch
+        self.position = position
+
+
+# --------------------------------------------------------------------------------------- device
+class DeviceBatchSampler(RaySampler):
+    """Device-resident sampler: batches by index arithmetic and gathers, no host work per step.
+
+    The normalized stack (float32), the validity mask (uint8, if any) and this rank's epoch order
+    live on ``device``. ``next_batch`` copies the next ``batch_size`` ids into a persistent buffer,
+    splits them into (tilt, row, col) with integer arithmetic and gathers targets and weights,
+    all with ``out=`` into buffers allocated once. The returned :class:`Batch` therefore holds the
+    **same tensor objects at the same addresses on every call** (fixed shapes: the step can be
+    captured in a CUDA graph that reads them). Consumers must not keep references across steps:
+    the next call overwrites them (``clone()`` what must survive). With ``drop_last=false`` the
+    short last batch of an epoch is returned as views of the first rows of those buffers (a
+    different shape, so CUDA-graph capture needs ``drop_last=true``). Once per epoch the order is
+    drawn on the CPU (``torch.randperm``, the same on every rank; the next epoch's is prefetched
+    in a background thread that makes no CUDA call), uploaded from pinned memory without a host
+    sync and applied to the device-resident train ids. ``next_batch`` never synchronizes.
+    """
+
+    kind = "device"
+
+    def __init__(self, ts: TiltSeries, cfg: SamplerConfig, *, seed: int, device: torch.device,
+                 rank: int = 0, world_size: int = 1) -> None:
+        super().__init__(ts, cfg, seed=seed, device=device, rank=rank, world_size=world_size)
+        dev = self.device
+        self._stack_d = torch.from_numpy(self._stack_n).to(dev)
+        self._valid_d = None if self._valid is None else torch.from_numpy(self._valid.view(np.uint8)).to(dev)
+        self._train_ids_d = self._train_ids_cpu.to(dev)
+        self._order_d: torch.Tensor | None = None
+        b = self.batch_size
+        self._ids = torch.empty(b, dtype=torch.int64, device=dev)
+        self._tmp = torch.empty(b, dtype=torch.int64, device=dev)
+        self._mask_buf = None if self._valid_d is None else torch.empty(b, dtype=torch.uint8, device=dev)
+        self._batch = Batch(
+            tilt=torch.empty(b, dtype=torch.int64, device=dev),
+            row=torch.empty(b, dtype=torch.int64, device=dev),
+            col=torch.empty(b, dtype=torch.int64, device=dev),
+            target=torch.empty(b, dtype=torch.float32, device=dev),
+            weight=torch.ones(b, dtype=torch.float32, device=dev),
+        )
+
+    def _materialize(self, epoch: int) -> None:
+        # Once per epoch: the permutation is drawn on the CPU (identical on all ranks, the next
+        # one prefetched in a thread), sent over and applied to the device-resident train ids.
+        pos = self._shard_positions(epoch, prefetch_next=True)
+        if self.device.type == "cuda":  # pinned + non_blocking: the upload needs no host sync
+            pos = pos.pin_memory().to(self.device, non_blocking=True)
+        else:
+            pos = pos.to(self.device)
+        self._order_d = self._train_ids_d[pos]
+
+    def _fill(self, ids_src: torch.Tensor, n: int) -> Batch:
+        """Decode ids_src (n <= batch_size ids on device) into the persistent buffers."""
+        bt = self._batch
+        ids = self._ids[:n]
+        ids.copy_(ids_src)
+        tmp = self._tmp[:n]
+        tilt, row, col = bt.tilt[:n], bt.row[:n], bt.col[:n]
+        torch.div(ids, self._hw, rounding_mode="floor", out=tilt)
+        torch.mul(tilt, self._hw, out=tmp)
+        torch.sub(ids, tmp, out=tmp)                       # offset inside the view
+        torch.div(tmp, self._w, rounding_mode="floor", out=row)
+        torch.mul(row, self._w, out=col)
+        torch.sub(tmp, col, out=col)
+        target = bt.target[:n]
+        torch.index_select(self._stack_d, 0, ids, out=target)
+        weight = bt.weight[:n]
+        if self._valid_d is not None:
+            m = self._mask_buf[:n]
+            torch.index_select(self._valid_d, 0, ids, out=m)
+            weight.copy_(m)
+        if n == self.batch_size:
+            return bt
+        return Batch(tilt=tilt, row=row, col=col, target=target, weight=weight)
+
+    def next_batch(self) -> Batch:
+        self._prepare()
+        lo, hi = self._batch_bounds(self.position)
+        self.position += 1
+        return self._fill(self._order_d[lo:hi], hi - lo)
+
+    def val_batches(self, batch_size: int | None = None) -> Iterator[Batch]:
+        """The whole validation set in sorted id order, fresh tensors (not the training buffers)."""
+        bs = int(batch_size or self.batch_size)
+        ids_all = self._val_ids_cpu.to(self.device)
+        for lo in range(0, self.n_val, bs):
+            ids = ids_all[lo:lo + bs]
+            tilt = torch.div(ids, self._hw, rounding_mode="floor")
+            rem = ids - tilt * self._hw
+            row = torch.div(rem, self._w, rounding_mode="floor")
+            col = rem - row * self._w
+            target = self._stack_d[ids]
+            if self._valid_d is None:
+                weight = torch.ones(ids.shape[0], dtype=torch.float32, device=self.device)
+            else:
+                weight = self._valid_d[ids].to(torch.float32)
+            yield Batch(tilt=tilt, row=row, col=col, target=target, weight=weight)
+
+
+# --------------------------------------------------------------------------------------- dataloader
+class PixelDataset(Dataset):
+    """One item per pixel id: (tilt, row, col, target, weight) as Python numbers."""
+
+    def __init__(self, stack_n: np.ndarray, valid: np.ndarray | None, shape: tuple[int, int, int]) -> None:
+        self.stack_n = stack_n  # flat float32, already divided by the scale
+        self.valid = valid      # flat bool or None
+        self.hw = shape[1] * shape[2]
+        self.w = shape[2]
+
+    def __len__(self) -> int:
+        return int(self.stack_n.size)
+
+    def __getitem__(self, p: int) -> tuple[int, int, int, float, float]:
+        p = int(p)
+        tilt, rem = divmod(p, self.hw)
+        row, col = divmod(rem, self.w)
+        weight = 1.0 if self.valid is None else float(self.valid[p])
+        return tilt, row, col, float(self.stack_n[p]), weight
+
+
+def collate_pixels(items: list[tuple[int, int, int, float, float]]) -> Batch:
+    tilt, row, col, target, weight = zip(*items)
+    return Batch(
+        tilt=torch.tensor(tilt, dtype=torch.int64),
+        row=torch.tensor(row, dtype=torch.int64),
+        col=torch.tensor(col, dtype=torch.int64),
+        target=torch.tensor(target, dtype=torch.float32),  # float32 -> float -> float32 is exact
+        weight=torch.tensor(weight, dtype=torch.float32),
+    )
+
+
+class _IdSequence(Sampler):
+    """Yields a fixed sequence of pixel ids (an epoch shard from some position, or the val set)."""
+
+    def __init__(self, ids: torch.Tensor) -> None:
+        self.ids = ids
+
+    def __len__(self) -> int:
+        return int(self.ids.numel())
+
+    def __iter__(self):
+        return iter(self.ids.tolist())
+
+
+class DataLoaderSampler(RaySampler):
+    """The per-pixel ``torch.utils.data.DataLoader`` path (``sampler=dataloader``), for comparison.
+
+    Same order and contents as :class:`DeviceBatchSampler`; each batch costs ``batch_size``
+    ``__getitem__`` calls, a collate and a host-to-device copy. Returns fresh tensors.
+    """
+
+    kind = "dataloader"
+
+    def __init__(self, ts: TiltSeries, cfg: SamplerConfig, *, seed: int, device: torch.device,
+                 rank: int = 0, world_size: int = 1) -> None:
+        super().__init__(ts, cfg, seed=seed, device=device, rank=rank, world_size=world_size)
+        self.dataset = PixelDataset(self._stack_n, self._valid, self.shape)
+        self._iter = None
+        self._iter_key: tuple[int, int] | None = None  # (epoch, position) the iterator is at
+        self._pin = self.device.type == "cuda"
+
+    def _loader(self, ids: torch.Tensor, batch_size: int, drop_last: bool) -> DataLoader:
+        nw = int(self.cfg.num_workers)
+        return DataLoader(self.dataset, batch_size=batch_size, sampler=_IdSequence(ids), drop_last=drop_last,
+                          num_workers=nw, collate_fn=collate_pixels, pin_memory=self._pin,
+                          persistent_workers=False)
+
+    def _materialize(self, epoch: int) -> None:
+        self._iter = None  # built lazily in next_batch from (epoch, position)
+        # No prefetch thread when worker processes are forked (fork + threads can deadlock).
+        pos = self._shard_positions(epoch, prefetch_next=int(self.cfg.num_workers) == 0)
+        self._order_cpu = self._train_ids_cpu[pos]
+
+    def _to_device(self, b: Batch) -> Batch:
+        nb = self._pin
+        return Batch(*(t.to(self.device, non_blocking=nb) for t in (b.tilt, b.row, b.col, b.target, b.weight)))
+
+    def next_batch(self) -> Batch:
+        self._prepare()
+        if self._iter is None or self._iter_key != (self.epoch, self.position):
+            lo = self.position * self.batch_size
+            order = self._order_cpu[lo:]
+            self._iter = iter(self._loader(order, self.batch_size, self.drop_last))
+        batch = next(self._iter)
+        self.position += 1
+        self._iter_key = (self.epoch, self.position)
+        return self._to_device(batch)
+
+    def set_epoch(self, epoch: int) -> None:
+        super().set_epoch(epoch)
+        self._iter = None
+
+    def load_state_dict(self, state: dict) -> None:
+        super().load_state_dict(state)
+        self._iter = None
+
+    def val_batches(self, batch_size: int | None = None) -> Iterator[Batch]:
+        bs = int(batch_size or self.batch_size)
+        for b in self._loader(self._val_ids_cpu, bs, False):
+            yield self._to_device(b)
+
+
+# --------------------------------------------------------------------------------------- factory
+def build_sampler(ts: TiltSeries, cfg: SamplerConfig, *, seed: int, device: torch.device,
+                  rank: int = 0, world_size: int = 1) -> RaySampler:
+    """The sampler named by ``cfg.kind`` (device or dataloader) for this rank's shard."""
+    cls = {"device": DeviceBatchSampler, "dataloader": DataLoaderSampler}.get(cfg.kind)
+    if cls is None:
+        raise ConfigError(f"sampler.kind: must be device or dataloader, got {cfg.kind!r}.")
+    return cls(ts, cfg, seed=seed, device=torch.device(device), rank=rank, world_size=world_size)

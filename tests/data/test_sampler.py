@@ -1,0 +1,229 @@
+"""RaySampler: device vs DataLoader parity, epoch coverage, split, masks and exact resume (CPU)."""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import pytest
+import torch
+
+from fasttomo.config import ConfigError, SamplerConfig
+from fasttomo.data.sampler import (
+    Batch,
+    DataLoaderSampler,
+    DeviceBatchSampler,
+    build_sampler,
+    robust_scale,
+)
+from fasttomo.data.tiltseries import TiltSeries
+
+CPU = torch.device("cpu")
+
+
+def make_ts(n=3, h=10, w=13, seed=0, valid=False) -> TiltSeries:
+    rng = np.random.default_rng(seed)
+    ts = TiltSeries(stack=rng.normal(2.0, 1.0, (n, h, w)).astype(np.float32),
+                    angles=np.linspace(-30, 30, n))
+    if valid:
+        ts.valid = rng.random((n, h, w)) > 0.2
+    else:
+        ts.valid = None
+    return ts
+
+
+def cfg(**kw) -> SamplerConfig:
+    base = dict(batch_size=16, val_fraction=0.1, split_seed=7, drop_last=True)
+    base.update(kw)
+    return SamplerConfig(**base)
+
+
+def ids_of(b: Batch, shape) -> torch.Tensor:
+    _, h, w = shape
+    return b.tilt * h * w + b.row * w + b.col
+
+
+def snap(b: Batch) -> tuple:
+    return tuple(t.clone() for t in (b.tilt, b.row, b.col, b.target, b.weight))
+
+
+def assert_same(a: tuple, b: tuple) -> None:
+    for x, y in zip(a, b):
+        assert x.dtype == y.dtype
+        assert torch.equal(x, y)
+
+
+@pytest.mark.parametrize("drop_last", [True, False])
+@pytest.mark.parametrize("masked", [False, True])
+def test_device_matches_dataloader_across_epochs(drop_last, masked):
+    ts = make_ts(valid=masked)
+    c = cfg(drop_last=drop_last)
+    dev = build_sampler(ts, c, seed=3, device=CPU)
+    dl = build_sampler(ts, SamplerConfig(**{**c.__dict__, "kind": "dataloader"}), seed=3, device=CPU)
+    assert isinstance(dev, DeviceBatchSampler) and isinstance(dl, DataLoaderSampler)
+    assert dev.scale == dl.scale and dev.batches_per_epoch == dl.batches_per_epoch
+    n_steps = 2 * dev.batches_per_epoch + 3  # crosses two epoch boundaries
+    for _ in range(n_steps):
+        a, b = snap(dev.next_batch()), snap(dl.next_batch())
+        assert_same(a, b)
+    assert dev.epoch == dl.epoch == 2
+    for va, vb in zip(dev.val_batches(10), dl.val_batches(10), strict=True):
+        assert_same(snap(va), snap(vb))
+
+
+def test_dataloader_with_workers_matches_device():
+    ts = make_ts()
+    dev = build_sampler(ts, cfg(), seed=5, device=CPU)
+    dl = build_sampler(ts, cfg(kind="dataloader", num_workers=1), seed=5, device=CPU)
+    for _ in range(dev.batches_per_epoch + 2):
+        assert_same(snap(dev.next_batch()), snap(dl.next_batch()))
+
+
+def test_batch_contents_are_the_pixels():
+    ts = make_ts(valid=True)
+    s = build_sampler(ts, cfg(), seed=1, device=CPU)
+    b = s.next_batch()
+    stack = torch.from_numpy(ts.stack)
+    valid = torch.from_numpy(ts.valid)
+    exp_w = valid[b.tilt, b.row, b.col].float()
+    assert torch.equal(b.weight, exp_w)
+    v = exp_w.bool()
+    assert torch.allclose(b.target[v], stack[b.tilt, b.row, b.col][v] / s.scale, rtol=1e-6, atol=0)
+    assert torch.all(b.target[~v] == 0)
+    assert b.tilt.dtype == torch.int64 and b.target.dtype == torch.float32 and b.weight.dtype == torch.float32
+
+
+@pytest.mark.parametrize("kind", ["device", "dataloader"])
+def test_every_training_pixel_once_per_epoch_and_never_validation(kind):
+    ts = make_ts()
+    s = build_sampler(ts, cfg(kind=kind, drop_last=False), seed=11, device=CPU)
+    train, val = set(s.train_ids.tolist()), set(s.val_ids.tolist())
+    n_pix = ts.stack.size
+    assert not train & val and len(train | val) == n_pix
+    assert s.n_train + s.n_val == n_pix and s.n_val == round(0.1 * n_pix)
+    for epoch in range(2):
+        seen = []
+        for _ in range(s.batches_per_epoch):
+            seen += ids_of(s.next_batch(), ts.stack.shape).tolist()
+        assert s.epoch == epoch
+        assert sorted(seen) == sorted(train)  # each training pixel exactly once
+    assert sorted(ids_of(b, ts.stack.shape).tolist()[0] for b in s.val_batches(1)) == sorted(val)
+
+
+def test_drop_last_drops_ragged_batch_and_epochs_reshuffle():
+    ts = make_ts()
+    s = build_sampler(ts, cfg(drop_last=True), seed=2, device=CPU)
+    assert s.batches_per_epoch == s.n_train // 16
+    first = [ids_of(s.next_batch(), ts.stack.shape).clone() for _ in range(s.batches_per_epoch)]
+    assert all(len(x) == 16 for x in first)
+    assert len(torch.cat(first).unique()) == 16 * s.batches_per_epoch
+    second = ids_of(s.next_batch(), ts.stack.shape)
+    assert s.epoch == 1 and not torch.equal(second, first[0])
+    s.set_epoch(0)
+    assert torch.equal(ids_of(s.next_batch(), ts.stack.shape), first[0])
+
+
+def test_device_buffers_are_persistent():
+    ts = make_ts()
+    s = build_sampler(ts, cfg(), seed=0, device=CPU)
+    b1 = s.next_batch()
+    ptrs = [t.data_ptr() for t in (b1.tilt, b1.row, b1.col, b1.target, b1.weight)]
+    for _ in range(s.batches_per_epoch + 1):  # across an epoch boundary
+        b = s.next_batch()
+        assert b is b1
+        assert [t.data_ptr() for t in (b.tilt, b.row, b.col, b.target, b.weight)] == ptrs
+        assert b.tilt.shape == (16,)
+
+
+def test_val_set_independent_of_seed_and_rank():
+    ts = make_ts()
+    ref = build_sampler(ts, cfg(), seed=0, device=CPU)
+    ref_val = [snap(b) for b in ref.val_batches()]
+    for seed, rank, ws, kind in [(1, 0, 1, "device"), (99, 1, 2, "device"), (5, 2, 3, "dataloader")]:
+        s = build_sampler(ts, cfg(kind=kind), seed=seed, device=CPU, rank=rank, world_size=ws)
+        assert torch.equal(s.val_ids, ref.val_ids)
+        got = [snap(b) for b in s.val_batches()]
+        assert len(got) == len(ref_val)
+        for a, b in zip(got, ref_val):
+            assert_same(a, b)
+    other = build_sampler(ts, cfg(split_seed=8), seed=0, device=CPU)
+    assert not torch.equal(other.val_ids, ref.val_ids)
+
+
+def test_shards_disjoint_equal_and_within_train():
+    ts = make_ts(n=3, h=7, w=9)  # 189 pixels, 170 train: not divisible by 3
+    shards = [build_sampler(ts, cfg(batch_size=8), seed=4, device=CPU, rank=r, world_size=3) for r in range(3)]
+    assert shards[0].n_train % 3 != 0
+    counts = {s.batches_per_epoch for s in shards}
+    assert len(counts) == 1
+    ids = [torch.cat([ids_of(s.next_batch(), ts.stack.shape).clone() for _ in range(s.batches_per_epoch)])
+           for s in shards]
+    assert len({len(x) for x in ids}) == 1
+    allids = torch.cat(ids)
+    assert len(allids.unique()) == len(allids)
+    assert set(allids.tolist()) <= set(shards[0].train_ids.tolist())
+    # shard r is the r-th contiguous slice of the permutation every rank draws
+    one = build_sampler(ts, cfg(batch_size=8), seed=4, device=CPU)
+    perm_all = one.epoch_shard(0)
+    npr = one.n_train // 3
+    for r in range(3):
+        assert torch.equal(shards[r].epoch_shard(0), perm_all[r * npr:(r + 1) * npr])
+
+
+@pytest.mark.parametrize("kind,resume_kind", [("device", "device"), ("dataloader", "dataloader"),
+                                              ("device", "dataloader")])
+def test_state_dict_resume_mid_epoch_is_exact(kind, resume_kind):
+    ts = make_ts()
+    a = build_sampler(ts, cfg(kind=kind), seed=21, device=CPU)
+    k = a.batches_per_epoch + 2  # mid second epoch
+    for _ in range(k):
+        a.next_batch()
+    buf = io.BytesIO()
+    torch.save(a.state_dict(), buf)
+    buf.seek(0)
+    state = torch.load(buf, weights_only=True)
+    expected = [snap(a.next_batch()) for _ in range(a.batches_per_epoch + 1)]  # crosses the next boundary
+    b = build_sampler(ts, cfg(kind=resume_kind), seed=21, device=CPU)
+    b.next_batch()  # a fresh sampler with some history of its own
+    b.load_state_dict(state)
+    for e in expected:
+        assert_same(snap(b.next_batch()), e)
+
+
+def test_resume_at_epoch_end_and_mismatch_refused():
+    ts = make_ts()
+    a = build_sampler(ts, cfg(), seed=3, device=CPU)
+    for _ in range(a.batches_per_epoch):
+        a.next_batch()
+    state = a.state_dict()
+    nxt = snap(a.next_batch())
+    b = build_sampler(ts, cfg(), seed=3, device=CPU)
+    b.load_state_dict(state)
+    assert_same(snap(b.next_batch()), nxt)
+    assert b.epoch == 1
+    with pytest.raises(ValueError, match="seed"):
+        build_sampler(ts, cfg(), seed=4, device=CPU).load_state_dict(state)
+    with pytest.raises(ValueError, match="world_size"):
+        build_sampler(ts, cfg(), seed=3, device=CPU, rank=0, world_size=2).load_state_dict(state)
+
+
+def test_skip_masked_keeps_split_and_drops_masked():
+    ts = make_ts(valid=True)
+    keep = build_sampler(ts, cfg(), seed=0, device=CPU)
+    skip = build_sampler(ts, cfg(skip_masked=True), seed=0, device=CPU)
+    valid = torch.from_numpy(ts.valid.reshape(-1))
+    assert torch.equal(skip.train_ids, keep.train_ids[valid[keep.train_ids]])
+    assert torch.equal(skip.val_ids, keep.val_ids[valid[keep.val_ids]])
+    for _ in range(skip.batches_per_epoch):
+        assert torch.all(skip.next_batch().weight == 1)
+
+
+def test_scale_is_robust_and_guards():
+    x = np.ones((2, 50, 50), np.float32)
+    x[0, 0, 0] = 1e6  # one hot pixel does not set the scale
+    assert robust_scale(x) == 1.0
+    assert robust_scale(np.zeros((2, 3, 3), np.float32)) == 1.0
+    with pytest.raises(ConfigError, match="batch_size"):
+        build_sampler(make_ts(n=2, h=3, w=3), cfg(batch_size=64), seed=0, device=CPU)
+    with pytest.raises(ConfigError, match="num_workers"):
+        SamplerConfig(num_workers=-1)
