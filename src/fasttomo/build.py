@@ -1,0 +1,104 @@
+"""Typed config -> objects. Keeps the Trainer a loop rather than a hub that knows every module."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+
+import torch
+
+from fasttomo.config import Config, ConfigError, OptimConfig
+from fasttomo.data.tiltseries import TiltSeries
+from fasttomo.geometry.rays import Box
+from fasttomo.projector import Projector
+from fasttomo.train.precision import Precision
+from fasttomo.train.schedules import PlateauState, Schedule, build_schedule
+
+log = logging.getLogger("fasttomo.build")
+
+
+def resolve_device(spec: str, local_rank: int = 0) -> torch.device:
+    if spec == "auto":
+        return torch.device(f"cuda:{local_rank}") if torch.cuda.is_available() else torch.device("cpu")
+    if spec.startswith("cuda"):
+        if not torch.cuda.is_available():
+            raise ConfigError(
+                f"runtime.device: {spec!r} was asked for but torch sees no CUDA device "
+                f"(torch {torch.__version__}); use runtime=auto or runtime=cpu, or install a CUDA build of torch."
+            )
+        return torch.device(spec if ":" in spec else f"cuda:{local_rank}")
+    return torch.device("cpu")
+
+
+def reconstruction_box(cfg: Config, ts: TiltSeries) -> Box:
+    """The volume box (Z, Y, X) in voxels: X = W, Y = H, Z from data.thickness, else the ground
+    truth's depth (synthetic data), else W/2."""
+    z = cfg.data.thickness
+    if z is None:
+        z = ts.ground_truth.shape[0] if ts.ground_truth is not None else max(2, ts.width // 2)
+    return Box((int(z), ts.height, ts.width))
+
+
+@dataclasses.dataclass
+class Components:
+    cfg: Config
+    device: torch.device
+    ts: TiltSeries
+    box: Box
+    sampler: object
+    projector: Projector
+    model: torch.nn.Module  # the projector, or its DDP wrapper
+    optimizer: torch.optim.Optimizer
+    base_lrs: list[float]
+    schedule: Schedule
+    plateau: PlateauState | None
+    precision: Precision
+    reg_generator: torch.Generator
+    rank: int = 0
+    world_size: int = 1
+
+
+def build_optimizer(cfg: OptimConfig, projector: Projector) -> tuple[torch.optim.Optimizer, list[float]]:
+    groups = dict(projector.field.param_groups())
+    groups["poses"] = [p for p in projector.poses.parameters() if p.requires_grad]
+    lrs = {"grids": cfg.lr_grids, "decoder": cfg.lr_decoder, "rotations": cfg.lr_rotations, "poses": cfg.lr_poses}
+    param_groups, base = [], []
+    for name, params in groups.items():
+        params = [p for p in params if p.requires_grad]
+        if not params:
+            continue
+        param_groups.append({"params": params, "lr": lrs[name], "name": name})
+        base.append(lrs[name])
+    opt = torch.optim.Adam(param_groups, betas=tuple(cfg.betas), eps=cfg.eps, weight_decay=cfg.weight_decay)
+    return opt, base
+
+
+def build(cfg: Config, ts: TiltSeries, *, rank: int = 0, world_size: int = 1, local_rank: int = 0) -> Components:
+    from fasttomo.data.sampler import build_sampler
+    from fasttomo.geometry.poses import Poses
+    from fasttomo.kernels import dispatch
+    from fasttomo.models import build_field
+
+    device = resolve_device(cfg.runtime.device, local_rank)
+    dispatch.configure(cfg.kernels.backend)
+    box = reconstruction_box(cfg, ts)
+    torch.manual_seed(cfg.runtime.seed)
+    field = build_field(cfg.model, box)
+    poses = Poses(ts.angles, ts.reference_index(), learn_rotations=cfg.pose.learn and cfg.pose.learn_rotations,
+                  learn_shifts=cfg.pose.learn and cfg.pose.learn_shifts)
+    projector = Projector(field, poses, box, (ts.height, ts.width), cfg.sampler.samples_per_ray).to(device)
+    model: torch.nn.Module = projector
+    if world_size > 1:
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        model = DDP(projector, device_ids=[device.index] if device.type == "cuda" else None)
+    sampler = build_sampler(ts, cfg.sampler, seed=cfg.runtime.seed, device=device, rank=rank, world_size=world_size)
+    optimizer, base_lrs = build_optimizer(cfg.optim, projector)
+    schedule, plateau = build_schedule(cfg.schedule, cfg.optim.steps)
+    reg_gen = torch.Generator(device=device)
+    reg_gen.manual_seed(cfg.runtime.seed + 1000003 * (rank + 1))
+    log.info("device %s, box (Z,Y,X)=%s, %d parameters, %d train / %d val pixels, world size %d",
+             device, box.shape_zyx, sum(p.numel() for p in projector.parameters()),
+             sampler.n_train, sampler.n_val, world_size)
+    return Components(cfg, device, ts, box, sampler, projector, model, optimizer, base_lrs, schedule, plateau,
+                      Precision(cfg.precision.dtype, device), reg_gen, rank, world_size)

@@ -1,0 +1,205 @@
+"""The training loop: one Trainer that owns precision, schedules, validation, logging and
+checkpoints. It is built from ``build.Components`` and knows nothing about config files.
+
+The step is sync-free: no ``.item()``, printing or host branching on device values except at log,
+validation, image and checkpoint steps.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from fasttomo.build import Components
+from fasttomo.config import to_dict
+from fasttomo.logging import RunLogger
+from fasttomo.models.regularizers import regularization
+from fasttomo.train import checkpoint as ckpt
+from fasttomo.train.distributed import all_reduce_mean
+
+log = logging.getLogger("fasttomo.train")
+
+
+class Trainer:
+    def __init__(self, c: Components, out_dir: Path | None):
+        self.c = c
+        self.cfg = c.cfg
+        self.out_dir = Path(out_dir) if out_dir is not None else None
+        self.main = c.rank == 0
+        self.step = 0
+        self.history: list[list[float]] = []  # [step, train loss] at log steps
+        self.val_history: list[list[float]] = []
+        self.train_seconds = 0.0
+
+    # ------------------------------------------------------------------ one step
+    def _data_loss(self, pred: torch.Tensor, batch) -> torch.Tensor:
+        err = pred - batch.target
+        per = err.square() if self.cfg.loss.kind == "mse" else err.abs()
+        return (per * batch.weight).sum() / batch.weight.sum().clamp_min(1.0)
+
+    def _set_lr(self, step: int) -> None:
+        f = self.c.schedule.factor(step, self.c.plateau)
+        for group, base in zip(self.c.optimizer.param_groups, self.c.base_lrs):
+            g = f
+            if group["name"] == "poses" and step < self.cfg.pose.start_step:
+                g = 0.0
+            group["lr"] = base * g
+
+    def train_step(self, batch) -> tuple[torch.Tensor, dict]:
+        c = self.c
+        c.optimizer.zero_grad(set_to_none=True)
+        with c.precision.autocast():
+            pred = c.model(batch.tilt, batch.row, batch.col)
+        data = self._data_loss(pred, batch)
+        with c.precision.autocast():
+            reg, parts = regularization(c.projector.field, self.cfg.loss, c.reg_generator)
+        loss = data + reg.float()
+        c.precision.backward(loss)
+        c.precision.step(c.optimizer, [p for g in c.optimizer.param_groups for p in g["params"]],
+                         self.cfg.optim.grad_clip)
+        return loss.detach(), {"data": data.detach(), **{k: v.detach() for k, v in parts.items()}}
+
+    # ------------------------------------------------------------------ evaluation
+    @torch.no_grad()
+    def validate(self) -> float:
+        """Mean validation loss in fp32 (no autocast) over the whole validation set."""
+        total = torch.zeros((), device=self.c.device, dtype=torch.float64)
+        weight = torch.zeros((), device=self.c.device, dtype=torch.float64)
+        for batch in self.c.sampler.val_batches():
+            pred = self.c.projector(batch.tilt, batch.row, batch.col)
+            err = pred - batch.target
+            per = err.square() if self.cfg.loss.kind == "mse" else err.abs()
+            total += (per * batch.weight).sum().double()
+            weight += batch.weight.sum().double()
+        return float(total / weight.clamp_min(1.0)) if self.c.sampler.n_val else float("nan")
+
+    @torch.no_grad()
+    def central_slices(self) -> dict[str, np.ndarray]:
+        """XY (central Z), XZ (central Y) and YZ (central X) slices of the density, physical units."""
+        z, y, x = self.c.box.shape_zyx
+        # evaluate only the three planes: a full volume would cost Z*Y*X points
+        from fasttomo.geometry.rays import voxel_grid
+
+        grid = voxel_grid(self.c.box)
+        planes = {"xy": grid[z // 2], "xz": grid[:, y // 2], "yz": grid[:, :, x // 2]}
+        dev = next(self.c.projector.parameters()).device
+        out = {}
+        for name, pts in planes.items():
+            d = self.c.projector.density(pts.reshape(-1, 3).to(dev)).reshape(pts.shape[:2])
+            out[name] = d.cpu().numpy() * self.c.sampler.scale
+        return out
+
+    @torch.no_grad()
+    def export_volume(self, shape_zyx=None) -> np.ndarray | None:
+        """The reconstructed density (Z, Y, X) float32 in the units of the input stack per voxel.
+        Under DDP each rank evaluates a slab of Z planes and rank 0 gathers them; other ranks get None."""
+        c = self.c
+        shape = tuple(shape_zyx) if shape_zyx is not None else c.box.shape_zyx
+        if c.world_size == 1:
+            return (c.projector.volume(shape) * c.sampler.scale).cpu().numpy()
+        import torch.distributed as dist
+
+        per = -(-shape[0] // c.world_size)
+        lo, hi = min(c.rank * per, shape[0]), min((c.rank + 1) * per, shape[0])
+        slab = torch.zeros((per, shape[1], shape[2]), device=c.device, dtype=torch.float32)
+        if hi > lo:
+            slab[: hi - lo] = c.projector.volume(shape, z_range=(lo, hi))
+        gathered = torch.empty((per * c.world_size, shape[1], shape[2]), device=c.device, dtype=torch.float32)
+        dist.all_gather_into_tensor(gathered, slab)
+        if not self.main:
+            return None
+        return (gathered[: shape[0]] * c.sampler.scale).cpu().numpy()
+
+    # ------------------------------------------------------------------ checkpoints
+    def state_dict(self) -> dict:
+        c = self.c
+        return {
+            "step": self.step,
+            "model": c.projector.state_dict(),
+            "optimizer": c.optimizer.state_dict(),
+            "scaler": c.precision.scaler.state_dict(),
+            "plateau": c.plateau.state_dict() if c.plateau is not None else None,
+            "sampler": c.sampler.state_dict(),
+            "rng": {**ckpt.rng_state(c.device), "reg": c.reg_generator.get_state()},
+            "history": self.history,
+            "val_history": self.val_history,
+            "train_seconds": self.train_seconds,
+            "config": to_dict(self.cfg),
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        c = self.c
+        c.projector.load_state_dict(state["model"])
+        c.optimizer.load_state_dict(state["optimizer"])
+        c.precision.scaler.load_state_dict(state["scaler"])
+        if c.plateau is not None and state.get("plateau"):
+            c.plateau.load_state_dict(state["plateau"])
+        c.sampler.load_state_dict(state["sampler"])
+        ckpt.set_rng_state(state["rng"], c.device)
+        c.reg_generator.set_state(state["rng"]["reg"])
+        self.step = int(state["step"])
+        self.history = [list(h) for h in state.get("history", [])]
+        self.val_history = [list(h) for h in state.get("val_history", [])]
+        self.train_seconds = float(state.get("train_seconds", 0.0))
+
+    def save(self, name: str = "last.pt") -> Path | None:
+        if not self.main or self.out_dir is None:
+            return None
+        return ckpt.save_checkpoint(self.out_dir / "checkpoints" / name, self.state_dict())
+
+    # ------------------------------------------------------------------ the loop
+    def fit(self, steps: int | None = None) -> None:
+        """Train until ``steps`` (default optim.steps) total steps are done."""
+        cfg, c = self.cfg, self.c
+        end = cfg.optim.steps if steps is None else steps
+        lg = cfg.logging
+        run_log = RunLogger(self.out_dir, main=self.main, tensorboard=lg.tensorboard, progress=lg.progress,
+                            total=end, initial=self.step)
+        self.run_logger = run_log
+        t_start = time.perf_counter()
+        t_mark, step_mark = t_start, self.step
+        try:
+            while self.step < end:
+                step = self.step
+                self._set_lr(step)
+                batch = c.sampler.next_batch()
+                loss, parts = self.train_step(batch)
+                self.step = step + 1
+                run_log.progress(1)
+                last = self.step == end
+                if self.step % lg.log_every == 0 or last:
+                    vals = {"loss/train": all_reduce_mean(loss).item()}
+                    vals.update({f"loss/{k}": all_reduce_mean(v).item() for k, v in parts.items()})
+                    if c.device.type == "cuda":
+                        torch.cuda.synchronize(c.device)
+                    now = time.perf_counter()
+                    vals["time/step_ms"] = 1000.0 * (now - t_mark) / max(1, self.step - step_mark)
+                    t_mark, step_mark = now, self.step
+                    for g in c.optimizer.param_groups:
+                        vals[f"lr/{g['name']}"] = g["lr"]
+                    self.history.append([self.step, vals["loss/train"]])
+                    run_log.scalars(self.step, vals)
+                    if run_log.bar is not None:
+                        run_log.bar.set_postfix(loss=f"{vals['loss/train']:.3e}", refresh=False)
+                if self.step % lg.val_every == 0 or last:
+                    v = self.validate()
+                    self.val_history.append([self.step, v])
+                    run_log.scalars(self.step, {"loss/val": v})
+                    if c.plateau is not None:
+                        c.plateau.update(v)
+                image_step = lg.image_every > 0 and self.step % lg.image_every == 0
+                if (image_step or last) and self.main and lg.tensorboard:
+                    if True:
+                        for name, img in self.central_slices().items():
+                            run_log.image(self.step, f"slices/{name}", img)
+                if lg.checkpoint_every and self.step % lg.checkpoint_every == 0 and not last:
+                    self.save()
+        finally:
+            if c.device.type == "cuda":
+                torch.cuda.synchronize(c.device)
+            self.train_seconds += time.perf_counter() - t_start
+            run_log.close()
