@@ -1,8 +1,20 @@
 """One reconstruction, start to finish, from a typed Config (no Hydra here).
 
 Order: join the process group (torchrun) -> check the output folder holds no earlier results ->
-log file -> read/simulate the tilt series -> build -> (resume) -> train -> export volume ->
-write volume files, slices.png, metrics.json, config.yaml and the final checkpoint (rank 0 only).
+log file -> read/simulate the tilt series -> build -> (resume) -> train -> export volume (sharded
+over ranks, gathered on rank 0) -> final checkpoint -> volume files, slices.png, metrics.json,
+config.yaml (rank 0 only; the other ranks write nothing).
+
+Resume (``resume=<checkpoint>``) continues the saved run exactly (same batches, RNG streams,
+schedules and optimizer state) INTO A NEW RUN FOLDER: the output folder is checked like any
+other (Hydra gives a fresh time-stamped one), so the old run's files are never touched. The new
+folder holds the whole run: its metrics, loss curves and checkpoints include the steps before the
+resume, and metrics.json names the checkpoint it resumed from. ``optim.steps`` is the TOTAL step
+count, so resuming a run stopped at step N of optim.steps=T trains T-N more steps; raising
+optim.steps extends a finished run (not bit-identical to a longer run from the start, since the
+learning-rate schedule of the first part was laid out for the smaller total). Settings that differ
+from the checkpoint's config are logged as a warning; the process count, data, sampler and model
+must match (refused otherwise).
 """
 
 from __future__ import annotations
@@ -106,19 +118,23 @@ def run_reconstruction(cfg: Config) -> dict:
         comps = build(cfg, ts, rank=rank, world_size=world, local_rank=local_rank)
         trainer = Trainer(comps, out_dir)
         if cfg.resume:
-            trainer.load_state_dict(load_checkpoint(cfg.resume, map_location=comps.device))
-            log.info("resumed from %s at step %d", cfg.resume, trainer.step)
+            # every rank reads the file (to the CPU: RNG states must stay CPU tensors)
+            trainer.load_state_dict(load_checkpoint(cfg.resume, map_location="cpu"), source=str(cfg.resume))
+            log.info("resumed from %s at step %d of %d", cfg.resume, trainer.step, cfg.optim.steps)
         if main:
             _write_text(out_dir / "config.yaml", yaml.safe_dump(to_dict(cfg), sort_keys=False), cfg.output.overwrite)
-        steps_before = trainer.step
+        steps_before, seconds_before = trainer.step, trainer.train_seconds
         trainer.fit()
-        volume = trainer.export_volume(cfg.output.volume_shape)
+        volume = trainer.export_volume(cfg.output.volume_shape)  # collective
+        trainer.save("last.pt")  # collective (gathers every rank's RNG states); rank 0 writes
         metrics: dict = {}
         if main:
-            metrics = _summarize(cfg, comps, trainer, steps_before, volume)
+            metrics = _summarize(cfg, comps, trainer, steps_before, trainer.train_seconds - seconds_before, volume)
+            if cfg.resume:
+                metrics["resumed_from"] = {"checkpoint": str(Path(cfg.resume).resolve()), "step": steps_before}
             if ts.ground_truth is not None and volume.shape == ts.ground_truth.shape:
                 metrics.update(volume_metrics(volume, ts.ground_truth))
-            attrs = {"run": cfg.name, "config": json.dumps(to_dict(cfg)), "units": "input stack units per voxel"}
+            attrs = {"run": cfg.name, "config": to_dict(cfg), "units": "input stack units per voxel"}
             for fmt in cfg.output.formats:
                 suffix = {"mrc": "mrc", "h5": "h5", "tiff": "tif"}[fmt]
                 write_volume(out_dir / f"volume.{suffix}", volume, ts.pixel_size, label=f"fasttomo run {cfg.name}",
@@ -130,7 +146,6 @@ def run_reconstruction(cfg: Config) -> dict:
             slices = {"xy": volume[z // 2], "xz": volume[:, y // 2], "yz": volume[:, :, x // 2]}
             slices_png(out_dir / "slices.png", slices, ts.ground_truth if metrics.get("pearson_global") else None,
                        cfg.output.overwrite)
-            trainer.save("last.pt")
             metrics["wall_seconds"] = time.perf_counter() - t0
             _write_text(out_dir / "metrics.json", json.dumps(metrics, indent=2), True)
             log.info("done in %.1f s: %s", metrics["wall_seconds"],
@@ -142,7 +157,9 @@ def run_reconstruction(cfg: Config) -> dict:
             handler.close()
 
 
-def _summarize(cfg: Config, comps, trainer, steps_before: int, volume: np.ndarray) -> dict:
+def _summarize(cfg: Config, comps, trainer, steps_before: int, seconds: float, volume: np.ndarray) -> dict:
+    """Run summary. Speeds are of this process's training (after the resume, if any);
+    ``train_seconds`` is the total over the whole run."""
     hist = trainer.history
     val = trainer.val_history
     steps_done = trainer.step - steps_before
@@ -150,8 +167,8 @@ def _summarize(cfg: Config, comps, trainer, steps_before: int, volume: np.ndarra
     m = {
         "steps": trainer.step,
         "train_seconds": trainer.train_seconds,
-        "steps_per_second": steps_done / trainer.train_seconds if trainer.train_seconds > 0 else None,
-        "rays_per_second": rays / trainer.train_seconds if trainer.train_seconds > 0 else None,
+        "steps_per_second": steps_done / seconds if seconds > 0 else None,
+        "rays_per_second": rays / seconds if seconds > 0 else None,
         "loss": {
             "first": hist[0][1] if hist else None,
             "last": hist[-1][1] if hist else None,
