@@ -12,33 +12,17 @@ one JSON file per run to benchmarks/results/ (schema: shared DESIGN.md "Performa
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
-import platform
 import statistics
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from fasttomo.bench import RESULTS, device_name, write_result
 from fasttomo.config import SamplerConfig
 from fasttomo.data.sampler import build_sampler
 from fasttomo.data.tiltseries import TiltSeries
-
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def _commit() -> str:
-    try:
-        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
-                             text=True, timeout=10)
-        return out.stdout.strip() if out.returncode == 0 and out.stdout.strip() else "nocommit"
-    except (OSError, subprocess.SubprocessError):
-        return "nocommit"
-
 
 def _pct(xs: list[float], q: float) -> float:
     return float(np.percentile(np.asarray(xs), q))
@@ -79,13 +63,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dataloader-batches", type=int, default=150, help="timed batches of the DataLoader path")
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--workers", type=int, nargs="+", default=[0], help="DataLoader num_workers variants")
-    p.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
+    p.add_argument("--out", default=str(RESULTS))
     p.add_argument("--no-write", action="store_true")
     args = p.parse_args(argv)
 
     device = torch.device("cuda" if args.device == "auto" and torch.cuda.is_available()
                           else ("cpu" if args.device == "auto" else args.device))
-    device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    dev_name = device_name(device)
     rng = np.random.default_rng(0)
     n, h, w = args.shape
     ts = TiltSeries(stack=rng.random((n, h, w), dtype=np.float32), angles=np.linspace(-60, 60, n))
@@ -116,33 +100,15 @@ def main(argv: list[str] | None = None) -> int:
     for r in rows:
         r["slowdown_vs_device_x"] = round(r["median_ms"] / base, 2)
 
-    print(f"bench_sampler  case={case}  device={device_name}  torch={torch.__version__}")
+    print(f"bench_sampler  case={case}  device={dev_name}  torch={torch.__version__}")
     print(f"{'variant':<16}{'median ms':>12}{'p10 ms':>10}{'p90 ms':>10}{'batches':>9}{'Mrays/s':>10}{'x device':>10}")
     for r in rows:
         print(f"{r['variant']:<16}{r['median_ms']:>12.3f}{r['p10_ms']:>10.3f}{r['p90_ms']:>10.3f}"
               f"{r['n_batches']:>9d}{r['rays_per_s'] / 1e6:>10.2f}{r['slowdown_vs_device_x']:>10.1f}")
 
     if not args.no_write:
-        commit = _commit()
-        record = {
-            "benchmark": "bench_sampler",
-            "case": case,
-            "commit": commit,
-            "device": device_name,
-            "command": " ".join(["python scripts/bench_sampler.py", *(sys.argv[1:] if argv is None else argv)]),
-            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "torch": torch.__version__,
-            "host": platform.machine(),
-            "cpu_threads": torch.get_num_threads(),
-            "shape": [n, h, w],
-            "batch_size": args.batch_size,
-            "results": rows,
-        }
-        out_dir = Path(args.out)
-        out_dir.mkdir(parents=True, exist_ok=True)
-        safe_dev = "".join(c if c.isalnum() or c in "-_." else "-" for c in device_name)
-        path = out_dir / f"bench_sampler-{case}-{safe_dev}-{commit}.json"
-        path.write_text(json.dumps(record, indent=2) + "\n")
+        path = write_result("bench_sampler", case, dev_name, rows, argv=argv, out_dir=Path(args.out),
+                            cpu_threads=torch.get_num_threads(), shape=[n, h, w], batch_size=args.batch_size)
         print(f"wrote {path}")
     return 0
 

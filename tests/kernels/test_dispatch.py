@@ -1,0 +1,107 @@
+"""The kernel door on the CPU: routing, kill switch, env override, errors, spy, log-once, twins.
+
+These need no GPU and no triton; the fast path itself is tested in test_kernels_interpret.py
+(Triton interpreter) and test_kernels_gpu.py (device).
+"""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from fasttomo.kernels import dispatch, reference
+from fasttomo.kernels.layout import PlaneLayout
+
+LAYOUT = PlaneLayout(2, 4, ((5, 4, 3), (9, 7, 6)))
+
+
+@pytest.fixture(autouse=True)
+def _restore(monkeypatch):
+    monkeypatch.delenv(dispatch.ENV_VAR, raising=False)
+    dispatch.configure("auto")
+    dispatch.reset_counters()
+    yield
+    monkeypatch.delenv(dispatch.ENV_VAR, raising=False)
+    dispatch.configure("auto")
+    dispatch.reset_counters()
+
+
+def _inputs(n=17, dtype=torch.float32):
+    g = torch.Generator().manual_seed(0)
+    pts = (torch.rand(n, 3, generator=g, dtype=dtype) * 2.4 - 1.2).requires_grad_()
+    M = torch.linalg.qr(torch.randn(2, 3, 3, generator=g, dtype=dtype))[0]
+    x = torch.randn(LAYOUT.numel, generator=g, dtype=dtype).requires_grad_()
+    return pts, M, x
+
+
+def test_import_does_not_import_triton():
+    src = Path(__file__).resolve().parents[2] / "src"
+    code = ("import sys; sys.path.insert(0, %r); import fasttomo.kernels.dispatch; "
+            "assert 'triton' not in sys.modules, 'dispatch imported triton at import'" % str(src))
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+@pytest.mark.parametrize("backend", ["auto", "torch"])
+def test_cpu_tensors_take_the_twin(backend):
+    dispatch.configure(backend)
+    pts, M, x = _inputs()
+    out = dispatch.tilted_kplanes(pts, M, x, LAYOUT)
+    torch.testing.assert_close(out, reference.tilted_kplanes(pts, M, x, LAYOUT), rtol=0, atol=0)
+    dispatch.plane_tv(x, LAYOUT)
+    dispatch.volume_tv(torch.randn(3, 4, 5), "l1")
+    assert dispatch.counters == {"tilted_kplanes": {"torch": 1}, "plane_tv": {"torch": 1},
+                                 "volume_tv": {"torch": 1}}
+
+
+def test_backend_triton_refuses_cpu_input_with_a_clear_error():
+    try:
+        dispatch.configure("triton")
+    except dispatch.KernelUnavailableError as e:  # no triton here: refused at configure
+        assert "triton" in str(e)
+        return
+    pts, M, x = _inputs()
+    with pytest.raises(dispatch.KernelUnavailableError, match="CUDA"):
+        dispatch.tilted_kplanes(pts, M, x, LAYOUT)
+    with pytest.raises(dispatch.KernelUnavailableError, match="CUDA"):
+        dispatch.volume_tv(torch.randn(3, 4, 5))
+
+
+def test_env_override_read_in_configure(monkeypatch):
+    monkeypatch.setenv(dispatch.ENV_VAR, "torch")
+    assert dispatch.configure("auto") == "torch"
+    assert dispatch.backend() == "torch"
+    monkeypatch.setenv(dispatch.ENV_VAR, "bogus")
+    with pytest.raises(ValueError, match="FASTTOMO_KERNELS"):
+        dispatch.configure("auto")
+
+
+def test_invalid_backend_and_kind():
+    with pytest.raises(ValueError, match="kernels.backend"):
+        dispatch.configure("cuda")
+    with pytest.raises(ValueError, match="kind"):
+        dispatch.volume_tv(torch.randn(3, 3, 3), "l2")
+
+
+def test_choice_logged_once(caplog):
+    pts, M, x = _inputs()
+    with caplog.at_level(logging.INFO, logger="fasttomo.kernels"):
+        for _ in range(3):
+            dispatch.tilted_kplanes(pts, M, x, LAYOUT)
+    lines = [r.getMessage() for r in caplog.records if "tilted_kplanes ->" in r.getMessage()]
+    assert len(lines) == 1 and "torch" in lines[0], lines
+    assert dispatch.counters["tilted_kplanes"]["torch"] == 3
+
+
+def test_twins_small_cases():
+    # plane_tv of a constant buffer is 0; of a ramp along W it is known in closed form
+    lay = PlaneLayout(1, 1, ((3, 2, 2),))
+    assert float(reference.plane_tv(torch.ones(lay.numel), lay)) == 0.0
+    v = torch.zeros(4, 5, 6)
+    v[..., :] = torch.arange(6.0)
+    torch.testing.assert_close(reference.volume_tv(v, "squared"), torch.tensor(1.0))
+    torch.testing.assert_close(reference.volume_tv(v * 2, "l1"), torch.tensor(2.0))

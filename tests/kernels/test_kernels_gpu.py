@@ -1,0 +1,255 @@
+"""GPU suite of the fused kernels: parity with the twins, opcheck, dispatch spy, autocast,
+torch.compile and CUDA-graph capture. Skipped (with the reason) where CUDA or triton is missing.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+import torch
+
+from fasttomo.kernels import dispatch, reference
+from fasttomo.kernels.layout import PlaneLayout
+
+HAS_CUDA = torch.cuda.is_available()
+HAS_TRITON = importlib.util.find_spec("triton") is not None
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not (HAS_CUDA and HAS_TRITON),
+                                 reason="needs a CUDA GPU and triton (fused-kernel GPU suite)")]
+
+LAYOUTS = {
+    "flagshiplike_T8_C48_3scales": PlaneLayout(8, 48, ((13, 13, 13), (26, 26, 26), (50, 50, 50))),
+    "aniso_T2_C5": PlaneLayout(2, 5, ((4, 6, 5), (17, 3, 9))),
+    "T1_C16_one_scale_rect": PlaneLayout(1, 16, ((31, 7, 12),)),
+    "T3_C20": PlaneLayout(3, 20, ((6, 5, 4), (11, 9, 8))),
+}
+
+
+def rel(a, b):
+    a, b = a.detach().double(), b.detach().double()
+    return float((a - b).norm() / b.norm().clamp_min(1e-30))
+
+
+@pytest.fixture(autouse=True)
+def _auto():
+    dispatch.configure("auto")
+    dispatch.reset_counters()
+    yield
+    dispatch.configure("auto")
+
+
+def _rays(n_rays, n_samples, device, spread=1.0):
+    o = (torch.rand(n_rays, 1, 3, device=device) * 2 - 1) * spread
+    d = torch.nn.functional.normalize(torch.randn(n_rays, 1, 3, device=device), dim=-1)
+    s = torch.linspace(-1.2, 1.2, n_samples, device=device)[None, :, None]
+    return (o + d * s).reshape(-1, 3).contiguous()
+
+
+def _rot(T, device):
+    q = torch.linalg.qr(torch.randn(T, 3, 3, device=device, dtype=torch.float64))[0]
+    return (q + 0.05 * torch.randn_like(q)).float()  # not exactly orthogonal: general linear maps
+
+
+CASES = ([(l, p, 0) for l in LAYOUTS for p in ("rays", "uniform_outside", "odd_n")]
+         + [(l, p, m) for l in LAYOUTS for p in ("rays", "uniform_outside") for m in (1, 2)])
+
+
+@pytest.mark.parametrize("lname,pkind,merge", CASES)
+def test_kplanes_parity(lname, pkind, merge, monkeypatch):
+    from fasttomo.kernels.triton import kplanes as kp
+    monkeypatch.setattr(kp, "MERGE_DEFAULT", merge)
+    lay, dev = LAYOUTS[lname], "cuda"
+    if pkind == "rays":
+        pts = _rays(64, 97, dev)
+    elif pkind == "uniform_outside":
+        pts = torch.rand(5000, 3, device=dev) * 3 - 1.5
+    else:
+        pts = torch.rand(1, 3, device=dev) * 2 - 1 if lname == "aniso_T2_C5" else torch.rand(333, 3, device=dev) * 2 - 1
+    pts.requires_grad_()
+    M = _rot(lay.n_rot, dev).requires_grad_()
+    x = torch.randn(lay.numel, device=dev).requires_grad_()
+    out = dispatch.tilted_kplanes(pts, M, x, lay)
+    ref = reference.tilted_kplanes(pts, M, x, lay)
+    assert dispatch.counters["tilted_kplanes"] == {"triton": 1}
+    g = torch.randn_like(ref)
+    gg = torch.autograd.grad(out, [pts, M, x], g)
+    gr = torch.autograd.grad(ref, [pts, M, x], g)
+    assert dispatch.counters["tilted_kplanes_bwd"] == {"triton": 1}
+    errs = {"out": rel(out, ref), "points": rel(gg[0], gr[0]), "matrices": rel(gg[1], gr[1]),
+            "planes": rel(gg[2], gr[2])}
+    assert max(errs.values()) < 2e-5, errs
+    assert torch.isfinite(out).all()
+
+
+def test_kplanes_planes_only_and_stride0_grad():
+    lay = LAYOUTS["T3_C20"]
+    pts, M = torch.rand(1000, 3, device="cuda") * 2 - 1, _rot(3, "cuda")
+    x = torch.randn(lay.numel, device="cuda", requires_grad=True)
+    (a,) = torch.autograd.grad(dispatch.tilted_kplanes(pts, M, x, lay).sum(), [x])  # expanded grad
+    (b,) = torch.autograd.grad(reference.tilted_kplanes(pts, M, x, lay).sum(), [x])
+    assert rel(a, b) < 2e-5
+
+
+def test_kplanes_far_points_finite():
+    lay = LAYOUTS["aniso_T2_C5"]
+    pts = torch.tensor([[1e6, -1e6, 3e7], [1.0, 1.0, 1.0], [-1.0, -1.0, -1.0]], device="cuda")
+    pts.requires_grad_()
+    M, x = _rot(2, "cuda"), torch.randn(lay.numel, device="cuda", requires_grad=True)
+    out = dispatch.tilted_kplanes(pts, M, x, lay)
+    ref = reference.tilted_kplanes(pts, M, x, lay)
+    assert torch.isfinite(out).all() and rel(out, ref) < 2e-5
+    gp, gx = torch.autograd.grad(out.sum(), [pts, x])
+    rp, rx = torch.autograd.grad(ref.sum(), [pts, x])
+    assert torch.isfinite(gp).all() and rel(gx, rx) < 2e-5
+
+
+def test_kplanes_bf16_autocast():
+    lay = LAYOUTS["T3_C20"]
+    pts, M = torch.rand(2000, 3, device="cuda") * 2 - 1, _rot(3, "cuda")
+    x = torch.randn(lay.numel, device="cuda", requires_grad=True)
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        out = dispatch.tilted_kplanes(pts, M, x, lay)
+    assert out.dtype == torch.bfloat16
+    ref = reference.tilted_kplanes(pts, M, x, lay)
+    assert rel(out.float(), ref) < 1e-2
+    (gx,) = torch.autograd.grad(out.float().sum(), [x])
+    (rx,) = torch.autograd.grad(ref.sum(), [x])
+    assert gx.dtype == torch.float32 and rel(gx, rx) < 1e-5
+
+
+def test_plane_tv_parity():
+    for lay in LAYOUTS.values():
+        x = torch.randn(lay.numel, device="cuda", requires_grad=True)
+        out, ref = dispatch.plane_tv(x, lay), reference.plane_tv(x, lay)
+        (g1,) = torch.autograd.grad(out * 3.0, [x])
+        (g2,) = torch.autograd.grad(ref * 3.0, [x])
+        assert rel(out, ref) < 1e-5 and rel(g1, g2) < 1e-5
+    assert dispatch.counters["plane_tv"] == {"triton": len(LAYOUTS)}
+    assert dispatch.counters["plane_tv_bwd"] == {"triton": len(LAYOUTS)}
+
+
+@pytest.mark.parametrize("shape", [(2, 2, 2), (7, 5, 3), (2, 33, 64, 65), (128, 128, 129)])
+@pytest.mark.parametrize("kind", ["squared", "l1"])
+def test_volume_tv_parity(shape, kind):
+    v = torch.randn(shape, device="cuda", requires_grad=True)
+    out, ref = dispatch.volume_tv(v, kind), reference.volume_tv(v, kind)
+    (g1,) = torch.autograd.grad(out * 0.7, [v])
+    (g2,) = torch.autograd.grad(ref * 0.7, [v])
+    assert rel(out, ref) < 1e-5 and rel(g1, g2) < 1e-5
+    assert dispatch.counters["volume_tv"] == {"triton": 1}
+
+
+# ------------------------------------------------------------------------------- spy and switch
+def test_spy_kill_switch_cpu_dtype_create_graph():
+    lay = LAYOUTS["aniso_T2_C5"]
+    pts = (torch.rand(100, 3, device="cuda") * 2 - 1).requires_grad_()
+    M, x = _rot(2, "cuda"), torch.randn(lay.numel, device="cuda", requires_grad=True)
+    dispatch.configure("torch")
+    dispatch.tilted_kplanes(pts, M, x, lay).sum().backward()
+    dispatch.plane_tv(x, lay)
+    dispatch.volume_tv(torch.randn(4, 4, 4, device="cuda"))
+    assert dispatch.counters == {"tilted_kplanes": {"torch": 1}, "plane_tv": {"torch": 1},
+                                 "volume_tv": {"torch": 1}}
+    dispatch.configure("auto")
+    dispatch.reset_counters()
+    dispatch.tilted_kplanes(pts.detach().cpu(), M.cpu(), x.detach().cpu(), lay)
+    dispatch.tilted_kplanes(pts.double(), M.double(), x.double(), lay)
+    dispatch.volume_tv(torch.randn(4, 4, 4, device="cuda", dtype=torch.float64))
+    dispatch.volume_tv(torch.randn(1, 4, 4, device="cuda"))  # a size-1 axis: twin
+    assert dispatch.counters == {"tilted_kplanes": {"torch": 2}, "volume_tv": {"torch": 2}}
+    dispatch.reset_counters()
+    out = dispatch.tilted_kplanes(pts, M, x, lay)
+    (gp,) = torch.autograd.grad(out.square().sum(), [pts], create_graph=True)
+    assert dispatch.counters["tilted_kplanes"] == {"triton": 1}
+    assert dispatch.counters["tilted_kplanes_bwd"] == {"torch": 1}
+    (rp,) = torch.autograd.grad(reference.tilted_kplanes(pts, M, x, lay).square().sum(), [pts],
+                                create_graph=True)
+    assert rel(gp, rp) < 2e-5
+    try:  # CUDA grid_sampler_2d_backward has no derivative in some torch versions: then both raise
+        (rx,) = torch.autograd.grad(rp.sum(), [x], retain_graph=True)
+    except RuntimeError:
+        with pytest.raises(RuntimeError):
+            torch.autograd.grad(gp.sum(), [x])
+    else:
+        (gx,) = torch.autograd.grad(gp.sum(), [x])
+        assert rel(gx, rx) < 2e-5
+    dispatch.configure("triton")
+    with pytest.raises(dispatch.KernelUnavailableError, match="float32"):
+        dispatch.tilted_kplanes(pts.double(), M.double(), x.double(), lay)
+    with pytest.raises(dispatch.KernelUnavailableError, match="CUDA"):
+        dispatch.plane_tv(x.detach().cpu(), lay)
+
+
+# ------------------------------------------------------------------------------- opcheck
+def _opcheck(op, args):
+    torch.library.opcheck(op, args)
+
+
+def test_opcheck_tilted_kplanes():
+    from fasttomo.kernels.triton import ops  # noqa: F401
+    lay = LAYOUTS["aniso_T2_C5"]
+    res = [v for r in lay.resolutions for v in r]
+    pts = (torch.rand(50, 3, device="cuda") * 2 - 1).requires_grad_()
+    M, x = _rot(2, "cuda").requires_grad_(), torch.randn(lay.numel, device="cuda", requires_grad=True)
+    _opcheck(torch.ops.fasttomo.tilted_kplanes.default, (pts, M, x, 2, 5, res, False))
+    _opcheck(torch.ops.fasttomo.tilted_kplanes.default, (pts.detach(), M.detach(), x, 2, 5, res, True))
+    g = torch.randn(50, lay.n_features, device="cuda")
+    _opcheck(torch.ops.fasttomo.tilted_kplanes_bwd.default, (g, pts.detach(), M.detach(), x.detach(), 2, 5, res, True))
+
+
+def test_opcheck_tv():
+    from fasttomo.kernels.triton import ops  # noqa: F401
+    lay = LAYOUTS["T3_C20"]
+    res = [v for r in lay.resolutions for v in r]
+    x = torch.randn(lay.numel, device="cuda", requires_grad=True)
+    _opcheck(torch.ops.fasttomo.plane_tv.default, (x, 3, 20, res))
+    _opcheck(torch.ops.fasttomo.plane_tv_bwd.default, (torch.tensor(1.3, device="cuda"), x.detach(), 3, 20, res))
+    v = torch.randn(2, 5, 6, 7, device="cuda", requires_grad=True)
+    for l1 in (False, True):
+        _opcheck(torch.ops.fasttomo.volume_tv.default, (v, l1))
+        _opcheck(torch.ops.fasttomo.volume_tv_bwd.default, (torch.tensor(0.4, device="cuda"), v.detach(), l1))
+
+
+# ------------------------------------------------------------------------------- compile, graphs
+def _loss(pts, M, x, v, lay):
+    f = dispatch.tilted_kplanes(pts, M, x, lay)
+    return f.square().mean() + 0.1 * dispatch.plane_tv(x, lay) + 0.1 * dispatch.volume_tv(v, "l1")
+
+
+def test_torch_compile_matches_eager():
+    lay = LAYOUTS["T3_C20"]
+    pts = (torch.rand(3000, 3, device="cuda") * 2 - 1).requires_grad_()
+    M = _rot(3, "cuda").requires_grad_()
+    x = torch.randn(lay.numel, device="cuda", requires_grad=True)
+    v = torch.randn(8, 9, 10, device="cuda", requires_grad=True)
+    ge = torch.autograd.grad(_loss(pts, M, x, v, lay), [pts, M, x, v])
+    fn = torch.compile(lambda *a: _loss(*a, lay))
+    gc = torch.autograd.grad(fn(pts, M, x, v), [pts, M, x, v])
+    for a, b in zip(gc, ge):
+        assert rel(a, b) < 1e-4
+
+
+def test_cuda_graph_capture_replays():
+    lay = LAYOUTS["T3_C20"]
+    pts = (torch.rand(3000, 3, device="cuda") * 2 - 1).requires_grad_()
+    M = _rot(3, "cuda").requires_grad_()
+    x = torch.randn(lay.numel, device="cuda", requires_grad=True)
+    v = torch.randn(8, 9, 10, device="cuda", requires_grad=True)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):  # warm-up: compiles the kernels, builds the plane-TV table
+        for _ in range(2):
+            torch.autograd.grad(_loss(pts, M, x, v, lay), [pts, M, x, v])
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static = torch.autograd.grad(_loss(pts, M, x, v, lay), [pts, M, x, v])
+    with torch.no_grad():
+        pts.copy_(torch.rand_like(pts) * 2 - 1)
+        x.copy_(torch.randn_like(x))
+    graph.replay()
+    torch.cuda.synchronize()
+    ref = torch.autograd.grad(_loss(pts, M, x, v, lay), [pts, M, x, v])
+    for a, b in zip(static, ref):
+        assert rel(a, b) < 1e-5

@@ -1,0 +1,172 @@
+"""The Triton kernels' logic on the CPU through Triton's interpreter (TRITON_INTERPRET=1), tiny inputs.
+
+TRITON_INTERPRET must be set before triton is imported, and the rest of the suite (and the GPU
+suite) must not run under it, so the checks run in ONE child process (this file executed as a
+script); pytest parametrizes over the checks' results. opcheck is not here: the interpreter touches
+data pointers, which fake tensors do not have (it runs in test_kernels_gpu.py).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).resolve()
+SRC = HERE.parents[2] / "src"
+
+
+# ------------------------------------------------------------------------------------- the checks
+def _rel(a, b) -> float:
+    a, b = a.detach().double(), b.detach().double()
+    return float((a - b).norm() / b.norm().clamp_min(1e-30))
+
+
+def _checks():
+    import torch
+
+    from fasttomo.kernels import dispatch, reference
+    from fasttomo.kernels.layout import PlaneLayout
+    from fasttomo.kernels.triton import kplanes as kp
+    from fasttomo.kernels.triton import ops  # noqa: F401  (registers torch.ops.fasttomo.*)
+
+    torch.manual_seed(1234)
+    tol = 2e-5
+    out = {}
+
+    def record(name, errs):
+        worst = max(errs.values())
+        out[name] = {"ok": bool(worst < tol and worst == worst), "errors": errs}
+
+    def rays(n_rays, n_samples, spread=1.2):
+        o = torch.rand(n_rays, 1, 3) * 2 * spread - spread
+        d = torch.nn.functional.normalize(torch.randn(n_rays, 1, 3), dim=-1)
+        s = torch.linspace(-0.4, 0.4, n_samples)[None, :, None]
+        return (o + d * s).reshape(-1, 3)
+
+    layouts = {
+        "T2_C5_two_scales_aniso": PlaneLayout(2, 5, ((4, 6, 5), (7, 3, 9))),
+        "T1_C3_one_scale": PlaneLayout(1, 3, ((3, 4, 2),)),
+        "T3_C16_rect": PlaneLayout(3, 16, ((5, 2, 3),)),
+    }
+    for lname, lay in layouts.items():
+        res = [v for r in lay.resolutions for v in r]
+        for pname, pts in (("random_outside", torch.rand(29, 3) * 3.0 - 1.5),
+                           ("rays", rays(3, 11))):
+            pts = pts.requires_grad_()
+            M = torch.linalg.qr(torch.randn(lay.n_rot, 3, 3))[0].requires_grad_()  # non-contiguous
+            x = torch.randn(lay.numel).requires_grad_()
+            ref = reference.tilted_kplanes(pts, M, x, lay)
+            got = torch.ops.fasttomo.tilted_kplanes(pts, M, x, lay.n_rot, lay.channels, res, False)
+            g = torch.randn_like(ref)
+            gr = torch.autograd.grad(ref, [pts, M, x], g)
+            gg = torch.autograd.grad(got, [pts, M, x], g)
+            errs = {"out": _rel(got, ref), "d_points": _rel(gg[0], gr[0]),
+                    "d_matrices": _rel(gg[1], gr[1]), "d_planes": _rel(gg[2], gr[2])}
+            for merge, skip in ((0, False), (1, True), (2, True), (2, False)):
+                gp, _ = kp.kplanes_backward(g, pts.detach(), M.detach(), x.detach(), lay.n_rot,
+                                            lay.channels, res, False, merge=merge, block_n=16,
+                                            skip_zero=skip)
+                errs[f"d_planes_merge{merge}_skip{int(skip)}"] = _rel(gp, gr[2])
+            record(f"kplanes[{lname}-{pname}]", errs)
+
+    # expanded (stride-0) output gradient, and only the planes learnable
+    lay = layouts["T2_C5_two_scales_aniso"]
+    res = [v for r in lay.resolutions for v in r]
+    pts, M = torch.rand(13, 3) * 2 - 1, torch.linalg.qr(torch.randn(2, 3, 3))[0]
+    x = torch.randn(lay.numel).requires_grad_()
+    (ga,) = torch.autograd.grad(torch.ops.fasttomo.tilted_kplanes(pts, M, x, 2, 5, res, False).sum(), [x])
+    (gb,) = torch.autograd.grad(reference.tilted_kplanes(pts, M, x, lay).sum(), [x])
+    record("kplanes[stride0_grad]", {"d_planes": _rel(ga, gb)})
+
+    # bf16 output: same values rounded to bf16
+    got = torch.ops.fasttomo.tilted_kplanes(pts, M, x.detach(), 2, 5, res, True)
+    ref = reference.tilted_kplanes(pts, M, x.detach(), lay)
+    out["kplanes[bf16_out]"] = {"ok": bool(got.dtype == torch.bfloat16 and _rel(got.float(), ref) < 1e-2),
+                                "errors": {"out": _rel(got.float(), ref)}}
+
+    # create_graph: the backward routes to the twin's formula; double backward is exact
+    dispatch.reset_counters()
+    pts = (torch.rand(11, 3) * 2 - 1).requires_grad_()
+    (gp1,) = torch.autograd.grad(torch.ops.fasttomo.tilted_kplanes(pts, M, x, 2, 5, res, False).square().sum(),
+                                 [pts], create_graph=True)
+    spy = dict(dispatch.counters.get("tilted_kplanes_bwd", {}))
+    (gp2,) = torch.autograd.grad(reference.tilted_kplanes(pts, M, x, lay).square().sum(), [pts],
+                                 create_graph=True)
+    errs = {"grad": _rel(gp1, gp2)}
+    try:  # some torch versions lack grid_sampler_2d_backward's derivative: then both must raise
+        (gg2,) = torch.autograd.grad(gp2.sum(), [x])
+    except RuntimeError:
+        gg2 = None
+    if gg2 is None:
+        try:
+            torch.autograd.grad(gp1.sum(), [x])
+            errs["double_should_raise_like_twin"] = 1.0
+        except RuntimeError:
+            pass
+    else:
+        (gg1,) = torch.autograd.grad(gp1.sum(), [x])
+        errs["double"] = _rel(gg1, gg2)
+    record("kplanes[create_graph]", errs)
+    out["kplanes[create_graph]"]["ok"] &= spy == {"torch": 1}  # create_graph backward -> twin formula
+
+    # plane TV
+    for lname, lay in layouts.items():
+        res = [v for r in lay.resolutions for v in r]
+        x = torch.randn(lay.numel).requires_grad_()
+        ref = reference.plane_tv(x, lay)
+        got = torch.ops.fasttomo.plane_tv(x, lay.n_rot, lay.channels, res)
+        (gr,) = torch.autograd.grad(ref * 1.7, [x])
+        (gg,) = torch.autograd.grad(got * 1.7, [x])
+        record(f"plane_tv[{lname}]", {"out": _rel(got, ref), "grad": _rel(gg, gr)})
+
+    # volume TV
+    for shape in ((5, 6, 7), (2, 3, 2, 5), (2, 2, 2)):
+        for kind in ("squared", "l1"):
+            v = torch.randn(shape).requires_grad_()
+            ref = reference.volume_tv(v, kind)
+            got = torch.ops.fasttomo.volume_tv(v, kind == "l1")
+            (gr,) = torch.autograd.grad(ref * 0.3, [v])
+            (gg,) = torch.autograd.grad(got * 0.3, [v])
+            record(f"volume_tv[{'x'.join(map(str, shape))}-{kind}]", {"out": _rel(got, ref), "grad": _rel(gg, gr)})
+    return out
+
+
+# ------------------------------------------------------------------------------------- pytest side
+NAMES = (
+    [f"kplanes[{l}-{p}]" for l in ("T2_C5_two_scales_aniso", "T1_C3_one_scale", "T3_C16_rect")
+     for p in ("random_outside", "rays")]
+    + ["kplanes[stride0_grad]", "kplanes[bf16_out]", "kplanes[create_graph]"]
+    + [f"plane_tv[{l}]" for l in ("T2_C5_two_scales_aniso", "T1_C3_one_scale", "T3_C16_rect")]
+    + [f"volume_tv[{s}-{k}]" for s in ("5x6x7", "2x3x2x5", "2x2x2") for k in ("squared", "l1")]
+)
+
+
+@pytest.fixture(scope="module")
+def interp_results():
+    if importlib.util.find_spec("triton") is None:
+        pytest.skip("triton is not installed")
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(SRC), env.get("PYTHONPATH", "")) if p)
+    proc = subprocess.run([sys.executable, str(HERE)], env=env, capture_output=True, text=True,
+                          timeout=900)
+    assert proc.returncode == 0, f"interpreter run failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
+    line = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULTS ")][-1]
+    return json.loads(line[len("RESULTS "):])
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_interpreted_kernel_matches_twin(interp_results, name):
+    assert name in interp_results, f"check {name} did not run; got {sorted(interp_results)}"
+    r = interp_results[name]
+    assert r["ok"], f"{name}: relative errors {r['errors']}"
+
+
+if __name__ == "__main__":
+    assert os.environ.get("TRITON_INTERPRET") == "1", "run through pytest (it sets TRITON_INTERPRET=1)"
+    print("RESULTS " + json.dumps(_checks()), flush=True)
