@@ -340,8 +340,6 @@ class PrecisionConfig:
 class KernelsConfig:
     backend: str = "auto"
     """auto (fused Triton kernels where valid, else pure torch), triton (require them) or torch."""
-    fuse_decoder: bool = False
-    """Fuse the decoder's first layer into the interpolation kernel (GPU, triton backend)."""
 
     def __post_init__(self) -> None:
         _choice(self.backend, ("auto", "triton", "torch"), "kernels.backend")

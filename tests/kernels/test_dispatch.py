@@ -105,3 +105,22 @@ def test_twins_small_cases():
     v[..., :] = torch.arange(6.0)
     torch.testing.assert_close(reference.volume_tv(v, "squared"), torch.tensor(1.0))
     torch.testing.assert_close(reference.volume_tv(v * 2, "l1"), torch.tensor(2.0))
+
+
+def test_reference_coordinates_stay_fp32_under_bf16_autocast():
+    """Under bf16 autocast the sample coordinates must not be rounded to bf16 (~0.004 steps,
+    about one texel at resolution 512): the features equal the fp32 ones."""
+    import torch
+
+    from fasttomo.kernels import reference
+    from fasttomo.kernels.layout import PlaneLayout
+
+    g = torch.Generator().manual_seed(0)
+    lay = PlaneLayout(2, 3, ((512, 512, 512),))
+    planes = torch.rand(lay.numel, generator=g)
+    pts = torch.rand(200, 3, generator=g) * 2 - 1
+    mats = torch.linalg.qr(torch.randn(2, 3, 3, generator=g))[0] / 3**0.5
+    ref = reference.tilted_kplanes(pts, mats, planes, lay)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        got = reference.tilted_kplanes(pts, mats, planes, lay)
+    torch.testing.assert_close(got.float(), ref, rtol=1e-6, atol=1e-6)

@@ -36,7 +36,7 @@ log = logging.getLogger("fasttomo.kernels")
 BACKENDS = ("auto", "triton", "torch")
 ENV_VAR = "FASTTOMO_KERNELS"
 
-_state = {"backend": "auto", "fuse_decoder": False}
+_state = {"backend": "auto"}
 counters: dict[str, dict[str, int]] = {}
 _logged: set = set()
 _ops_module = None
@@ -48,7 +48,7 @@ class KernelUnavailableError(RuntimeError):
     """kernels.backend=triton was asked for but the fast path cannot take this input."""
 
 
-def configure(backend: str = "auto", fuse_decoder: bool = False) -> str:
+def configure(backend: str = "auto") -> str:
     """Set the kernel backend (call when building the model/trainer). Returns the backend in force.
 
     ``FASTTOMO_KERNELS`` (auto | triton | torch), if set, overrides ``backend``.
@@ -60,7 +60,6 @@ def configure(backend: str = "auto", fuse_decoder: bool = False) -> str:
         raise ValueError(f"kernels.backend must be one of {list(BACKENDS)}, got {backend!r} "
                          f"(from {'$' + ENV_VAR if env else 'the config'}).")
     _state["backend"] = backend
-    _state["fuse_decoder"] = bool(fuse_decoder)
     _logged.clear()
     if backend == "triton" and _load_ops() is None:
         raise KernelUnavailableError(

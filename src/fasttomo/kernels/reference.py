@@ -12,6 +12,11 @@ import torch.nn.functional as F
 from fasttomo.kernels.layout import PLANE_AXES, PlaneLayout
 
 
+def _full(t: torch.Tensor) -> torch.Tensor:
+    """fp16/bf16 -> fp32; fp32 and fp64 (gradcheck) unchanged."""
+    return t.float() if t.dtype in (torch.float16, torch.bfloat16) else t
+
+
 def tilted_kplanes(points: torch.Tensor, matrices: torch.Tensor, plane_data: torch.Tensor,
                    layout: PlaneLayout) -> torch.Tensor:
     """Multi-scale TILTED K-Planes features.
@@ -25,7 +30,9 @@ def tilted_kplanes(points: torch.Tensor, matrices: torch.Tensor, plane_data: tor
     """
     n = points.shape[0]
     T, C = layout.n_rot, layout.channels
-    q = torch.einsum("tij,nj->tni", matrices, points)  # (T, N, 3)
+    # sample coordinates stay fp32 under autocast (bf16 would round them to ~a texel at res 512)
+    with torch.autocast(device_type=points.device.type, enabled=False):
+        q = torch.einsum("tij,nj->tni", _full(matrices), _full(points))  # (T, N, 3)
     feats = []
     for l in range(layout.n_scales):
         prod = None
