@@ -20,7 +20,8 @@ from fasttomo.reconstruct import compose_config, run
 
 TINY = ["experiment=quick", "data.width=24", "data.height=20", "data.n_tilts=15", "model.resolutions=[8,16]",
         "sampler.batch_size=128", "sampler.samples_per_ray=24", "optim.steps=40", "logging.progress=false",
-        "logging.log_every=10", "logging.val_every=20", "logging.image_every=20", "runtime.device=cpu"]
+        "logging.log_every=10", "logging.val_every=20", "logging.image_every=20", "runtime.device=cpu",
+        "runtime.threads=1"]
 
 
 def _cli(args: list[str], cwd: Path, timeout: int = 300) -> subprocess.CompletedProcess:

@@ -91,7 +91,19 @@ def build(cfg: Config, ts: TiltSeries, *, rank: int = 0, world_size: int = 1, lo
     if world_size > 1:
         from torch.nn.parallel import DistributedDataParallel as DDP
 
-        model = DDP(projector, device_ids=[device.index] if device.type == "cuda" else None)
+        # The Projector holds the field AND the poses, so DDP all-reduces the pose gradients too.
+        # Its only buffers (tilt angles, reference mask) are constants built identically on every
+        # rank, so the per-forward buffer broadcast is skipped (one collective less per step).
+        # Every trainable parameter gets a gradient each step (frozen ones are not trainable and
+        # DDP ignores them), so find_unused_parameters stays off. The regularizer runs on the
+        # unwrapped field outside DDP's forward; that is safe: it joins the same backward, so each
+        # parameter's AccumulateGrad (where DDP's hook fires) sees data + regularizer gradients.
+        import inspect
+
+        no_buffer_sync = ({"forward_sync_buffers": False} if "forward_sync_buffers" in inspect.signature(DDP).parameters
+                          else {"broadcast_buffers": False})  # the older spelling (deprecated in newer torch)
+        model = DDP(projector, device_ids=[device.index] if device.type == "cuda" else None,
+                    find_unused_parameters=False, **no_buffer_sync)
     sampler = build_sampler(ts, cfg.sampler, seed=cfg.runtime.seed, device=device, rank=rank, world_size=world_size)
     optimizer, base_lrs = build_optimizer(cfg.optim, projector)
     schedule, plateau = build_schedule(cfg.schedule, cfg.optim.steps)

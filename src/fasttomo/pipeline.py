@@ -86,7 +86,8 @@ def run_reconstruction(cfg: Config) -> dict:
     from fasttomo.data.load import load_tiltseries
     from fasttomo.metrics import volume_metrics
     from fasttomo.train.checkpoint import load_checkpoint
-    from fasttomo.train.distributed import broadcast_object, dist_info, init_distributed
+    from fasttomo.train.distributed import (broadcast_object, destroy_distributed, dist_info, init_distributed,
+                                            is_distributed)
     from fasttomo.train.trainer import Trainer
 
     t0 = time.perf_counter()
@@ -97,7 +98,7 @@ def run_reconstruction(cfg: Config) -> dict:
     if cfg.runtime.deterministic:
         torch.use_deterministic_algorithms(True, warn_only=True)
     wants_cuda = cfg.runtime.device.startswith("cuda") or (cfg.runtime.device == "auto" and torch.cuda.is_available())
-    init_distributed("cuda" if wants_cuda else "cpu")
+    joined = not is_distributed() and init_distributed("cuda" if wants_cuda else "cpu")
     rank, world, local_rank = dist_info()
     out_dir = Path(broadcast_object(str(Path(cfg.output.dir).resolve())))
     main = rank == 0
@@ -150,6 +151,8 @@ def run_reconstruction(cfg: Config) -> dict:
             _write_text(out_dir / "metrics.json", json.dumps(metrics, indent=2), True)
             log.info("done in %.1f s: %s", metrics["wall_seconds"],
                      ", ".join(f"{k}={metrics[k]:.4f}" for k in ("pearson_global", "pearson_foreground") if k in metrics))
+        if joined:  # leave the process group we joined (after a successful run; on errors the process exits)
+            destroy_distributed()
         return metrics
     finally:
         if handler is not None:

@@ -2,6 +2,12 @@
 
 Nothing pickled goes in (no config objects, no classes): the resolved config is stored as a nested
 dict of primitives and a checkpoint holding anything else is refused on load.
+
+A checkpoint (see ``Trainer.state_dict``) holds: ``step``, ``model`` (the Projector: field AND
+poses), ``optimizer``, ``scaler`` (GradScaler), ``plateau`` (adaptive schedule state or None),
+``sampler`` (epoch, position and a fingerprint of the order), ``rng`` (one entry per rank:
+torch CPU, CUDA when used, and the regularizer generator), ``world_size``, the logged
+``history``/``val_history``, ``train_seconds`` and the resolved ``config``.
 """
 
 from __future__ import annotations
@@ -30,6 +36,10 @@ def save_checkpoint(path: str | Path, state: dict) -> Path:
 
 
 def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict:
+    """Read a fasttomo checkpoint with ``torch.load(weights_only=True)``: tensors, numbers,
+    strings, lists and dicts only. Anything else (a pickled class instance, a function, ...) is
+    refused with :class:`CheckpointError`. Load to the CPU (the default): modules and optimizers
+    copy their state to the right device, and RNG states must stay CPU byte tensors."""
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"checkpoint {path} does not exist; give resume=<path to a .pt written by fasttomo>.")
@@ -40,21 +50,28 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
             f"checkpoint {path} holds objects other than tensors and plain values and was refused "
             f"(weights_only loading): {str(exc).splitlines()[0]}. Only load checkpoints written by fasttomo."
         ) from exc
-    except (RuntimeError, EOFError) as exc:
+    except (RuntimeError, EOFError, ValueError) as exc:
         raise CheckpointError(f"checkpoint {path} is truncated or corrupt: {exc}") from exc
     if not isinstance(state, dict) or state.get("format") != FORMAT:
         raise CheckpointError(f"checkpoint {path} is not a {FORMAT} file; was it written by fasttomo?")
     return state
 
 
-def rng_state(device: torch.device) -> dict:
+def rng_state(device: torch.device, reg_generator: torch.Generator | None = None) -> dict:
+    """This process's RNG states (CPU byte tensors): torch CPU, the CUDA device's (if used) and
+    the regularizer generator's."""
     state = {"torch": torch.get_rng_state()}
     if device.type == "cuda":
         state["cuda"] = torch.cuda.get_rng_state(device)
+    if reg_generator is not None:
+        state["reg"] = reg_generator.get_state()
     return state
 
 
-def set_rng_state(state: dict, device: torch.device) -> None:
-    torch.set_rng_state(state["torch"])
+def set_rng_state(state: dict, device: torch.device, reg_generator: torch.Generator | None = None) -> None:
+    """Restore :func:`rng_state`'s states (accepts tensors mapped to any device)."""
+    torch.set_rng_state(state["torch"].cpu())
     if device.type == "cuda" and "cuda" in state:
-        torch.cuda.set_rng_state(state["cuda"], device)
+        torch.cuda.set_rng_state(state["cuda"].cpu(), device)
+    if reg_generator is not None and "reg" in state:
+        reg_generator.set_state(state["reg"].cpu())

@@ -14,8 +14,7 @@ import torch
 import torch.distributed as dist
 
 __all__ = ["dist_info", "is_main", "is_distributed", "all_reduce_mean", "init_distributed", "barrier",
-           "broadcast_object",
-           "destroy_distributed"]
+           "broadcast_object", "all_gather_object", "destroy_distributed"]
 
 
 def is_distributed() -> bool:
@@ -115,3 +114,14 @@ def broadcast_object(obj):
     box = [obj]
     dist.broadcast_object_list(box, src=0)
     return box[0]
+
+
+def all_gather_object(obj) -> list:
+    """Every rank's ``obj`` (a small picklable value), as a list indexed by rank; ``[obj]`` when
+    not distributed. Collective: every rank must call it. Used for the per-rank RNG states that
+    go into a checkpoint (only rank 0 writes it, but every rank resumes its own stream)."""
+    if not is_distributed():
+        return [obj]
+    out = [None] * dist.get_world_size()
+    dist.all_gather_object(out, obj)
+    return out

@@ -109,53 +109,107 @@ class Trainer:
         if hi > lo:
             slab[: hi - lo] = c.projector.volume(shape, z_range=(lo, hi))
         gathered = torch.empty((per * c.world_size, shape[1], shape[2]), device=c.device, dtype=torch.float32)
-        dist.all_gather_into_tensor(gathered, slab)
+        gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor  # newer torch renamed it
+        gather(gathered, slab)
         if not self.main:
             return None
         return (gathered[: shape[0]] * c.sampler.scale).cpu().numpy()
 
     # ------------------------------------------------------------------ checkpoints
     def state_dict(self) -> dict:
+        """Everything an exact resume needs, as tensors and plain values (weights_only safe).
+
+        Collective under DDP (every rank must call it): each rank's RNG states are gathered, so
+        every rank resumes its own streams (the regularizer generator is seeded per rank). The
+        model is the unwrapped Projector: field and poses, without DDP's ``module.`` prefix."""
+        from fasttomo.train.distributed import all_gather_object
+
         c = self.c
+        rngs = all_gather_object(ckpt.rng_state(c.device, c.reg_generator))
         return {
             "step": self.step,
+            "world_size": c.world_size,
             "model": c.projector.state_dict(),
             "optimizer": c.optimizer.state_dict(),
             "scaler": c.precision.scaler.state_dict(),
             "plateau": c.plateau.state_dict() if c.plateau is not None else None,
             "sampler": c.sampler.state_dict(),
-            "rng": {**ckpt.rng_state(c.device), "reg": c.reg_generator.get_state()},
+            "rng": {"ranks": rngs},
             "history": self.history,
             "val_history": self.val_history,
             "train_seconds": self.train_seconds,
             "config": to_dict(self.cfg),
         }
 
-    def load_state_dict(self, state: dict) -> None:
+    def load_state_dict(self, state: dict, source: str = "checkpoint") -> None:
+        """Restore :meth:`state_dict` (every rank loads the same file and takes its own RNG
+        states). Refuses, with a :class:`CheckpointError` naming the fix, a checkpoint of another
+        world size, model or sampler, or one already past ``optim.steps`` (the total)."""
         c = self.c
-        c.projector.load_state_dict(state["model"])
-        c.optimizer.load_state_dict(state["optimizer"])
+        saved_world = int(state.get("world_size", 1))
+        if saved_world != c.world_size:
+            raise ckpt.CheckpointError(
+                f"{source} was written by a run with {saved_world} process(es) but this run has {c.world_size}; "
+                f"resume with the same number of processes (--nproc-per-node={saved_world}).")
+        step = int(state["step"])
+        if step > self.cfg.optim.steps:
+            raise ckpt.CheckpointError(
+                f"{source} is at step {step} but optim.steps={self.cfg.optim.steps}; optim.steps is the total "
+                f"number of steps (including those before the resume): set optim.steps >= {step}.")
+        self._warn_config_changes(state.get("config") or {}, source)
+        try:
+            c.projector.load_state_dict(state["model"])
+            c.optimizer.load_state_dict(state["optimizer"])
+            c.sampler.load_state_dict(state["sampler"])
+        except (RuntimeError, ValueError, KeyError) as exc:
+            raise ckpt.CheckpointError(
+                f"{source} does not fit this run ({str(exc).splitlines()[0]}); resume with the model, pose, "
+                "optimizer, sampler and data settings of the saved run.") from exc
         c.precision.scaler.load_state_dict(state["scaler"])
         if c.plateau is not None and state.get("plateau"):
             c.plateau.load_state_dict(state["plateau"])
-        c.sampler.load_state_dict(state["sampler"])
-        ckpt.set_rng_state(state["rng"], c.device)
-        c.reg_generator.set_state(state["rng"]["reg"])
-        self.step = int(state["step"])
+        rngs = state["rng"]["ranks"]
+        ckpt.set_rng_state(rngs[c.rank], c.device, c.reg_generator)
+        self.step = step
         self.history = [list(h) for h in state.get("history", [])]
         self.val_history = [list(h) for h in state.get("val_history", [])]
         self.train_seconds = float(state.get("train_seconds", 0.0))
 
+    _FREE_ON_RESUME = ("resume", "name", "output", "logging", "optim.steps", "runtime.threads")
+
+    def _warn_config_changes(self, saved: dict, source: str) -> None:
+        """Log the settings that differ from the saved run's (other than where/how to log and the
+        total step count); an exact continuation needs none."""
+        def flat(d, prefix=""):
+            for k, v in d.items():
+                if isinstance(v, dict):
+                    yield from flat(v, f"{prefix}{k}.")
+                else:
+                    yield f"{prefix}{k}", v
+
+        now, then = dict(flat(to_dict(self.cfg))), dict(flat(saved))
+        changed = sorted(k for k in set(now) | set(then) if now.get(k) != then.get(k)
+                         and not any(k == f or k.startswith(f + ".") for f in self._FREE_ON_RESUME))
+        if changed:
+            log.warning("resuming from %s with settings that differ from the saved run (the continuation is "
+                        "not exact): %s", source, ", ".join(f"{k}: {then.get(k)!r} -> {now.get(k)!r}" for k in changed))
+
     def save(self, name: str = "last.pt") -> Path | None:
+        """Write ``checkpoints/<name>`` (rank 0). Collective under DDP: every rank must call it."""
+        state = self.state_dict()
         if not self.main or self.out_dir is None:
             return None
-        return ckpt.save_checkpoint(self.out_dir / "checkpoints" / name, self.state_dict())
+        return ckpt.save_checkpoint(self.out_dir / "checkpoints" / name, state)
 
     # ------------------------------------------------------------------ the loop
     def fit(self, steps: int | None = None) -> None:
-        """Train until ``steps`` (default optim.steps) total steps are done."""
+        """Train until ``steps`` (default optim.steps) total steps are done.
+
+        Stopping early (``steps`` < optim.steps) is exactly a pause: the end-of-run extras (a log
+        and a validation at the final step) happen at optim.steps only, so stopping at N, saving
+        and resuming gives the same run as going straight through."""
         cfg, c = self.cfg, self.c
-        end = cfg.optim.steps if steps is None else steps
+        end = cfg.optim.steps if steps is None else min(steps, cfg.optim.steps)
         lg = cfg.logging
         run_log = RunLogger(self.out_dir, main=self.main, tensorboard=lg.tensorboard, progress=lg.progress,
                             total=end, initial=self.step)
@@ -170,7 +224,7 @@ class Trainer:
                 loss, parts = self.train_step(batch)
                 self.step = step + 1
                 run_log.progress(1)
-                last = self.step == end
+                last = self.step == cfg.optim.steps
                 if self.step % lg.log_every == 0 or last:
                     vals = {"loss/train": all_reduce_mean(loss).item()}
                     vals.update({f"loss/{k}": all_reduce_mean(v).item() for k, v in parts.items()})
@@ -193,11 +247,10 @@ class Trainer:
                         c.plateau.update(v)
                 image_step = lg.image_every > 0 and self.step % lg.image_every == 0
                 if (image_step or last) and self.main and lg.tensorboard:
-                    if True:
-                        for name, img in self.central_slices().items():
-                            run_log.image(self.step, f"slices/{name}", img)
+                    for name, img in self.central_slices().items():
+                        run_log.image(self.step, f"slices/{name}", img)
                 if lg.checkpoint_every and self.step % lg.checkpoint_every == 0 and not last:
-                    self.save()
+                    self.save(f"step{self.step:07d}.pt")
         finally:
             if c.device.type == "cuda":
                 torch.cuda.synchronize(c.device)
