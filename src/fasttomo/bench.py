@@ -23,7 +23,13 @@ RESULTS = ROOT / "benchmarks" / "results"
 
 
 def commit() -> str:
-    """Short hash of HEAD, with '-dirty' when tracked files differ from it ('nocommit' outside git)."""
+    """Short hash of HEAD, with '-dirty' when tracked files differ from it ('nocommit' outside git).
+    FASTTOMO_COMMIT, when set, names it instead (a copy of the tree without .git, e.g. on a lent GPU
+    machine)."""
+    import os
+
+    if os.environ.get("FASTTOMO_COMMIT"):
+        return os.environ["FASTTOMO_COMMIT"]
     try:
         head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
                               timeout=10)
