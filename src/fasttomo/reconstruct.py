@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 import hydra
+from hydra.core.config_store import ConfigStore
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue
@@ -23,6 +24,11 @@ from omegaconf.errors import MissingMandatoryValue
 from fasttomo.config import Config, ConfigError, from_dict
 
 log = logging.getLogger("fasttomo")
+
+# The typed schema is the first entry of configs/reconstruct.yaml's defaults list: every field of
+# every group exists (with its default and type) whichever group option is chosen, so any value
+# can be overridden from the command line and a misspelled key is rejected by Hydra at once.
+ConfigStore.instance().store(name="fasttomo_schema", node=Config)
 
 
 def config_dir() -> str:

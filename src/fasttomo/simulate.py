@@ -10,16 +10,32 @@ Feed them back with ``fasttomo-reconstruct data=mrc data.path=phantom.mrc data.a
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import sys
 from pathlib import Path
 
 import hydra
+from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
 from fasttomo.config import ConfigError, DataConfig, from_dict
 
 log = logging.getLogger("fasttomo")
+
+
+@dataclasses.dataclass
+class SimulateConfig:
+    data: DataConfig = dataclasses.field(default_factory=DataConfig)
+    out: str = "phantom"
+    """Output base path: <out>.mrc + <out>.rawtlt + <out>_truth.mrc, or <out>.h5."""
+    format: str = "mrc"
+    """mrc or h5."""
+    overwrite: bool = False
+    """Replace existing files (otherwise an existing file is an error)."""
+
+
+ConfigStore.instance().store(name="fasttomo_simulate_schema", node=SimulateConfig)
 
 
 def simulate(data_cfg: DataConfig, out: str, fmt: str, overwrite: bool = False) -> list[Path]:
@@ -53,9 +69,8 @@ def main() -> None:
     @hydra.main(version_base="1.3", config_path=config_dir(), config_name="simulate")
     def _app(cfg: DictConfig) -> None:
         try:
-            d = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
-            simulate(from_dict(DataConfig, d["data"], prefix="data."), str(d["out"]), str(d["format"]),
-                     bool(d["overwrite"]))
+            sim = from_dict(SimulateConfig, OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True))
+            simulate(sim.data, sim.out, sim.format, sim.overwrite)
         except (ConfigError, TiltSeriesError, FileExistsError) as exc:
             log.error("%s", exc)
             sys.exit(2)
