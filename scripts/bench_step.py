@@ -82,6 +82,17 @@ def main(argv: list[str] | None = None) -> int:
             "final_loss": float(all_reduce_mean(losses[-1]).item()),
             "loss_rank0": float(losses[-1].item()),
         }
+        if world > 1:  # the replicas must agree: every rank's parameters and reduced loss
+            import torch.distributed as dist
+
+            local = torch.tensor([sum(float(p.detach().double().sum()) for p in comps.projector.parameters()),
+                                  float(losses[-1])], device=dev, dtype=torch.float64)
+            every = [torch.empty_like(local) for _ in range(world)]
+            dist.all_gather(every, local)
+            sums = [float(e[0]) for e in every]
+            row["param_checksum_per_rank"] = sums
+            row["param_checksum_max_diff"] = max(sums) - min(sums)
+            row["local_loss_per_rank"] = [float(e[1]) for e in every]
         if dev.type == "cuda":
             row["peak_mem_GB"] = round(torch.cuda.max_memory_allocated(dev) / 1e9, 2)
             torch.cuda.reset_peak_memory_stats(dev)
@@ -91,10 +102,10 @@ def main(argv: list[str] | None = None) -> int:
             torch.cuda.empty_cache()
     if rank == 0:
         print(f"bench_step case={args.case} device={device_name(dev)} world={world} torch={torch.__version__}")
-        print(f"{'variant':<16}{'median ms':>11}{'Mrays/s':>10}{'Gpts/s':>9}{'loss':>12}")
+        print(f"{'variant':<16}{'median ms':>11}{'Mrays/s':>10}{'Gpts/s':>9}{'loss':>12}{'param diff':>12}")
         for r in rows:
             print(f"{r['variant']:<16}{r['median_ms']:>11.2f}{r['rays_per_s'] / 1e6:>10.3f}"
-                  f"{r['points_per_s'] / 1e9:>9.3f}{r['final_loss']:>12.4e}")
+                  f"{r['points_per_s'] / 1e9:>9.3f}{r['final_loss']:>12.4e}{r.get('param_checksum_max_diff', 0.0):>12.3e}")
         if not args.no_write:
             case = args.case if world == 1 else f"{args.case}-ddp{world}"
             argv_used = sys.argv[1:] if argv is None else argv
