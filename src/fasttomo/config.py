@@ -326,10 +326,6 @@ class PrecisionConfig:
     dtype: str = "fp32"
     """Autocast dtype of the field: fp32, bf16 or fp16 (fp16 uses a GradScaler). Rays, rotations
     and the line integral always run in fp32."""
-    cuda_graph: bool = False
-    """Capture the training step in a CUDA graph (GPU, fixed shapes)."""
-    compile: bool = False
-    """torch.compile the field."""
 
     def __post_init__(self) -> None:
         _choice(self.dtype, ("fp32", "bf16", "fp16"), "precision.dtype")

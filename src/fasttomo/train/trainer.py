@@ -36,10 +36,13 @@ class Trainer:
         self.train_seconds = 0.0
 
     # ------------------------------------------------------------------ one step
-    def _data_loss(self, pred: torch.Tensor, batch) -> torch.Tensor:
+    def _weighted_errors(self, pred: torch.Tensor, batch) -> torch.Tensor:
+        """Per-pixel data term (squared or absolute error) times the pixel weight (0 = masked)."""
         err = pred - batch.target
-        per = err.square() if self.cfg.loss.kind == "mse" else err.abs()
-        return (per * batch.weight).sum() / batch.weight.sum().clamp_min(1.0)
+        return (err.square() if self.cfg.loss.kind == "mse" else err.abs()) * batch.weight
+
+    def _data_loss(self, pred: torch.Tensor, batch) -> torch.Tensor:
+        return self._weighted_errors(pred, batch).sum() / batch.weight.sum().clamp_min(1.0)
 
     def _set_lr(self, step: int) -> None:
         f = self.c.schedule.factor(step, self.c.plateau)
@@ -71,9 +74,7 @@ class Trainer:
         weight = torch.zeros((), device=self.c.device, dtype=torch.float64)
         for batch in self.c.sampler.val_batches():
             pred = self.c.projector(batch.tilt, batch.row, batch.col)
-            err = pred - batch.target
-            per = err.square() if self.cfg.loss.kind == "mse" else err.abs()
-            total += (per * batch.weight).sum().double()
+            total += self._weighted_errors(pred, batch).sum().double()
             weight += batch.weight.sum().double()
         return float(total / weight.clamp_min(1.0)) if self.c.sampler.n_val else float("nan")
 
