@@ -19,6 +19,10 @@ def test_non_editable_install_ships_configs(tmp_path):
                           str(REPO)], capture_output=True, text=True, timeout=600)
     assert pip.returncode == 0, pip.stdout + pip.stderr
     assert (target / "fasttomo" / "configs" / "reconstruct.yaml").is_file()
+    # every package of the source tree is installed (pyproject lists them explicitly)
+    src = REPO / "src"
+    for init in src.rglob("__init__.py"):
+        assert (target / init.relative_to(src)).is_file(), f"{init.parent.relative_to(src)} not installed"
     assert (target / "fasttomo" / "configs" / "hydra" / "job_logging" / "fasttomo.yaml").is_file()
     code = ("import fasttomo.reconstruct as r; c = r.compose_config(['experiment=flagship']); "
             "print(r.config_dir()); print(c.model.channels)")
