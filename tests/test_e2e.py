@@ -166,3 +166,15 @@ def test_simulate_then_reconstruct_from_files(tmp_path):
     assert metrics["pixel_size_A"] == pytest.approx(10.0)
     with mrcfile.open(out / "volume.mrc") as m:
         assert m.data.shape == (12, 20, 24)
+
+
+def test_overwrite_true_replaces_results(tmp_path):
+    out = tmp_path / "again"
+    base = [*TINY, "optim.steps=3", "logging.tensorboard=false", f"output.dir={out}"]
+    run(compose_config(base))
+    first_log = (out / "reconstruct.log").read_text()
+    metrics = run(compose_config([*base, "optim.steps=4", "output.overwrite=true"]))
+    assert metrics["steps"] == 4
+    assert json.loads((out / "metrics.json").read_text())["steps"] == 4
+    second_log = (out / "reconstruct.log").read_text()
+    assert "done in" in second_log and second_log != first_log

@@ -14,9 +14,10 @@ import numpy as np
 log = logging.getLogger("fasttomo")
 
 
-def add_file_log(path: Path) -> logging.Handler:
-    """Send the 'fasttomo' loggers to ``path`` too (opened after the output folder was checked)."""
-    handler = logging.FileHandler(path, mode="x", encoding="utf-8")
+def add_file_log(path: Path, overwrite: bool = False) -> logging.Handler:
+    """Send the 'fasttomo' loggers to ``path`` too (opened after the output folder was checked;
+    an existing log is replaced only when the user asked to overwrite)."""
+    handler = logging.FileHandler(path, mode="w" if overwrite else "x", encoding="utf-8")
     handler.setFormatter(logging.Formatter("[%(asctime)s][%(name)s][%(levelname)s] %(message)s"))
     logging.getLogger("fasttomo").addHandler(handler)
     logging.getLogger("fasttomo").setLevel(logging.INFO)

@@ -113,7 +113,7 @@ def run_reconstruction(cfg: Config) -> dict:
     if problem:
         raise OutputExistsError(problem)
     if main:
-        handler = add_file_log(out_dir / "reconstruct.log") if not cfg.output.overwrite else None
+        handler = add_file_log(out_dir / "reconstruct.log", cfg.output.overwrite)
     try:
         ts = load_tiltseries(cfg.data)
         comps = build(cfg, ts, rank=rank, world_size=world, local_rank=local_rank)
