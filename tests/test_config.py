@@ -92,3 +92,14 @@ def test_wrong_type_is_named():
 def test_phantom_data_config_defaults_valid():
     d = DataConfig()
     assert d.source == "phantom"
+
+
+def test_schema_defaults_equal_the_default_composition():
+    """The dataclass defaults and the default YAML composition describe the same run (the phantom
+    group only spells out its 10 A pixel size, which the schema leaves to the data source)."""
+    import dataclasses
+
+    composed = dataclasses.asdict(compose_config([]))
+    schema = dataclasses.asdict(Config())
+    composed["data"]["pixel_size"] = schema["data"]["pixel_size"]
+    assert composed == schema

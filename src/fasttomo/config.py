@@ -147,7 +147,7 @@ class ModelConfig:
     """Rotation parametrization: svd (free 3x3 projected onto SO(3)) or quaternion."""
     channels: int = 8
     """C: feature channels per plane."""
-    resolutions: list = dataclasses.field(default_factory=lambda: [16, 32])
+    resolutions: list = dataclasses.field(default_factory=lambda: [32, 64])
     """Plane resolution per scale: an int (isotropic) or [rx, ry, rz] per scale."""
     decoder: str = "hybrid"
     """Decoder head: linear (one layer) or hybrid (Linear-ReLU-Linear-ReLU-Linear)."""
@@ -211,7 +211,7 @@ class SamplerConfig:
     DataLoader, kept for comparison)."""
     batch_size: int = 1024
     """Rays per step (per rank under torchrun)."""
-    samples_per_ray: int = 64
+    samples_per_ray: int = 48
     """S: quadrature points per ray."""
     val_fraction: float = 0.02
     """Fraction of pixels held out for validation (fixed-seed split, identical on all ranks)."""
@@ -242,7 +242,7 @@ class SamplerConfig:
 # --------------------------------------------------------------------------------------- optim
 @dataclasses.dataclass
 class OptimConfig:
-    steps: int = 600
+    steps: int = 1500
     """Number of optimizer steps."""
     lr_grids: float = 2e-2
     """Adam learning rate of the plane / voxel parameters."""
@@ -304,9 +304,9 @@ class LossConfig:
     """Data term: mse or l1 (Huber-free)."""
     plane_tv: float = 1e-4
     """Weight of the plane total variation (K-Planes planes)."""
-    volume_tv: float = 0.0
+    volume_tv: float = 1e-3
     """Weight of the volume total variation (on density of a random sub-grid, or the voxel grid)."""
-    volume_tv_kind: str = "squared"
+    volume_tv_kind: str = "l1"
     """Volume TV variant: squared (anisotropic squared differences) or l1."""
     volume_tv_points: int = 16
     """Side of the random sub-grid (n^3 points) on which volume TV is evaluated for fields."""
