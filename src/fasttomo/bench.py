@@ -74,15 +74,16 @@ def median(xs: list[float]) -> float:
 
 
 def write_result(benchmark: str, case: str, device: str, results: list[dict], *, argv: list[str] | None = None,
-                 out_dir: Path | None = None, **extra) -> Path:
-    """Write one result record; returns its path (<benchmark>-<case>-<device>-<commit>.json)."""
+                 out_dir: Path | None = None, command: str | None = None, **extra) -> Path:
+    """Write one result record; returns its path (<benchmark>-<case>-<device>-<commit>.json).
+    ``command`` defaults to ``python scripts/<benchmark>.py`` plus ``argv`` (the script's own)."""
     c = commit()
     record = {
         "benchmark": benchmark,
         "case": case,
         "commit": c,
         "device": device,
-        "command": " ".join([f"python scripts/{benchmark}.py", *(sys.argv[1:] if argv is None else argv)]),
+        "command": command or " ".join([f"python scripts/{benchmark}.py", *(sys.argv[1:] if argv is None else argv)]),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "torch": torch.__version__,
         "host": platform.machine(),
