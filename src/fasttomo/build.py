@@ -56,9 +56,12 @@ class Components:
     reg_generator: torch.Generator
     rank: int = 0
     world_size: int = 1
+    cuda_graph: bool = False
+    """Capture the training step in a CUDA graph (decided here from runtime.cuda_graph)."""
 
 
-def build_optimizer(cfg: OptimConfig, projector: Projector) -> tuple[torch.optim.Optimizer, list[float]]:
+def build_optimizer(cfg: OptimConfig, projector: Projector, capturable: bool = False
+                    ) -> tuple[torch.optim.Optimizer, list[float]]:
     groups = dict(projector.field.param_groups())
     groups["poses"] = [p for p in projector.poses.parameters() if p.requires_grad]
     lrs = {"grids": cfg.lr_grids, "decoder": cfg.lr_decoder, "rotations": cfg.lr_rotations, "poses": cfg.lr_poses}
@@ -69,7 +72,8 @@ def build_optimizer(cfg: OptimConfig, projector: Projector) -> tuple[torch.optim
             continue
         param_groups.append({"params": params, "lr": lrs[name], "name": name})
         base.append(lrs[name])
-    opt = torch.optim.Adam(param_groups, betas=tuple(cfg.betas), eps=cfg.eps, weight_decay=cfg.weight_decay)
+    opt = torch.optim.Adam(param_groups, betas=tuple(cfg.betas), eps=cfg.eps, weight_decay=cfg.weight_decay,
+                           capturable=capturable)
     return opt, base
 
 
@@ -105,7 +109,8 @@ def build(cfg: Config, ts: TiltSeries, *, rank: int = 0, world_size: int = 1, lo
         model = DDP(projector, device_ids=[device.index] if device.type == "cuda" else None,
                     find_unused_parameters=False, **no_buffer_sync)
     sampler = build_sampler(ts, cfg.sampler, seed=cfg.runtime.seed, device=device, rank=rank, world_size=world_size)
-    optimizer, base_lrs = build_optimizer(cfg.optim, projector)
+    graph = use_cuda_graph(cfg, device, world_size)
+    optimizer, base_lrs = build_optimizer(cfg.optim, projector, capturable=graph)
     schedule, plateau = build_schedule(cfg.schedule, cfg.optim.steps)
     reg_gen = torch.Generator(device=device)
     reg_gen.manual_seed(cfg.runtime.seed + 1000003 * (rank + 1))
@@ -113,4 +118,20 @@ def build(cfg: Config, ts: TiltSeries, *, rank: int = 0, world_size: int = 1, lo
              device, box.shape_zyx, sum(p.numel() for p in projector.parameters()),
              sampler.n_train, sampler.n_val, world_size)
     return Components(cfg, device, ts, box, sampler, projector, model, optimizer, base_lrs, schedule, plateau,
-                      Precision(cfg.precision.dtype, device), reg_gen, rank, world_size)
+                      Precision(cfg.precision.dtype, device), reg_gen, rank, world_size, graph)
+
+
+def use_cuda_graph(cfg: Config, device: torch.device, world_size: int) -> bool:
+    """runtime.cuda_graph -> whether the training step is captured (on: an error says what prevents it)."""
+    from fasttomo.train.cuda_graph import capture_problem
+
+    if cfg.runtime.cuda_graph == "off":
+        return False
+    problem = capture_problem(cfg, device, world_size)
+    if problem is None:
+        return True
+    if cfg.runtime.cuda_graph == "on":
+        raise ConfigError(f"runtime.cuda_graph=on: the training step cannot be captured: {problem}; "
+                          "fix that or set runtime.cuda_graph=auto (or off).")
+    log.info("training step runs eagerly, not in a CUDA graph: %s", problem)
+    return False

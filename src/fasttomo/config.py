@@ -143,8 +143,9 @@ class ModelConfig:
     """T: number of rotated frames (1 with learn_rotations=false is plain K-Planes)."""
     learn_rotations: bool = True
     """Learn the T frame rotations (frame 0 starts at identity, the others random)."""
-    rotation_param: str = "svd"
-    """Rotation parametrization: svd (free 3x3 projected onto SO(3)) or quaternion."""
+    rotation_param: str = "quaternion"
+    """Rotation parametrization: quaternion (unit 4-vector, sync-free on CUDA) or svd (free 3x3
+    projected onto SO(3) by SVD, which synchronizes with the host on CUDA every step)."""
     channels: int = 8
     """C: feature channels per plane."""
     resolutions: list = dataclasses.field(default_factory=lambda: [32, 64])
@@ -352,10 +353,15 @@ class RuntimeConfig:
     """CPU threads for torch (None: torch's default)."""
     deterministic: bool = False
     """Ask torch for deterministic algorithms (slower)."""
+    cuda_graph: str = "auto"
+    """Capture the training step in a CUDA graph: auto (when the step can be captured: one CUDA
+    process, fp32/bf16, no SVD rotations, fixed batch shapes; else eager, and the log says why),
+    on (require it: an error names what prevents it) or off."""
 
     def __post_init__(self) -> None:
         _require(self.device == "auto" or self.device == "cpu" or self.device.startswith("cuda"),
                  "runtime.device", f"must be auto, cpu, cuda or cuda:N, got {self.device!r}.")
+        _choice(self.cuda_graph, ("auto", "on", "off"), "runtime.cuda_graph")
         if self.threads is not None:
             _require(isinstance(self.threads, int) and self.threads >= 1, "runtime.threads",
                      f"must be an integer >= 1, got {self.threads!r}.")

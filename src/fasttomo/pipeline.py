@@ -181,6 +181,7 @@ def _summarize(cfg: Config, comps, trainer, steps_before: int, seconds: float, v
         "val_loss": {"last": val[-1][1] if val else None, "curve": val},
         "device": str(comps.device) if comps.device.type != "cuda" else torch.cuda.get_device_name(comps.device),
         "world_size": comps.world_size,
+        "cuda_graph": comps.cuda_graph,
         "n_parameters": sum(p.numel() for p in comps.projector.parameters()),
         "box_zyx": list(comps.box.shape_zyx),
         "volume_shape_zyx": list(volume.shape),

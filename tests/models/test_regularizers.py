@@ -53,7 +53,8 @@ def test_regularization_parts_and_weights():
     total, parts = regularization(m, cfg, torch.Generator().manual_seed(1))
     assert set(parts) == {"plane_tv", "volume_tv"}
     torch.testing.assert_close(parts["plane_tv"], 0.5 * reference.plane_tv(m.plane_data, m.layout))
-    torch.testing.assert_close(parts["volume_tv"], 2.0 * field_volume_tv(m, 4, "squared", torch.Generator().manual_seed(1)))
+    torch.testing.assert_close(parts["volume_tv"],
+                               2.0 * field_volume_tv(m, 4, cfg.volume_tv_kind, torch.Generator().manual_seed(1)))
     torch.testing.assert_close(total, parts["plane_tv"] + parts["volume_tv"])
     total.backward()
     assert m.plane_data.grad.abs().sum() > 0

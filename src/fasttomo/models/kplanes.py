@@ -79,6 +79,10 @@ class KPlanesTILTED(nn.Module):
         with torch.autocast(device_type=self.rot_params.device.type, enabled=False):
             if self.rotation_param == "quaternion":
                 return rotation_from_quaternion(self.rot_params)
+            if not self.learn_rotations:
+                # frozen 'svd' parameters were created as exact rotations and never change: skip the
+                # per-step SVD (on CUDA it synchronizes with the host)
+                return self.rot_params
             return rotation_from_matrix(self.rot_params)
 
     def sampling_matrices(self) -> torch.Tensor:

@@ -10,6 +10,8 @@ from fasttomo.kernels import dispatch
 
 SUBGRID_SIZE = (0.05, 0.25)
 """Side of the random TV sub-grid as a fraction of the box side [-1, 1] (normalized width 2)."""
+SUBGRID_NOISE = 4
+"""Uniform random numbers one sub-grid takes (its side and its xyz corner)."""
 
 
 def _device(field: nn.Module) -> torch.device:
@@ -17,17 +19,18 @@ def _device(field: nn.Module) -> torch.device:
 
 
 def random_subgrid(n: int, generator: torch.Generator | None = None, device=None,
-                   size: tuple[float, float] = SUBGRID_SIZE) -> torch.Tensor:
+                   size: tuple[float, float] = SUBGRID_SIZE, noise: torch.Tensor | None = None) -> torch.Tensor:
     """(n, n, n, 3) normalized xyz of a cubic n^3 grid (index order z, y, x) with a random side
     (uniform in ``size`` times 2) at a random position fully inside [-1, 1]^3.
 
     Random numbers are drawn on the generator's device (pass a generator on the field's device to
-    keep the step free of copies) and moved to ``device``.
+    keep the step free of copies) and moved to ``device``; or given as ``noise`` (SUBGRID_NOISE
+    uniform numbers in [0, 1)), which a captured CUDA-graph step reads from a static buffer.
     """
     if n < 2:
         raise ValueError(f"random_subgrid: n must be >= 2, got {n}")
     gdev = generator.device if generator is not None else device
-    r = torch.rand(4, generator=generator, device=gdev).to(device)
+    r = (noise if noise is not None else torch.rand(SUBGRID_NOISE, generator=generator, device=gdev)).to(device)
     side = 2.0 * (size[0] + (size[1] - size[0]) * r[0])
     lo = -1.0 + (2.0 - side) * r[1:]  # (3,) xyz corner
     t = torch.linspace(0.0, 1.0, n, device=device) * side  # (n,)
@@ -37,14 +40,19 @@ def random_subgrid(n: int, generator: torch.Generator | None = None, device=None
 
 
 def field_volume_tv(field: nn.Module, n: int, kind: str = "squared",
-                    generator: torch.Generator | None = None) -> torch.Tensor:
+                    generator: torch.Generator | None = None, noise: torch.Tensor | None = None) -> torch.Tensor:
     """Volume TV (``dispatch.volume_tv``) of the field's density on a random n^3 sub-grid."""
-    points = random_subgrid(n, generator, _device(field))
+    points = random_subgrid(n, generator, _device(field), noise=noise)
     return dispatch.volume_tv(field(points), kind)
 
 
-def regularization(field: nn.Module, loss_cfg: LossConfig, generator: torch.Generator | None = None
-                   ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+def needs_noise(field: nn.Module, loss_cfg: LossConfig) -> bool:
+    """Whether :func:`regularization` draws random numbers (the field volume TV's sub-grid)."""
+    return loss_cfg.volume_tv > 0 and not hasattr(field, "volume_tv")
+
+
+def regularization(field: nn.Module, loss_cfg: LossConfig, generator: torch.Generator | None = None,
+                   noise: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Weighted regularization total and its weighted parts ({'plane_tv', 'volume_tv'}, only the
     terms with a positive weight that apply to the field; the parts sum to the total).
 
@@ -59,7 +67,7 @@ def regularization(field: nn.Module, loss_cfg: LossConfig, generator: torch.Gene
         if hasattr(field, "volume_tv"):
             tv = field.volume_tv(loss_cfg.volume_tv_kind)
         else:
-            tv = field_volume_tv(field, loss_cfg.volume_tv_points, loss_cfg.volume_tv_kind, generator)
+            tv = field_volume_tv(field, loss_cfg.volume_tv_points, loss_cfg.volume_tv_kind, generator, noise)
         parts["volume_tv"] = loss_cfg.volume_tv * tv
     for v in parts.values():
         total = total + v

@@ -24,7 +24,8 @@ class Precision:
     def autocast(self):
         if not self.enabled:
             return contextlib.nullcontext()
-        return torch.autocast(device_type=self.device_type, dtype=self.dtype)
+        # no weight-cast cache: a captured CUDA graph must recompute casts on every replay
+        return torch.autocast(device_type=self.device_type, dtype=self.dtype, cache_enabled=False)
 
     def backward(self, loss: torch.Tensor) -> None:
         self.scaler.scale(loss).backward()

@@ -17,7 +17,7 @@ import torch
 from fasttomo.build import Components
 from fasttomo.config import to_dict
 from fasttomo.logging import RunLogger
-from fasttomo.models.regularizers import regularization
+from fasttomo.models.regularizers import SUBGRID_NOISE, needs_noise, regularization
 from fasttomo.train import checkpoint as ckpt
 from fasttomo.train.distributed import all_reduce_mean
 
@@ -34,6 +34,8 @@ class Trainer:
         self.history: list[list[float]] = []  # [step, train loss] at log steps
         self.val_history: list[list[float]] = []
         self.train_seconds = 0.0
+        self.graphed = None  # GraphedStep, made at the first step when c.cuda_graph
+        self._noise = needs_noise(c.projector.field, self.cfg.loss)
 
     # ------------------------------------------------------------------ one step
     def _weighted_errors(self, pred: torch.Tensor, batch) -> torch.Tensor:
@@ -50,16 +52,33 @@ class Trainer:
             g = f
             if group["name"] == "poses" and step < self.cfg.pose.start_step:
                 g = 0.0
-            group["lr"] = base * g
+            if torch.is_tensor(group["lr"]):  # captured step: the graph reads this tensor
+                group["lr"].fill_(base * g)
+            else:
+                group["lr"] = base * g
 
     def train_step(self, batch) -> tuple[torch.Tensor, dict]:
+        """One optimizer step on ``batch``; returns (loss, parts) as device tensors (no sync)."""
+        c = self.c
+        # drawn here, outside a captured graph, from the one regularizer stream (eager and graph alike)
+        noise = torch.rand(SUBGRID_NOISE, generator=c.reg_generator, device=c.device) if self._noise else None
+        if c.cuda_graph:
+            if self.graphed is None:
+                from fasttomo.train.cuda_graph import GraphedStep
+
+                self.graphed = GraphedStep(self._step_body, c.optimizer, c.device)
+            return self.graphed(batch, noise)
+        return self._step_body(batch, noise)
+
+    def _step_body(self, batch, noise) -> tuple[torch.Tensor, dict]:
+        """Forward, backward and update: the eager step, and what a CUDA graph captures."""
         c = self.c
         c.optimizer.zero_grad(set_to_none=True)
         with c.precision.autocast():
             pred = c.model(batch.tilt, batch.row, batch.col)
         data = self._data_loss(pred, batch)
         with c.precision.autocast():
-            reg, parts = regularization(c.projector.field, self.cfg.loss, c.reg_generator)
+            reg, parts = regularization(c.projector.field, self.cfg.loss, c.reg_generator, noise)
         loss = data + reg.float()
         c.precision.backward(loss)
         c.precision.step(c.optimizer, [p for g in c.optimizer.param_groups for p in g["params"]],
@@ -131,7 +150,7 @@ class Trainer:
             "step": self.step,
             "world_size": c.world_size,
             "model": c.projector.state_dict(),
-            "optimizer": c.optimizer.state_dict(),
+            "optimizer": _portable_optimizer_state(c.optimizer),
             "scaler": c.precision.scaler.state_dict(),
             "plateau": c.plateau.state_dict() if c.plateau is not None else None,
             "sampler": c.sampler.state_dict(),
@@ -235,7 +254,7 @@ class Trainer:
                     vals["time/step_ms"] = 1000.0 * (now - t_mark) / max(1, self.step - step_mark)
                     t_mark, step_mark = now, self.step
                     for g in c.optimizer.param_groups:
-                        vals[f"lr/{g['name']}"] = g["lr"]
+                        vals[f"lr/{g['name']}"] = float(g["lr"])
                     self.history.append([self.step, vals["loss/train"]])
                     run_log.scalars(self.step, vals)
                     if run_log.bar is not None:
@@ -257,3 +276,13 @@ class Trainer:
                 torch.cuda.synchronize(c.device)
             self.train_seconds += time.perf_counter() - t_start
             run_log.close()
+
+
+def _portable_optimizer_state(optimizer: torch.optim.Optimizer) -> dict:
+    """The optimizer state with learning rates as plain floats (a captured step keeps them in
+    device tensors), so a checkpoint resumes with or without CUDA graphs."""
+    state = optimizer.state_dict()
+    for group in state["param_groups"]:
+        if torch.is_tensor(group["lr"]):
+            group["lr"] = float(group["lr"])
+    return state

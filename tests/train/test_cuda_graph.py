@@ -1,0 +1,91 @@
+"""CUDA-graph capture of the training step: when it is allowed, and (on a GPU) that replaying the
+captured step trains exactly like the eager step."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from fasttomo.build import build
+from fasttomo.config import ConfigError
+from fasttomo.data.load import load_tiltseries
+from fasttomo.reconstruct import compose_config
+from fasttomo.train.cuda_graph import WARMUP, capture_problem
+from fasttomo.train.trainer import Trainer
+
+TINY = ["logging=quiet", "data.width=24", "data.height=20", "data.n_tilts=15", "model.resolutions=[8,16]",
+        "sampler.batch_size=256", "sampler.samples_per_ray=24", "optim.steps=20", "output.dir=/tmp/unused",
+        "model.rotation_param=quaternion"]
+CUDA = torch.device("cuda")
+
+
+@pytest.mark.parametrize("override,reason", [
+    ("precision=fp16", "GradScaler"),
+    ("model.rotation_param=svd", "svd"),
+    ("sampler.drop_last=false", "drop_last"),
+])
+def test_capture_rules_name_the_obstacle(override, reason):
+    cfg = compose_config([*TINY, override])
+    assert reason in capture_problem(cfg, CUDA, 1)
+
+
+def test_capture_rules_allow_the_plain_step():
+    assert capture_problem(compose_config(TINY), CUDA, 1) is None
+    assert "DDP" in capture_problem(compose_config(TINY), CUDA, 2)
+    assert "CUDA" in capture_problem(compose_config(TINY), torch.device("cpu"), 1)
+    # frozen svd rotations are not projected every step, so they do not block capture
+    assert capture_problem(compose_config([*TINY, "model=kplanes", "model.rotation_param=svd"]), CUDA, 1) is None
+
+
+def test_on_without_cuda_is_a_clear_error():
+    cfg = compose_config([*TINY, "runtime.device=cpu", "runtime.cuda_graph=on"])
+    ts = load_tiltseries(cfg.data)
+    with pytest.raises(ConfigError, match="runtime.cuda_graph"):
+        build(cfg, ts)
+
+
+def _train(overrides: list[str], steps: int):
+    cfg = compose_config([*TINY, *overrides])
+    ts = load_tiltseries(cfg.data)
+    c = build(cfg, ts)
+    tr = Trainer(c, None)
+    losses = []
+    for step in range(steps):
+        tr._set_lr(step)
+        loss, _ = tr.train_step(c.sampler.next_batch())
+        losses.append(float(loss))
+    return tr, c, losses
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (CUDA-graph capture)")
+@pytest.mark.parametrize("extra", [[], ["precision=bf16"], ["pose=refine", "pose.start_step=0"],
+                                   ["kernels=torch", "optim.grad_clip=1.0"]])
+def test_captured_step_trains_like_the_eager_step(extra):
+    steps = WARMUP + 9
+    eager, ce, le = _train(["runtime.cuda_graph=off", *extra], steps)
+    graph, cg, lg = _train(["runtime.cuda_graph=on", *extra], steps)
+    assert cg.cuda_graph and graph.graphed is not None and graph.graphed.replays == steps - WARMUP
+    assert eager.graphed is None
+    # same kernels, same random stream: equal up to the order of float atomics in the backward
+    torch.testing.assert_close(torch.tensor(lg), torch.tensor(le), rtol=1e-4, atol=1e-6)
+    for (name, pe), pg in zip(ce.projector.named_parameters(), cg.projector.parameters()):
+        torch.testing.assert_close(pg, pe, rtol=1e-4, atol=1e-5, msg=name)
+    # the learning-rate schedule reaches the captured Adam step
+    assert float(cg.optimizer.param_groups[0]["lr"]) == pytest.approx(ce.optimizer.param_groups[0]["lr"])
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (CUDA-graph capture)")
+def test_captured_run_checkpoint_resumes_eagerly(tmp_path):
+    from fasttomo.train.checkpoint import load_checkpoint, save_checkpoint
+
+    graph, cg, _ = _train(["runtime.cuda_graph=on"], WARMUP + 4)
+    save_checkpoint(tmp_path / "g.pt", graph.state_dict())
+    cfg = compose_config([*TINY, "runtime.cuda_graph=off"])
+    c = build(cfg, load_tiltseries(cfg.data))
+    tr = Trainer(c, None)
+    tr.load_state_dict(load_checkpoint(tmp_path / "g.pt"))
+    assert isinstance(c.optimizer.param_groups[0]["lr"], float)
+    tr.fit(WARMUP + 6)
+    assert tr.step == WARMUP + 6
