@@ -64,13 +64,20 @@ def _train(overrides: list[str], steps: int):
 def test_captured_step_trains_like_the_eager_step(extra):
     steps = WARMUP + 9
     eager, ce, le = _train(["runtime.cuda_graph=off", *extra], steps)
+    again, ca, la = _train(["runtime.cuda_graph=off", *extra], steps)
     graph, cg, lg = _train(["runtime.cuda_graph=on", *extra], steps)
     assert cg.cuda_graph and graph.graphed is not None and graph.graphed.replays == steps - WARMUP
     assert eager.graphed is None
-    # same kernels, same random stream: equal up to the order of float atomics in the backward
-    torch.testing.assert_close(torch.tensor(lg), torch.tensor(le), rtol=1e-4, atol=1e-6)
-    for (name, pe), pg in zip(ce.projector.named_parameters(), cg.projector.parameters()):
-        torch.testing.assert_close(pg, pe, rtol=1e-4, atol=1e-5, msg=name)
+    # Same kernels and random stream: the captured run may differ from the eager one only as much
+    # as two eager runs differ from each other (float atomics in the backward reorder; under bf16
+    # and Adam's early sign-like updates that spread to whole learning-rate steps), plus rounding.
+    spread = max(abs(a - b) for a, b in zip(le, la))
+    assert max(abs(a - b) for a, b in zip(lg, le)) <= 4 * spread + 1e-4 * max(abs(v) for v in le) + 1e-7
+    for (name, pe), pa, pg in zip(ce.projector.named_parameters(), ca.projector.parameters(),
+                                  cg.projector.parameters()):
+        noise = (pa - pe).abs().max().item()
+        worst = (pg - pe).abs().max().item()
+        assert worst <= 4 * noise + 1e-4 * pe.abs().max().item() + 1e-5, (name, worst, noise)
     # the learning-rate schedule reaches the captured Adam step
     assert float(cg.optimizer.param_groups[0]["lr"]) == pytest.approx(ce.optimizer.param_groups[0]["lr"])
 
