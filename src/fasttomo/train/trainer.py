@@ -195,7 +195,8 @@ class Trainer:
         self.val_history = [list(h) for h in state.get("val_history", [])]
         self.train_seconds = float(state.get("train_seconds", 0.0))
 
-    _FREE_ON_RESUME = ("resume", "name", "output", "logging", "optim.steps", "runtime.threads")
+    _FREE_ON_RESUME = ("resume", "name", "output", "logging", "optim.steps", "runtime.threads",
+                       "runtime.cuda_graph")  # captured or eager: the same step
 
     def _warn_config_changes(self, saved: dict, source: str) -> None:
         """Log the settings that differ from the saved run's (other than where/how to log and the
