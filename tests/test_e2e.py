@@ -232,3 +232,10 @@ def test_continuous_rotation_per_line_angles(tmp_path):
 
     with mrcfile.open(tmp_path / "run" / "volume.mrc") as m:
         assert pearson(np.array(m.data), truth) > 0.8
+
+
+def test_triton_backend_on_cpu_is_a_clear_config_error(tmp_path):
+    from fasttomo.config import ConfigError
+
+    with pytest.raises(ConfigError, match="kernels.backend=triton"):
+        run(compose_config([*TINY, "kernels=triton", f"output.dir={tmp_path / 'k'}"]))

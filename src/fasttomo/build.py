@@ -84,6 +84,9 @@ def build(cfg: Config, ts: TiltSeries, *, rank: int = 0, world_size: int = 1, lo
     from fasttomo.models import build_field
 
     device = resolve_device(cfg.runtime.device, local_rank)
+    if cfg.kernels.backend == "triton" and device.type != "cuda":
+        raise ConfigError(f"kernels.backend=triton: the fused kernels need a CUDA device, but this run is on "
+                          f"{device}; use kernels=auto (fused where possible) or kernels=torch.")
     dispatch.configure(cfg.kernels.backend)
     box = reconstruction_box(cfg, ts)
     torch.manual_seed(cfg.runtime.seed)

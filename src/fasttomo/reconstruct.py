@@ -71,10 +71,12 @@ def run(cfg: Config) -> dict:
 def user_errors() -> tuple[type[BaseException], ...]:
     """Errors caused by input or config: reported as one clear line (exit code 2), no traceback."""
     from fasttomo.data.tiltseries import TiltSeriesError
+    from fasttomo.kernels.dispatch import KernelUnavailableError
     from fasttomo.pipeline import OutputExistsError
     from fasttomo.train.checkpoint import CheckpointError
 
-    return (ConfigError, TiltSeriesError, OutputExistsError, CheckpointError, FileNotFoundError)
+    return (ConfigError, TiltSeriesError, OutputExistsError, CheckpointError, KernelUnavailableError,
+            FileNotFoundError)
 
 
 @hydra.main(version_base="1.3", config_path=config_dir(), config_name="reconstruct")
