@@ -136,5 +136,6 @@ def use_cuda_graph(cfg: Config, device: torch.device, world_size: int) -> bool:
     if cfg.runtime.cuda_graph == "on":
         raise ConfigError(f"runtime.cuda_graph=on: the training step cannot be captured: {problem}; "
                           "fix that or set runtime.cuda_graph=auto (or off).")
-    log.info("training step runs eagerly, not in a CUDA graph: %s", problem)
+    if device.type == "cuda":  # on the CPU there is nothing to capture: no need to say so
+        log.info("training step runs eagerly, not in a CUDA graph: %s", problem)
     return False
