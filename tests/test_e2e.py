@@ -239,3 +239,21 @@ def test_triton_backend_on_cpu_is_a_clear_config_error(tmp_path):
 
     with pytest.raises(ConfigError, match="kernels.backend=triton"):
         run(compose_config([*TINY, "kernels=triton", f"output.dir={tmp_path / 'k'}"]))
+
+
+def test_shipped_sample_data_is_the_simulated_phantom():
+    """data/phantom32.* is what fasttomo-simulate writes today (the README's recipe)."""
+    from fasttomo.config import DataConfig
+    from fasttomo.data.load import load_tiltseries
+    from fasttomo.data.phantom import make_tiltseries
+
+    repo = Path(__file__).resolve().parents[1]
+    cfg = compose_config(["data=mrc", f"data.path={repo / 'data' / 'phantom32.mrc'}",
+                          f"data.angles={repo / 'data' / 'phantom32.rawtlt'}", "data.normalize=none"])
+    ts = load_tiltseries(cfg.data)
+    ref = make_tiltseries(DataConfig(width=32, height=32, n_tilts=21))
+    np.testing.assert_array_equal(ts.stack, ref.stack)
+    np.testing.assert_allclose(ts.angles, ref.angles)
+    assert ts.pixel_size == pytest.approx(10.0)
+    with mrcfile.open(repo / "data" / "phantom32_truth.mrc") as m:
+        np.testing.assert_array_equal(np.array(m.data), ref.ground_truth)

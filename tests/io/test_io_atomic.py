@@ -46,3 +46,17 @@ def test_creates_missing_folder(tmp_path):
     p = tmp_path / "sub" / "c.txt"
     atomic_write(p, _text("x"))
     assert p.read_text() == "x"
+
+
+def test_written_files_get_the_usual_permissions(tmp_path):
+    """Temporary files are private (0600); the result must carry the mode open() would give."""
+    import os
+
+    from fasttomo.data.io.atomic import atomic_write
+
+    old = os.umask(0o022)
+    try:
+        out = atomic_write(tmp_path / "r.txt", lambda t: open(t, "w").write("x"))
+    finally:
+        os.umask(old)
+    assert os.stat(out).st_mode & 0o777 == 0o644

@@ -37,6 +37,13 @@ def _fsync_dir(folder: str) -> None:
         os.close(fd)
 
 
+def _default_mode() -> int:
+    """0o666 minus the process umask: what a plain open() would give (mkstemp gives 0o600)."""
+    mask = os.umask(0)
+    os.umask(mask)
+    return 0o666 & ~mask
+
+
 def atomic_write(path: str | os.PathLike, writer_fn: Callable[[str], object], overwrite: bool = False) -> str:
     """Create ``path`` atomically by calling ``writer_fn(tmp_path)``.
 
@@ -57,6 +64,7 @@ def atomic_write(path: str | os.PathLike, writer_fn: Callable[[str], object], ov
         with open(tmp, "rb+") as f:
             f.flush()
             os.fsync(f.fileno())
+        os.chmod(tmp, _default_mode())  # results are shared like any file the user writes
         if overwrite:
             os.replace(tmp, path)
         else:
