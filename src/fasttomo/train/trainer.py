@@ -35,6 +35,7 @@ class Trainer:
         self.val_history: list[list[float]] = []
         self.train_seconds = 0.0
         self.graphed = None  # GraphedStep, made at the first step when c.cuda_graph
+        self._slices: dict[str, torch.Tensor] | None = None  # central-plane points, see _slice_points
         self._noise = needs_noise(c.projector.field, self.cfg.loss)
 
     # ------------------------------------------------------------------ one step
@@ -100,18 +101,25 @@ class Trainer:
     @torch.no_grad()
     def central_slices(self) -> dict[str, np.ndarray]:
         """XY (central Z), XZ (central Y) and YZ (central X) slices of the density, physical units."""
-        z, y, x = self.c.box.shape_zyx
-        # evaluate only the three planes: a full volume would cost Z*Y*X points
-        from fasttomo.geometry.rays import voxel_grid
-
-        grid = voxel_grid(self.c.box)
-        planes = {"xy": grid[z // 2], "xz": grid[:, y // 2], "yz": grid[:, :, x // 2]}
-        dev = next(self.c.projector.parameters()).device
+        planes = self._slice_points()
         out = {}
         for name, pts in planes.items():
-            d = self.c.projector.density(pts.reshape(-1, 3).to(dev)).reshape(pts.shape[:2])
+            d = self.c.projector.density(pts.reshape(-1, 3)).reshape(pts.shape[:2])
             out[name] = d.cpu().numpy() * self.c.sampler.scale
         return out
+
+    def _slice_points(self) -> dict[str, torch.Tensor]:
+        """The normalized points of the three central planes, on the device; built once (the full
+        voxel grid they are cut from is Z*Y*X*3 floats, 48 MB at the flagship size)."""
+        if self._slices is None:
+            from fasttomo.geometry.rays import voxel_grid
+
+            z, y, x = self.c.box.shape_zyx
+            grid = voxel_grid(self.c.box)
+            dev = next(self.c.projector.parameters()).device
+            self._slices = {name: g.contiguous().to(dev) for name, g in
+                            (("xy", grid[z // 2]), ("xz", grid[:, y // 2]), ("yz", grid[:, :, x // 2]))}
+        return self._slices
 
     @torch.no_grad()
     def export_volume(self, shape_zyx=None) -> np.ndarray | None:
