@@ -51,7 +51,7 @@ def _rot(T, device):
     return (q + 0.05 * torch.randn_like(q)).float()  # not exactly orthogonal: general linear maps
 
 
-CASES = ([(l, p, 0) for l in LAYOUTS for p in ("rays", "uniform_outside", "odd_n")]
+CASES = ([(l, p, m) for l in LAYOUTS for p in ("rays", "uniform_outside", "odd_n") for m in (0, 3)]
          + [(l, p, m) for l in LAYOUTS for p in ("rays", "uniform_outside") for m in (1, 2)])
 
 

@@ -27,6 +27,19 @@ def _rel(a, b) -> float:
     return float((a - b).norm() / b.norm().clamp_min(1e-30))
 
 
+def _texel_runs(errs, g, pts, M, x, lay, res, gr):
+    """merge=3 (texel runs) for several row shapes; plane and point gradients against the twin."""
+    import torch
+
+    from fasttomo.kernels.triton import kplanes as kp
+    for rows, run in ((4, 4), (2, 7), (16, 16)):
+        gp, dq = kp.kplanes_backward(g, pts.detach(), M.detach(), x.detach(), lay.n_rot,
+                                     lay.channels, res, True, merge=3, block_n=rows, run=run,
+                                     warps=1)
+        errs[f"d_planes_runs{rows}x{run}"] = _rel(gp, gr[2])
+        errs[f"d_points_runs{rows}x{run}"] = _rel(torch.einsum("nti,tij->nj", dq, M.detach()), gr[0])
+
+
 def _checks():
     import torch
 
@@ -73,7 +86,30 @@ def _checks():
                                             lay.channels, res, False, merge=merge, block_n=16,
                                             skip_zero=skip)
                 errs[f"d_planes_merge{merge}_skip{int(skip)}"] = _rel(gp, gr[2])
+            _texel_runs(errs, g, pts, M, x, lay, res, gr)
             record(f"kplanes[{lname}-{pname}]", errs)
+
+    # texel runs on dense rays: many samples per cell and moves to every neighbouring cell
+    lay = PlaneLayout(2, 5, ((9, 7, 8),))
+    res = [v for r in lay.resolutions for v in r]
+    pts = rays(5, 40, spread=0.6).requires_grad_()
+    M = torch.linalg.qr(torch.randn(2, 3, 3))[0].requires_grad_()
+    x = torch.randn(lay.numel).requires_grad_()
+    ref = reference.tilted_kplanes(pts, M, x, lay)
+    g = torch.randn_like(ref)
+    gr = torch.autograd.grad(ref, [pts, M, x], g)
+    moves = set()
+    for t in range(2):
+        q = (pts.detach() @ M.detach()[t].T + 1) / 2 * torch.tensor([8.0, 6.0, 7.0])
+        cells = q.clamp_min(0).floor().long()
+        moves |= {tuple(d) for d in (cells[1:] - cells[:-1]).clamp(-2, 2).tolist()}
+    errs = {}
+    _texel_runs(errs, g, pts, M, x, lay, res, gr)
+    record("kplanes[texel_runs_dense_rays]", errs)
+    # the case must exercise the carries: unit moves along each axis and a diagonal one
+    out["kplanes[texel_runs_dense_rays]"]["ok"] &= bool(
+        {(1, 0, 0), (0, 1, 0), (0, 0, 1)} <= {tuple(abs(v) for v in m) for m in moves}
+        and any(sum(abs(v) for v in m) >= 2 for m in moves))
 
     # expanded (stride-0) output gradient, and only the planes learnable
     lay = layouts["T2_C5_two_scales_aniso"]
@@ -141,7 +177,8 @@ def _checks():
 NAMES = (
     [f"kplanes[{l}-{p}]" for l in ("T2_C5_two_scales_aniso", "T1_C3_one_scale", "T3_C16_rect")
      for p in ("random_outside", "rays")]
-    + ["kplanes[stride0_grad]", "kplanes[bf16_out]", "kplanes[create_graph]"]
+    + ["kplanes[texel_runs_dense_rays]", "kplanes[stride0_grad]", "kplanes[bf16_out]",
+       "kplanes[create_graph]"]
     + [f"plane_tv[{l}]" for l in ("T2_C5_two_scales_aniso", "T1_C3_one_scale", "T3_C16_rect")]
     + [f"volume_tv[{s}-{k}]" for s in ("5x6x7", "2x3x2x5", "2x2x2") for k in ("squared", "l1")]
 )

@@ -152,6 +152,38 @@ def _scatter4(gbase, p00, row_stride, C, c, m2, g, fu, fv, start, end, nmask,
 
 
 @triton.jit
+def _chunk_grads(g, b_xy, b_xz, b_yz, p_xy, p_xz, p_yz, RX, RY, C, c, m2, fx, fy, fz,
+                 NEED_DQ: tl.constexpr):
+    """Upstream gradients of the three planes' bilinear values for one channel chunk, and (when
+    NEED_DQ) this chunk's share of d(feature)/d(unnormalized coordinate) per point: (sx, sy, sz)."""
+    a00, a01, a10, a11 = _tap4(b_xy, p_xy, RX * C, C, c, m2)
+    b00, b01, b10, b11 = _tap4(b_xz, p_xz, RX * C, C, c, m2)
+    e00, e01, e10, e11 = _tap4(b_yz, p_yz, RY * C, C, c, m2)
+    s_xy = _lerp2(a00, a01, a10, a11, fx, fy)
+    s_xz = _lerp2(b00, b01, b10, b11, fx, fz)
+    s_yz = _lerp2(e00, e01, e10, e11, fy, fz)
+    g_xy = g * (s_xz * s_yz)
+    g_xz = g * (s_xy * s_yz)
+    g_yz = g * (s_xy * s_xz)
+    if NEED_DQ:
+        # d(bilinear)/d(column), d(bilinear)/d(row) per plane, weighted by its upstream grad
+        du_xy = (a01 - a00) * (1.0 - fy)[:, None] + (a11 - a10) * fy[:, None]
+        dv_xy = (a10 - a00) * (1.0 - fx)[:, None] + (a11 - a01) * fx[:, None]
+        du_xz = (b01 - b00) * (1.0 - fz)[:, None] + (b11 - b10) * fz[:, None]
+        dv_xz = (b10 - b00) * (1.0 - fx)[:, None] + (b11 - b01) * fx[:, None]
+        du_yz = (e01 - e00) * (1.0 - fz)[:, None] + (e11 - e10) * fz[:, None]
+        dv_yz = (e10 - e00) * (1.0 - fy)[:, None] + (e11 - e01) * fy[:, None]
+        sx = tl.sum(g_xy * du_xy + g_xz * du_xz, axis=1)
+        sy = tl.sum(g_xy * dv_xy + g_yz * du_yz, axis=1)
+        sz = tl.sum(g_xz * dv_xz + g_yz * dv_yz, axis=1)
+    else:
+        sx = 0.0
+        sy = 0.0
+        sz = 0.0
+    return g_xy, g_xz, g_yz, sx, sy, sz
+
+
+@triton.jit
 def kplanes_fwd_kernel(pts_ptr, mat_ptr, planes_ptr, out_ptr, N, F, col0,
                        off_xy, off_xz, off_yz, RX, RY, RZ,
                        T: tl.constexpr, C: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -237,26 +269,13 @@ def kplanes_bwd_kernel(grad_ptr, pts_ptr, mat_ptr, planes_ptr, gplanes_ptr, dq_p
         c = c0 + tl.arange(0, BLOCK_C)
         m2 = nmask[:, None] & (c < C)[None, :]
         g = tl.load(g_row[:, None] + c[None, :], mask=m2, other=0.0).to(tl.float32)
-        a00, a01, a10, a11 = _tap4(planes_ptr + off_t_xy, p_xy, RX * C, C, c, m2)
-        b00, b01, b10, b11 = _tap4(planes_ptr + off_t_xz, p_xz, RX * C, C, c, m2)
-        e00, e01, e10, e11 = _tap4(planes_ptr + off_t_yz, p_yz, RY * C, C, c, m2)
-        s_xy = _lerp2(a00, a01, a10, a11, fx, fy)
-        s_xz = _lerp2(b00, b01, b10, b11, fx, fz)
-        s_yz = _lerp2(e00, e01, e10, e11, fy, fz)
-        g_xy = g * (s_xz * s_yz)
-        g_xz = g * (s_xy * s_yz)
-        g_yz = g * (s_xy * s_xz)
+        g_xy, g_xz, g_yz, sx, sy, sz = _chunk_grads(
+            g, planes_ptr + off_t_xy, planes_ptr + off_t_xz, planes_ptr + off_t_yz,
+            p_xy, p_xz, p_yz, RX, RY, C, c, m2, fx, fy, fz, NEED_DQ)
         if NEED_DQ:
-            # d(bilinear)/d(column), d(bilinear)/d(row) per plane, weighted by its upstream grad
-            du_xy = (a01 - a00) * (1.0 - fy)[:, None] + (a11 - a10) * fy[:, None]
-            dv_xy = (a10 - a00) * (1.0 - fx)[:, None] + (a11 - a01) * fx[:, None]
-            du_xz = (b01 - b00) * (1.0 - fz)[:, None] + (b11 - b10) * fz[:, None]
-            dv_xz = (b10 - b00) * (1.0 - fx)[:, None] + (b11 - b01) * fx[:, None]
-            du_yz = (e01 - e00) * (1.0 - fz)[:, None] + (e11 - e10) * fz[:, None]
-            dv_yz = (e10 - e00) * (1.0 - fy)[:, None] + (e11 - e01) * fy[:, None]
-            acc_x += tl.sum(g_xy * du_xy + g_xz * du_xz, axis=1)
-            acc_y += tl.sum(g_xy * dv_xy + g_yz * du_yz, axis=1)
-            acc_z += tl.sum(g_xz * dv_xz + g_yz * dv_yz, axis=1)
+            acc_x += sx
+            acc_y += sy
+            acc_z += sz
         _scatter4(gplanes_ptr + off_t_xy, p_xy, RX * C, C, c, m2, g_xy, fx, fy, st_xy, en_xy, nmask,
                   MERGE, SKIP_ZERO, BLOCK_N, BLOCK_C)
         _scatter4(gplanes_ptr + off_t_xz, p_xz, RX * C, C, c, m2, g_xz, fx, fz, st_xz, en_xz, nmask,
@@ -275,6 +294,141 @@ def kplanes_bwd_kernel(grad_ptr, pts_ptr, mat_ptr, planes_ptr, gplanes_ptr, dq_p
         tl.store(dq_row + 0, gx, mask=nmask)
         tl.store(dq_row + 1, gy, mask=nmask)
         tl.store(dq_row + 2, gz, mask=nmask)
+
+
+@triton.jit
+def _pick(acc00, acc01, acc10, acc11, ox, oy):
+    """Per row, the accumulator of old corner (ox, oy) (column, row offsets), or 0 if outside."""
+    cx0 = (ox == 0)[:, None]
+    cx1 = (ox == 1)[:, None]
+    r0 = tl.where(cx0, acc00, tl.where(cx1, acc01, 0.0))
+    r1 = tl.where(cx0, acc10, tl.where(cx1, acc11, 0.0))
+    return tl.where((oy == 0)[:, None], r0, tl.where((oy == 1)[:, None], r1, 0.0))
+
+
+@triton.jit
+def _run_step(gbase, acc00, acc01, acc10, acc11, pu, pv, du, dv, Ru, C: tl.constexpr, c, cmask,
+              g, fu, fv):
+    """Advance one plane's texel accumulators by one point of each row.
+
+    The previous point's cell is (pu, pv); the new one is (pu + du, pv + dv). Old corner (x, y) is
+    the texel (pu + x, pv + y); it is the new corner (x - du, y - dv) when that lies in {0,1}^2 and
+    its sum carries on, otherwise its sum is final and flushed with one atomic per channel.
+    """
+    rs = Ru * C
+    po = gbase + ((pv * Ru + pu) * C)[:, None] + c[None, :]
+    kx0 = (du == 0) | (du == -1)  # old column 0 stays a corner
+    kx1 = (du == 0) | (du == 1)
+    ky0 = (dv == 0) | (dv == -1)
+    ky1 = (dv == 0) | (dv == 1)
+    cm = cmask[None, :]
+    tl.atomic_add(po, acc00, mask=(~(kx0 & ky0))[:, None] & cm, sem="relaxed")
+    tl.atomic_add(po + C, acc01, mask=(~(kx1 & ky0))[:, None] & cm, sem="relaxed")
+    tl.atomic_add(po + rs, acc10, mask=(~(kx0 & ky1))[:, None] & cm, sem="relaxed")
+    tl.atomic_add(po + rs + C, acc11, mask=(~(kx1 & ky1))[:, None] & cm, sem="relaxed")
+    gu = 1.0 - fu
+    gv = 1.0 - fv
+    n00 = _pick(acc00, acc01, acc10, acc11, du, dv) + g * (gu * gv)[:, None]
+    n01 = _pick(acc00, acc01, acc10, acc11, du + 1, dv) + g * (fu * gv)[:, None]
+    n10 = _pick(acc00, acc01, acc10, acc11, du, dv + 1) + g * (gu * fv)[:, None]
+    n11 = _pick(acc00, acc01, acc10, acc11, du + 1, dv + 1) + g * (fu * fv)[:, None]
+    return n00, n01, n10, n11
+
+
+@triton.jit
+def _run_flush(gbase, acc00, acc01, acc10, acc11, pu, pv, Ru, C: tl.constexpr, c, m2):
+    po = gbase + ((pv * Ru + pu) * C)[:, None] + c[None, :]
+    tl.atomic_add(po, acc00, mask=m2, sem="relaxed")
+    tl.atomic_add(po + C, acc01, mask=m2, sem="relaxed")
+    tl.atomic_add(po + Ru * C, acc10, mask=m2, sem="relaxed")
+    tl.atomic_add(po + Ru * C + C, acc11, mask=m2, sem="relaxed")
+
+
+@triton.jit
+def kplanes_bwd_runs_kernel(grad_ptr, pts_ptr, mat_ptr, planes_ptr, gplanes_ptr, dq_ptr,
+                            N, F, col0, off_xy, off_xz, off_yz, RX, RY, RZ,
+                            T: tl.constexpr, C: tl.constexpr, ROWS: tl.constexpr,
+                            RUN: tl.constexpr, BLOCK_C: tl.constexpr, NEED_DQ: tl.constexpr,
+                            ACCUM_DQ: tl.constexpr):
+    """Backward with texel-run accumulation (MERGE=3).
+
+    A program owns ROWS rows of RUN consecutive points, one rotation t (grid axis 1) and one
+    channel chunk (grid axis 2); it walks its rows' points in order. Each plane keeps, per row, the
+    running gradient sums of the 4 corner texels of the current cell; moving to a neighbouring cell
+    carries the shared corners' sums on and flushes only the others, so the samples of one ray
+    (neighbours in memory) issue one atomic per texel they touch instead of one per point and
+    corner. dq is written per channel chunk (dq_ptr: (n_chunks, N, T, 3)), summed by the caller.
+    """
+    pid = tl.program_id(0)
+    t = tl.program_id(1)
+    ch = tl.program_id(2)
+    row0 = (pid * ROWS + tl.arange(0, ROWS)).to(tl.int64) * RUN
+    c = ch * BLOCK_C + tl.arange(0, BLOCK_C)
+    cmask = c < C
+    off_t_xy = off_xy + (t * RY * RX * C).to(tl.int64)
+    off_t_xz = off_xz + (t * RZ * RX * C).to(tl.int64)
+    off_t_yz = off_yz + (t * RZ * RY * C).to(tl.int64)
+    g_xy_base = gplanes_ptr + off_t_xy
+    g_xz_base = gplanes_ptr + off_t_xz
+    g_yz_base = gplanes_ptr + off_t_yz
+    zero = tl.zeros([ROWS, BLOCK_C], dtype=tl.float32)
+    a00, a01, a10, a11 = zero, zero, zero, zero  # xy plane
+    b00, b01, b10, b11 = zero, zero, zero, zero  # xz plane
+    e00, e01, e10, e11 = zero, zero, zero, zero  # yz plane
+    pix = tl.zeros([ROWS], dtype=tl.int32)
+    piy = tl.zeros([ROWS], dtype=tl.int32)
+    piz = tl.zeros([ROWS], dtype=tl.int32)
+    for k in range(RUN):
+        n = row0 + k
+        nmask = n < N
+        q0, q1, q2 = _rotate(pts_ptr, mat_ptr, n, nmask, t)
+        ix, fx, dx = _axis(q0, (RX - 1).to(tl.float32))
+        iy, fy, dy = _axis(q1, (RY - 1).to(tl.float32))
+        iz, fz, dz = _axis(q2, (RZ - 1).to(tl.float32))
+        m2 = nmask[:, None] & cmask[None, :]
+        g = tl.load(grad_ptr + n[:, None] * F + col0 + t * C + c[None, :], mask=m2,
+                    other=0.0).to(tl.float32)
+        g_xy, g_xz, g_yz, sx, sy, sz = _chunk_grads(
+            g, planes_ptr + off_t_xy, planes_ptr + off_t_xz, planes_ptr + off_t_yz,
+            (iy * RX + ix) * C, (iz * RX + ix) * C, (iz * RY + iy) * C, RX, RY, C, c, m2,
+            fx, fy, fz, NEED_DQ)
+        if NEED_DQ:
+            dq_row = dq_ptr + ((ch * N + n) * T + t) * 3
+            gx = sx * dx
+            gy = sy * dy
+            gz = sz * dz
+            if ACCUM_DQ:
+                gx += tl.load(dq_row + 0, mask=nmask, other=0.0)
+                gy += tl.load(dq_row + 1, mask=nmask, other=0.0)
+                gz += tl.load(dq_row + 2, mask=nmask, other=0.0)
+            tl.store(dq_row + 0, gx, mask=nmask)
+            tl.store(dq_row + 1, gy, mask=nmask)
+            tl.store(dq_row + 2, gz, mask=nmask)
+        # points past N contribute zeros and stay in the previous cell; the first point of a row
+        # opens its run (sums zero, nothing flushed)
+        ix = tl.where(nmask, ix, pix)
+        iy = tl.where(nmask, iy, piy)
+        iz = tl.where(nmask, iz, piz)
+        first = k == 0
+        pix = tl.where(first, ix, pix)
+        piy = tl.where(first, iy, piy)
+        piz = tl.where(first, iz, piz)
+        dxi = ix - pix
+        dyi = iy - piy
+        dzi = iz - piz
+        a00, a01, a10, a11 = _run_step(g_xy_base, a00, a01, a10, a11, pix, piy, dxi, dyi, RX, C, c,
+                                       cmask, g_xy, fx, fy)
+        b00, b01, b10, b11 = _run_step(g_xz_base, b00, b01, b10, b11, pix, piz, dxi, dzi, RX, C, c,
+                                       cmask, g_xz, fx, fz)
+        e00, e01, e10, e11 = _run_step(g_yz_base, e00, e01, e10, e11, piy, piz, dyi, dzi, RY, C, c,
+                                       cmask, g_yz, fy, fz)
+        pix = ix
+        piy = iy
+        piz = iz
+    m2 = (row0 < N)[:, None] & cmask[None, :]
+    _run_flush(g_xy_base, a00, a01, a10, a11, pix, piy, RX, C, c, m2)
+    _run_flush(g_xz_base, b00, b01, b10, b11, pix, piz, RX, C, c, m2)
+    _run_flush(g_yz_base, e00, e01, e10, e11, piy, piz, RY, C, c, m2)
 
 
 # ------------------------------------------------------------------------------------ launchers
@@ -298,7 +452,11 @@ def _scales(n_rot: int, channels: int, resolutions: list[int]):
 
 BLOCK_N_FWD = 32
 BLOCK_N_BWD = 32
-MERGE_DEFAULT = 2  # 0: one atomic per point and corner, 1: segmented scan, 2: pair merge
+MERGE_DEFAULT = 2  # 0: one atomic per point and corner, 1: segmented scan, 2: pair merge,
+# 3: texel runs (kplanes_bwd_runs_kernel)
+RUN_ROWS = 32  # merge 3: rows per program
+RUN_LEN = 32  # merge 3: consecutive points per row
+RUN_WARPS = 4  # merge 3: warps per program
 SKIP_ZERO_DEFAULT = True  # no atomics for exact-zero corner weights (clamped coordinates)
 # (defaults set by measurements: docs/kernels.md)
 
@@ -326,24 +484,39 @@ def kplanes_forward(points: torch.Tensor, matrices: torch.Tensor, plane_data: to
 def kplanes_backward(grad: torch.Tensor, points: torch.Tensor, matrices: torch.Tensor,
                      plane_data: torch.Tensor, n_rot: int, channels: int, resolutions: list[int],
                      need_dq: bool, merge: int | None = None, block_n: int | None = None,
-                     skip_zero: bool | None = None):
+                     skip_zero: bool | None = None, run: int | None = None,
+                     warps: int | None = None):
+    """Plane gradients and dL/dq (N, T, 3; empty unless need_dq).
+
+    merge 0/1/2 run ``kplanes_bwd_kernel`` (block_n points per program); merge 3 runs
+    ``kplanes_bwd_runs_kernel`` (block_n rows of ``run`` consecutive points per program).
+    """
     points, matrices, plane_data = points.contiguous(), matrices.contiguous(), plane_data.contiguous()
     N = points.shape[0]
     L = len(resolutions) // 3
     F = L * n_rot * channels
-    gplanes = torch.zeros_like(plane_data)
-    dq = torch.empty((N if need_dq else 0, n_rot, 3), device=points.device, dtype=torch.float32)
-    if N == 0:
-        return gplanes, dq
-    grad = grad.contiguous()  # autograd may hand an expanded (stride-0) gradient
-    bn = block_n or BLOCK_N_BWD
     merge = MERGE_DEFAULT if merge is None else int(merge)
-    skip_zero = SKIP_ZERO_DEFAULT if skip_zero is None else bool(skip_zero)
-    grid = (triton.cdiv(N, bn), n_rot)
+    bc = _block_c(channels)
+    n_chunks = triton.cdiv(channels, bc) if merge == 3 else 1
+    gplanes = torch.zeros_like(plane_data)
+    dq = torch.empty((n_chunks, N if need_dq else 0, n_rot, 3), device=points.device,
+                     dtype=torch.float32)
+    if N == 0:
+        return gplanes, dq[0]
+    grad = grad.contiguous()  # autograd may hand an expanded (stride-0) gradient
     for l, rx, ry, rz, oxy, oxz, oyz in _scales(n_rot, channels, resolutions):
-        kplanes_bwd_kernel[grid](grad, points, matrices, plane_data, gplanes, dq, N, F,
-                                 l * n_rot * channels, oxy, oxz, oyz, rx, ry, rz, T=n_rot,
-                                 C=channels, BLOCK_N=bn, BLOCK_C=_block_c(channels),
-                                 NEED_DQ=need_dq, ACCUM_DQ=l > 0, MERGE=merge,
-                                 SKIP_ZERO=skip_zero, num_warps=4)
-    return gplanes, dq
+        common = (grad, points, matrices, plane_data, gplanes, dq, N, F, l * n_rot * channels,
+                  oxy, oxz, oyz, rx, ry, rz)
+        if merge == 3:
+            rows, run = block_n or RUN_ROWS, run or RUN_LEN
+            grid = (triton.cdiv(N, rows * run), n_rot, n_chunks)
+            kplanes_bwd_runs_kernel[grid](*common, T=n_rot, C=channels, ROWS=rows, RUN=run,
+                                          BLOCK_C=bc, NEED_DQ=need_dq, ACCUM_DQ=l > 0,
+                                          num_warps=warps or RUN_WARPS)
+        else:
+            bn = block_n or BLOCK_N_BWD
+            skip = SKIP_ZERO_DEFAULT if skip_zero is None else bool(skip_zero)
+            kplanes_bwd_kernel[(triton.cdiv(N, bn), n_rot)](
+                *common, T=n_rot, C=channels, BLOCK_N=bn, BLOCK_C=bc, NEED_DQ=need_dq,
+                ACCUM_DQ=l > 0, MERGE=merge, SKIP_ZERO=skip, num_warps=4)
+    return gplanes, (dq.sum(0) if n_chunks > 1 else dq[0])
