@@ -11,12 +11,14 @@ walked in chunks of BLOCK_C (C=48 -> 3 chunks of 16, no masked lanes).
 
 Backward recomputes the bilinear weights (nothing saved but the inputs), reads the output gradient
 once, scatters plane gradients with fp32 atomics and writes dL/dq per (point, rotation) without
-atomics (a program owns its points); dL/dpoints and dL/dmatrices follow from dq by two small
-einsums on the host side. Atomic traffic reduction (samples of one ray are neighbours), chosen by
-the constexpr MERGE: 1 sums the 4 corner contributions of runs of consecutive points in the same
+atomics (a program owns its points), laid out (3, T, N); dL/dpoints and dL/dmatrices follow from
+dq by two small einsums on the host side. Atomic traffic reduction (samples of one ray are
+neighbours), chosen by the constexpr MERGE: 1 sums the 4 corner contributions of runs of consecutive points in the same
 texel cell with a segmented scan in registers and only the run's last point issues the atomics;
 2 merges pairs (2i, 2i+1) in the same cell; SKIP_ZERO drops atomics of exact-zero corner weights
-(coordinates clamped at the border).
+(coordinates clamped at the border). MERGE=3 is a different kernel, ``kplanes_bwd_runs_kernel``:
+texel runs, each row of consecutive points keeps its corner texels' sums in registers and flushes
+one atomic per texel it leaves.
 """
 
 from __future__ import annotations
@@ -184,6 +186,21 @@ def _chunk_grads(g, b_xy, b_xz, b_yz, p_xy, p_xz, p_yz, RX, RY, C, c, m2, fx, fy
 
 
 @triton.jit
+def _store_dq(dq_ptr, n, nmask, t, N, T: tl.constexpr, gx, gy, gz, ACCUM: tl.constexpr):
+    """dL/dq of points n for rotation t into dq laid out (3, T, N) (coalesced along points);
+    ACCUM adds to what the previous scale wrote."""
+    p = dq_ptr + t.to(tl.int64) * N + n
+    s = T * N.to(tl.int64)
+    if ACCUM:
+        gx += tl.load(p, mask=nmask, other=0.0)
+        gy += tl.load(p + s, mask=nmask, other=0.0)
+        gz += tl.load(p + 2 * s, mask=nmask, other=0.0)
+    tl.store(p, gx, mask=nmask)
+    tl.store(p + s, gy, mask=nmask)
+    tl.store(p + 2 * s, gz, mask=nmask)
+
+
+@triton.jit
 def kplanes_fwd_kernel(pts_ptr, mat_ptr, planes_ptr, out_ptr, N, F, col0,
                        off_xy, off_xz, off_yz, RX, RY, RZ,
                        T: tl.constexpr, C: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -283,17 +300,8 @@ def kplanes_bwd_kernel(grad_ptr, pts_ptr, mat_ptr, planes_ptr, gplanes_ptr, dq_p
         _scatter4(gplanes_ptr + off_t_yz, p_yz, RY * C, C, c, m2, g_yz, fy, fz, st_yz, en_yz, nmask,
                   MERGE, SKIP_ZERO, BLOCK_N, BLOCK_C)
     if NEED_DQ:
-        dq_row = dq_ptr + (n.to(tl.int64) * T + t) * 3
-        gx = acc_x * dx
-        gy = acc_y * dy
-        gz = acc_z * dz
-        if ACCUM_DQ:
-            gx += tl.load(dq_row + 0, mask=nmask, other=0.0)
-            gy += tl.load(dq_row + 1, mask=nmask, other=0.0)
-            gz += tl.load(dq_row + 2, mask=nmask, other=0.0)
-        tl.store(dq_row + 0, gx, mask=nmask)
-        tl.store(dq_row + 1, gy, mask=nmask)
-        tl.store(dq_row + 2, gz, mask=nmask)
+        _store_dq(dq_ptr, n.to(tl.int64), nmask, t, N, T, acc_x * dx, acc_y * dy, acc_z * dz,
+                  ACCUM_DQ)
 
 
 @triton.jit
@@ -352,84 +360,83 @@ def kplanes_bwd_runs_kernel(grad_ptr, pts_ptr, mat_ptr, planes_ptr, gplanes_ptr,
                             ACCUM_DQ: tl.constexpr):
     """Backward with texel-run accumulation (MERGE=3).
 
-    A program owns ROWS rows of RUN consecutive points, one rotation t (grid axis 1) and one
-    channel chunk (grid axis 2); it walks its rows' points in order. Each plane keeps, per row, the
-    running gradient sums of the 4 corner texels of the current cell; moving to a neighbouring cell
-    carries the shared corners' sums on and flushes only the others, so the samples of one ray
-    (neighbours in memory) issue one atomic per texel they touch instead of one per point and
-    corner. dq is written per channel chunk (dq_ptr: (n_chunks, N, T, 3)), summed by the caller.
+    A program owns ROWS rows of RUN consecutive points and one rotation t (grid axis 1); for each
+    channel chunk it walks its rows' points in order. Each plane keeps, per row, the running
+    gradient sums of the 4 corner texels of the current cell; moving to a neighbouring cell carries
+    the shared corners' sums on and flushes only the others, so the samples of one ray (neighbours
+    in memory) issue one atomic per texel they touch instead of one per point and corner. dL/dq is
+    summed over the chunks in registers ([ROWS, RUN] per axis) and written once per scale.
     """
     pid = tl.program_id(0)
     t = tl.program_id(1)
-    ch = tl.program_id(2)
     row0 = (pid * ROWS + tl.arange(0, ROWS)).to(tl.int64) * RUN
-    c = ch * BLOCK_C + tl.arange(0, BLOCK_C)
-    cmask = c < C
+    kk = tl.arange(0, RUN)
     off_t_xy = off_xy + (t * RY * RX * C).to(tl.int64)
     off_t_xz = off_xz + (t * RZ * RX * C).to(tl.int64)
     off_t_yz = off_yz + (t * RZ * RY * C).to(tl.int64)
     g_xy_base = gplanes_ptr + off_t_xy
     g_xz_base = gplanes_ptr + off_t_xz
     g_yz_base = gplanes_ptr + off_t_yz
-    zero = tl.zeros([ROWS, BLOCK_C], dtype=tl.float32)
-    a00, a01, a10, a11 = zero, zero, zero, zero  # xy plane
-    b00, b01, b10, b11 = zero, zero, zero, zero  # xz plane
-    e00, e01, e10, e11 = zero, zero, zero, zero  # yz plane
-    pix = tl.zeros([ROWS], dtype=tl.int32)
-    piy = tl.zeros([ROWS], dtype=tl.int32)
-    piz = tl.zeros([ROWS], dtype=tl.int32)
-    for k in range(RUN):
-        n = row0 + k
-        nmask = n < N
-        q0, q1, q2 = _rotate(pts_ptr, mat_ptr, n, nmask, t)
-        ix, fx, dx = _axis(q0, (RX - 1).to(tl.float32))
-        iy, fy, dy = _axis(q1, (RY - 1).to(tl.float32))
-        iz, fz, dz = _axis(q2, (RZ - 1).to(tl.float32))
-        m2 = nmask[:, None] & cmask[None, :]
-        g = tl.load(grad_ptr + n[:, None] * F + col0 + t * C + c[None, :], mask=m2,
-                    other=0.0).to(tl.float32)
-        g_xy, g_xz, g_yz, sx, sy, sz = _chunk_grads(
-            g, planes_ptr + off_t_xy, planes_ptr + off_t_xz, planes_ptr + off_t_yz,
-            (iy * RX + ix) * C, (iz * RX + ix) * C, (iz * RY + iy) * C, RX, RY, C, c, m2,
-            fx, fy, fz, NEED_DQ)
-        if NEED_DQ:
-            dq_row = dq_ptr + ((ch * N + n) * T + t) * 3
-            gx = sx * dx
-            gy = sy * dy
-            gz = sz * dz
-            if ACCUM_DQ:
-                gx += tl.load(dq_row + 0, mask=nmask, other=0.0)
-                gy += tl.load(dq_row + 1, mask=nmask, other=0.0)
-                gz += tl.load(dq_row + 2, mask=nmask, other=0.0)
-            tl.store(dq_row + 0, gx, mask=nmask)
-            tl.store(dq_row + 1, gy, mask=nmask)
-            tl.store(dq_row + 2, gz, mask=nmask)
-        # points past N contribute zeros and stay in the previous cell; the first point of a row
-        # opens its run (sums zero, nothing flushed)
-        ix = tl.where(nmask, ix, pix)
-        iy = tl.where(nmask, iy, piy)
-        iz = tl.where(nmask, iz, piz)
-        first = k == 0
-        pix = tl.where(first, ix, pix)
-        piy = tl.where(first, iy, piy)
-        piz = tl.where(first, iz, piz)
-        dxi = ix - pix
-        dyi = iy - piy
-        dzi = iz - piz
-        a00, a01, a10, a11 = _run_step(g_xy_base, a00, a01, a10, a11, pix, piy, dxi, dyi, RX, C, c,
-                                       cmask, g_xy, fx, fy)
-        b00, b01, b10, b11 = _run_step(g_xz_base, b00, b01, b10, b11, pix, piz, dxi, dzi, RX, C, c,
-                                       cmask, g_xz, fx, fz)
-        e00, e01, e10, e11 = _run_step(g_yz_base, e00, e01, e10, e11, piy, piz, dyi, dzi, RY, C, c,
-                                       cmask, g_yz, fy, fz)
-        pix = ix
-        piy = iy
-        piz = iz
-    m2 = (row0 < N)[:, None] & cmask[None, :]
-    _run_flush(g_xy_base, a00, a01, a10, a11, pix, piy, RX, C, c, m2)
-    _run_flush(g_xz_base, b00, b01, b10, b11, pix, piz, RX, C, c, m2)
-    _run_flush(g_yz_base, e00, e01, e10, e11, piy, piz, RY, C, c, m2)
-
+    dqx = tl.zeros([ROWS, RUN], dtype=tl.float32)
+    dqy = tl.zeros([ROWS, RUN], dtype=tl.float32)
+    dqz = tl.zeros([ROWS, RUN], dtype=tl.float32)
+    for c0 in range(0, C, BLOCK_C):
+        c = c0 + tl.arange(0, BLOCK_C)
+        cmask = c < C
+        zero = tl.zeros([ROWS, BLOCK_C], dtype=tl.float32)
+        a00, a01, a10, a11 = zero, zero, zero, zero  # xy plane
+        b00, b01, b10, b11 = zero, zero, zero, zero  # xz plane
+        e00, e01, e10, e11 = zero, zero, zero, zero  # yz plane
+        pix = tl.zeros([ROWS], dtype=tl.int32)
+        piy = tl.zeros([ROWS], dtype=tl.int32)
+        piz = tl.zeros([ROWS], dtype=tl.int32)
+        for k in range(RUN):
+            n = row0 + k
+            nmask = n < N
+            q0, q1, q2 = _rotate(pts_ptr, mat_ptr, n, nmask, t)
+            ix, fx, dx = _axis(q0, (RX - 1).to(tl.float32))
+            iy, fy, dy = _axis(q1, (RY - 1).to(tl.float32))
+            iz, fz, dz = _axis(q2, (RZ - 1).to(tl.float32))
+            m2 = nmask[:, None] & cmask[None, :]
+            g = tl.load(grad_ptr + n[:, None] * F + col0 + t * C + c[None, :], mask=m2,
+                        other=0.0).to(tl.float32)
+            g_xy, g_xz, g_yz, sx, sy, sz = _chunk_grads(
+                g, planes_ptr + off_t_xy, planes_ptr + off_t_xz, planes_ptr + off_t_yz,
+                (iy * RX + ix) * C, (iz * RX + ix) * C, (iz * RY + iy) * C, RX, RY, C, c, m2,
+                fx, fy, fz, NEED_DQ)
+            if NEED_DQ:
+                col = (kk == k)[None, :]
+                dqx = tl.where(col, dqx + (sx * dx)[:, None], dqx)
+                dqy = tl.where(col, dqy + (sy * dy)[:, None], dqy)
+                dqz = tl.where(col, dqz + (sz * dz)[:, None], dqz)
+            # points past N contribute zeros and stay in the previous cell; the first point of a
+            # row opens its run (sums zero, nothing flushed)
+            ix = tl.where(nmask, ix, pix)
+            iy = tl.where(nmask, iy, piy)
+            iz = tl.where(nmask, iz, piz)
+            first = k == 0
+            pix = tl.where(first, ix, pix)
+            piy = tl.where(first, iy, piy)
+            piz = tl.where(first, iz, piz)
+            dxi = ix - pix
+            dyi = iy - piy
+            dzi = iz - piz
+            a00, a01, a10, a11 = _run_step(g_xy_base, a00, a01, a10, a11, pix, piy, dxi, dyi, RX,
+                                           C, c, cmask, g_xy, fx, fy)
+            b00, b01, b10, b11 = _run_step(g_xz_base, b00, b01, b10, b11, pix, piz, dxi, dzi, RX,
+                                           C, c, cmask, g_xz, fx, fz)
+            e00, e01, e10, e11 = _run_step(g_yz_base, e00, e01, e10, e11, piy, piz, dyi, dzi, RY,
+                                           C, c, cmask, g_yz, fy, fz)
+            pix = ix
+            piy = iy
+            piz = iz
+        m2 = (row0 < N)[:, None] & cmask[None, :]
+        _run_flush(g_xy_base, a00, a01, a10, a11, pix, piy, RX, C, c, m2)
+        _run_flush(g_xz_base, b00, b01, b10, b11, pix, piz, RX, C, c, m2)
+        _run_flush(g_yz_base, e00, e01, e10, e11, piy, piz, RY, C, c, m2)
+    if NEED_DQ:
+        n2 = row0[:, None] + kk[None, :]
+        _store_dq(dq_ptr, n2, n2 < N, t, N, T, dqx, dqy, dqz, ACCUM_DQ)
 
 # ------------------------------------------------------------------------------------ launchers
 def _block_c(C: int) -> int:
@@ -486,7 +493,7 @@ def kplanes_backward(grad: torch.Tensor, points: torch.Tensor, matrices: torch.T
                      need_dq: bool, merge: int | None = None, block_n: int | None = None,
                      skip_zero: bool | None = None, run: int | None = None,
                      warps: int | None = None):
-    """Plane gradients and dL/dq (N, T, 3; empty unless need_dq).
+    """Plane gradients and dL/dq, laid out (3, T, N) (N = 0 unless need_dq).
 
     merge 0/1/2 run ``kplanes_bwd_kernel`` (block_n points per program); merge 3 runs
     ``kplanes_bwd_runs_kernel`` (block_n rows of ``run`` consecutive points per program).
@@ -497,26 +504,25 @@ def kplanes_backward(grad: torch.Tensor, points: torch.Tensor, matrices: torch.T
     F = L * n_rot * channels
     merge = MERGE_DEFAULT if merge is None else int(merge)
     bc = _block_c(channels)
-    n_chunks = triton.cdiv(channels, bc) if merge == 3 else 1
     gplanes = torch.zeros_like(plane_data)
-    dq = torch.empty((n_chunks, N if need_dq else 0, n_rot, 3), device=points.device,
-                     dtype=torch.float32)
+    dq = torch.empty((3, n_rot, N if need_dq else 0), device=points.device, dtype=torch.float32)
     if N == 0:
-        return gplanes, dq[0]
+        return gplanes, dq
     grad = grad.contiguous()  # autograd may hand an expanded (stride-0) gradient
     for l, rx, ry, rz, oxy, oxz, oyz in _scales(n_rot, channels, resolutions):
         common = (grad, points, matrices, plane_data, gplanes, dq, N, F, l * n_rot * channels,
                   oxy, oxz, oyz, rx, ry, rz)
         if merge == 3:
             rows, run = block_n or RUN_ROWS, run or RUN_LEN
-            grid = (triton.cdiv(N, rows * run), n_rot, n_chunks)
-            kplanes_bwd_runs_kernel[grid](*common, T=n_rot, C=channels, ROWS=rows, RUN=run,
-                                          BLOCK_C=bc, NEED_DQ=need_dq, ACCUM_DQ=l > 0,
-                                          num_warps=warps or RUN_WARPS)
+            if rows & (rows - 1) or run & (run - 1):
+                raise ValueError(f"texel-run backward needs power-of-two rows and run, got {rows}, {run}")
+            kplanes_bwd_runs_kernel[(triton.cdiv(N, rows * run), n_rot)](
+                *common, T=n_rot, C=channels, ROWS=rows, RUN=run, BLOCK_C=bc, NEED_DQ=need_dq,
+                ACCUM_DQ=l > 0, num_warps=warps or RUN_WARPS)
         else:
             bn = block_n or BLOCK_N_BWD
             skip = SKIP_ZERO_DEFAULT if skip_zero is None else bool(skip_zero)
             kplanes_bwd_kernel[(triton.cdiv(N, bn), n_rot)](
                 *common, T=n_rot, C=channels, BLOCK_N=bn, BLOCK_C=bc, NEED_DQ=need_dq,
                 ACCUM_DQ=l > 0, MERGE=merge, SKIP_ZERO=skip, num_warps=4)
-    return gplanes, (dq.sum(0) if n_chunks > 1 else dq[0])
+    return gplanes, dq

@@ -58,7 +58,7 @@ def tilted_kplanes_bwd(grad: torch.Tensor, points: torch.Tensor, matrices: torch
 def _(grad, points, matrices, plane_data, n_rot, channels, resolutions, need_dq):
     n = points.shape[0] if need_dq else 0
     return (torch.empty_like(plane_data),
-            points.new_empty((n, n_rot, 3), dtype=torch.float32))
+            points.new_empty((3, n_rot, n), dtype=torch.float32))
 
 
 def _kp_setup(ctx, inputs, output):
@@ -88,8 +88,8 @@ def _kp_backward(ctx, grad):
     need_dq = bool(need_p or need_m)
     gplanes, dq = torch.ops.fasttomo.tilted_kplanes_bwd(grad, points, matrices, plane_data, n_rot,
                                                         channels, resolutions, need_dq)
-    gp = torch.einsum("nti,tij->nj", dq, matrices) if need_p else None
-    gm = torch.einsum("nti,nj->tij", dq, points) if need_m else None
+    gp = torch.einsum("itn,tij->nj", dq, matrices) if need_p else None  # dq: (3, T, N)
+    gm = torch.einsum("itn,nj->tij", dq, points) if need_m else None
     return gp, gm, (gplanes if need_x else None), None, None, None, None
 
 
