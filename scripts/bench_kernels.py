@@ -187,13 +187,23 @@ def main() -> int:
     for bn in (32, 128):
         m = time_ms(lambda: kp.kplanes_forward(pts, M, x, T, C, res, False, block_n=bn), reps=args.reps)
         row(f"fused fp32 BN{bn}", "tilted_kplanes", "fwd", *m, b_fwd, speedup_vs_twin=twin_fwd / m[0])
-    defaults = (kp.BLOCK_N_FWD, kp.BLOCK_N_BWD, kp.MERGE_DEFAULT, kp.SKIP_ZERO_DEFAULT)
-    merges = {0: "", 1: " scan-merge", 2: " pair-merge"}
-    for bn_f, bn_b, merge, skip in ((64, 64, 0, False), (64, 32, 0, False), (64, 32, 0, True),
-                                    (64, 32, 2, True), (64, 64, 2, True), (64, 32, 1, True)):
-        kp.BLOCK_N_FWD, kp.BLOCK_N_BWD, kp.MERGE_DEFAULT, kp.SKIP_ZERO_DEFAULT = bn_f, bn_b, merge, skip
-        tag = f"BN{bn_f}/{bn_b}{merges[merge]}{' skip0' if skip else ''}"
-        if (bn_f, bn_b, merge, skip) == defaults:
+    names = ("BLOCK_N_FWD", "BLOCK_N_BWD", "MERGE_DEFAULT", "SKIP_ZERO_DEFAULT", "RUN_ROWS",
+             "RUN_LEN", "RUN_WARPS")
+    defaults = {k: getattr(kp, k) for k in names}
+    # (tag, settings): the pair-merge kernel (previous default) and texel-run shapes
+    variants = [
+        ("BN32/32 one atomic per tap", dict(BLOCK_N_FWD=32, BLOCK_N_BWD=32, MERGE_DEFAULT=0,
+                                             SKIP_ZERO_DEFAULT=False)),
+        ("BN32/32 pair-merge skip0", dict(BLOCK_N_FWD=32, BLOCK_N_BWD=32, MERGE_DEFAULT=2,
+                                          SKIP_ZERO_DEFAULT=True)),
+        ("texel runs 8x16 w1", dict(MERGE_DEFAULT=3, RUN_ROWS=8, RUN_LEN=16, RUN_WARPS=1)),
+        ("texel runs 16x16 w2", dict(MERGE_DEFAULT=3, RUN_ROWS=16, RUN_LEN=16, RUN_WARPS=2)),
+        ("texel runs 32x32 w4", dict(MERGE_DEFAULT=3, RUN_ROWS=32, RUN_LEN=32, RUN_WARPS=4)),
+    ]
+    for tag, settings in variants:
+        for k in names:
+            setattr(kp, k, settings.get(k, defaults[k]))
+        if all(getattr(kp, k) == defaults[k] for k in names):
             tag += " [default]"
         try:
             def fb():
@@ -207,12 +217,16 @@ def main() -> int:
             m = time_ms(fbp, reps=args.reps)
             row(f"fused {tag} (grads: planes)", "tilted_kplanes", "fwd+bwd", *m, b_fwd + b_bwd_planes,
                 speedup_vs_twin=twin_fbp_ms / m[0])
-            m = time_ms(lambda: kp.kplanes_backward(gout, pts, M, x, T, C, res, False), reps=args.reps)
-            row(f"fused {tag} bwd kernels only (no dq)", "tilted_kplanes", "bwd", *m, b_bwd_planes)
+            for need_dq in (False, True):
+                m = time_ms(lambda: kp.kplanes_backward(gout, pts, M, x, T, C, res, need_dq),
+                            reps=args.reps)
+                row(f"fused {tag} bwd kernels only ({'with' if need_dq else 'no'} dq)",
+                    "tilted_kplanes", "bwd", *m, b_bwd_planes)
         except Exception as e:  # noqa: BLE001 - record a variant that fails to compile
             print(f"  variant {tag} failed: {type(e).__name__}: {str(e)[:300]}", flush=True)
             rows.append({"variant": f"fused {tag}", "op": "tilted_kplanes", "error": str(e)[:500]})
-    kp.BLOCK_N_FWD, kp.BLOCK_N_BWD, kp.MERGE_DEFAULT, kp.SKIP_ZERO_DEFAULT = defaults
+    for k in names:
+        setattr(kp, k, defaults[k])
     del gout
     torch.cuda.empty_cache()
 

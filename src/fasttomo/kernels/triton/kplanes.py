@@ -13,12 +13,12 @@ Backward recomputes the bilinear weights (nothing saved but the inputs), reads t
 once, scatters plane gradients with fp32 atomics and writes dL/dq per (point, rotation) without
 atomics (a program owns its points), laid out (3, T, N); dL/dpoints and dL/dmatrices follow from
 dq by two small einsums on the host side. Atomic traffic reduction (samples of one ray are
-neighbours), chosen by the constexpr MERGE: 1 sums the 4 corner contributions of runs of consecutive points in the same
-texel cell with a segmented scan in registers and only the run's last point issues the atomics;
-2 merges pairs (2i, 2i+1) in the same cell; SKIP_ZERO drops atomics of exact-zero corner weights
-(coordinates clamped at the border). MERGE=3 is a different kernel, ``kplanes_bwd_runs_kernel``:
-texel runs, each row of consecutive points keeps its corner texels' sums in registers and flushes
-one atomic per texel it leaves.
+neighbours), chosen by MERGE. The default, 3, is ``kplanes_bwd_runs_kernel`` (texel runs): each
+row of consecutive points keeps its current cell's 4 corner-texel sums in registers, carries the
+corners a neighbouring cell shares and flushes one atomic per texel it leaves. 0, 1 and 2 are
+``kplanes_bwd_kernel``, kept as measured alternatives: 0 one atomic per point and corner, 1 a
+segmented scan over runs of equal cells, 2 pairs (2i, 2i+1) in the same cell; its SKIP_ZERO drops
+atomics of exact-zero corner weights (coordinates clamped at the border).
 """
 
 from __future__ import annotations
@@ -186,11 +186,11 @@ def _chunk_grads(g, b_xy, b_xz, b_yz, p_xy, p_xz, p_yz, RX, RY, C, c, m2, fx, fy
 
 
 @triton.jit
-def _store_dq(dq_ptr, n, nmask, t, N, T: tl.constexpr, gx, gy, gz, ACCUM: tl.constexpr):
-    """dL/dq of points n for rotation t into dq laid out (3, T, N) (coalesced along points);
-    ACCUM adds to what the previous scale wrote."""
+def _store_dq(dq_ptr, s, n, nmask, t, N, gx, gy, gz, ACCUM: tl.constexpr):
+    """dL/dq of points n for rotation t into dq laid out (3, T, N) (coalesced along points;
+    s = T * N, passed from the host: int32 arguments equal to 1 arrive as constants); ACCUM adds
+    to what the previous scale wrote."""
     p = dq_ptr + t.to(tl.int64) * N + n
-    s = T * N.to(tl.int64)
     if ACCUM:
         gx += tl.load(p, mask=nmask, other=0.0)
         gy += tl.load(p + s, mask=nmask, other=0.0)
@@ -236,7 +236,7 @@ def kplanes_fwd_kernel(pts_ptr, mat_ptr, planes_ptr, out_ptr, N, F, col0,
 
 
 @triton.jit
-def kplanes_bwd_kernel(grad_ptr, pts_ptr, mat_ptr, planes_ptr, gplanes_ptr, dq_ptr,
+def kplanes_bwd_kernel(grad_ptr, pts_ptr, mat_ptr, planes_ptr, gplanes_ptr, dq_ptr, dq_stride,
                        N, F, col0, off_xy, off_xz, off_yz, RX, RY, RZ,
                        T: tl.constexpr, C: tl.constexpr, BLOCK_N: tl.constexpr,
                        BLOCK_C: tl.constexpr, NEED_DQ: tl.constexpr, ACCUM_DQ: tl.constexpr,
@@ -300,8 +300,8 @@ def kplanes_bwd_kernel(grad_ptr, pts_ptr, mat_ptr, planes_ptr, gplanes_ptr, dq_p
         _scatter4(gplanes_ptr + off_t_yz, p_yz, RY * C, C, c, m2, g_yz, fy, fz, st_yz, en_yz, nmask,
                   MERGE, SKIP_ZERO, BLOCK_N, BLOCK_C)
     if NEED_DQ:
-        _store_dq(dq_ptr, n.to(tl.int64), nmask, t, N, T, acc_x * dx, acc_y * dy, acc_z * dz,
-                  ACCUM_DQ)
+        _store_dq(dq_ptr, dq_stride, n.to(tl.int64), nmask, t, N, acc_x * dx, acc_y * dy,
+                  acc_z * dz, ACCUM_DQ)
 
 
 @triton.jit
@@ -354,7 +354,7 @@ def _run_flush(gbase, acc00, acc01, acc10, acc11, pu, pv, Ru, C: tl.constexpr, c
 
 @triton.jit
 def kplanes_bwd_runs_kernel(grad_ptr, pts_ptr, mat_ptr, planes_ptr, gplanes_ptr, dq_ptr,
-                            N, F, col0, off_xy, off_xz, off_yz, RX, RY, RZ,
+                            dq_stride, N, F, col0, off_xy, off_xz, off_yz, RX, RY, RZ,
                             T: tl.constexpr, C: tl.constexpr, ROWS: tl.constexpr,
                             RUN: tl.constexpr, BLOCK_C: tl.constexpr, NEED_DQ: tl.constexpr,
                             ACCUM_DQ: tl.constexpr):
@@ -436,7 +436,7 @@ def kplanes_bwd_runs_kernel(grad_ptr, pts_ptr, mat_ptr, planes_ptr, gplanes_ptr,
         _run_flush(g_yz_base, e00, e01, e10, e11, piy, piz, RY, C, c, m2)
     if NEED_DQ:
         n2 = row0[:, None] + kk[None, :]
-        _store_dq(dq_ptr, n2, n2 < N, t, N, T, dqx, dqy, dqz, ACCUM_DQ)
+        _store_dq(dq_ptr, dq_stride, n2, n2 < N, t, N, dqx, dqy, dqz, ACCUM_DQ)
 
 # ------------------------------------------------------------------------------------ launchers
 def _block_c(C: int) -> int:
@@ -459,11 +459,11 @@ def _scales(n_rot: int, channels: int, resolutions: list[int]):
 
 BLOCK_N_FWD = 32
 BLOCK_N_BWD = 32
-MERGE_DEFAULT = 2  # 0: one atomic per point and corner, 1: segmented scan, 2: pair merge,
+MERGE_DEFAULT = 3  # 0: one atomic per point and corner, 1: segmented scan, 2: pair merge,
 # 3: texel runs (kplanes_bwd_runs_kernel)
-RUN_ROWS = 32  # merge 3: rows per program
-RUN_LEN = 32  # merge 3: consecutive points per row
-RUN_WARPS = 4  # merge 3: warps per program
+RUN_ROWS = 8  # merge 3: rows per program
+RUN_LEN = 16  # merge 3: consecutive points per row
+RUN_WARPS = 1  # merge 3: warps per program
 SKIP_ZERO_DEFAULT = True  # no atomics for exact-zero corner weights (clamped coordinates)
 # (defaults set by measurements: docs/kernels.md)
 
@@ -510,8 +510,8 @@ def kplanes_backward(grad: torch.Tensor, points: torch.Tensor, matrices: torch.T
         return gplanes, dq
     grad = grad.contiguous()  # autograd may hand an expanded (stride-0) gradient
     for l, rx, ry, rz, oxy, oxz, oyz in _scales(n_rot, channels, resolutions):
-        common = (grad, points, matrices, plane_data, gplanes, dq, N, F, l * n_rot * channels,
-                  oxy, oxz, oyz, rx, ry, rz)
+        common = (grad, points, matrices, plane_data, gplanes, dq, n_rot * N, N, F,
+                  l * n_rot * channels, oxy, oxz, oyz, rx, ry, rz)
         if merge == 3:
             rows, run = block_n or RUN_ROWS, run or RUN_LEN
             if rows & (rows - 1) or run & (run - 1):
