@@ -51,6 +51,24 @@ def _rot(T, device):
     return (q + 0.05 * torch.randn_like(q)).float()  # not exactly orthogonal: general linear maps
 
 
+def _off_edge(g, pts, M, lay, tol=1e-4):
+    """g with the rows of points near a texel edge zeroed.
+
+    The coordinate gradient of bilinear sampling jumps at texel edges, so where two fp32 codes
+    round q = M p to different sides of an edge their point and rotation gradients differ by O(1)
+    (measured: about 1 draw in 12 of 64 rays x 97 samples at the flagship-like layout fails a
+    2e-5 norm check, for every backward variant alike). A point whose coordinates all lie more than
+    `tol` texels from an edge (in float64, every scale and rotation) is on the same side for both.
+    """
+    q = torch.einsum("tij,nj->nti", M.detach().double(), pts.detach().double())
+    near = torch.zeros(pts.shape[0], dtype=torch.bool, device=pts.device)
+    for res in lay.resolutions:
+        u = (q + 1) / 2 * (torch.tensor(res, dtype=torch.float64, device=pts.device) - 1)
+        near |= ((u - u.round()).abs() < tol).any(-1).any(-1)
+    assert near.float().mean() < 0.2, "too many points on texel edges for the check to mean much"
+    return g * (~near).to(g.dtype)[:, None]
+
+
 CASES = ([(l, p, m) for l in LAYOUTS for p in ("rays", "uniform_outside", "odd_n") for m in (0, 3)]
          + [(l, p, m) for l in LAYOUTS for p in ("rays", "uniform_outside") for m in (1, 2)])
 
@@ -72,7 +90,7 @@ def test_kplanes_parity(lname, pkind, merge, monkeypatch):
     out = dispatch.tilted_kplanes(pts, M, x, lay)
     ref = reference.tilted_kplanes(pts, M, x, lay)
     assert dispatch.counters["tilted_kplanes"] == {"triton": 1}
-    g = torch.randn_like(ref)
+    g = _off_edge(torch.randn_like(ref), pts, M, lay)
     gg = torch.autograd.grad(out, [pts, M, x], g)
     gr = torch.autograd.grad(ref, [pts, M, x], g)
     assert dispatch.counters["tilted_kplanes_bwd"] == {"triton": 1}
