@@ -464,8 +464,14 @@ MERGE_DEFAULT = 3  # 0: one atomic per point and corner, 1: segmented scan, 2: p
 RUN_ROWS = 8  # merge 3: rows per program
 RUN_LEN = 16  # merge 3: consecutive points per row
 RUN_WARPS = 1  # merge 3: warps per program
+RUN_MAXNREG = None  # merge 3: register cap per thread (None: the compiler's choice)
 SKIP_ZERO_DEFAULT = True  # no atomics for exact-zero corner weights (clamped coordinates)
 # (defaults set by measurements: docs/kernels.md)
+
+
+def _maxnreg(value):
+    value = RUN_MAXNREG if value is None else value
+    return {"maxnreg": int(value)} if value else {}
 
 
 def kplanes_forward(points: torch.Tensor, matrices: torch.Tensor, plane_data: torch.Tensor,
@@ -492,7 +498,7 @@ def kplanes_backward(grad: torch.Tensor, points: torch.Tensor, matrices: torch.T
                      plane_data: torch.Tensor, n_rot: int, channels: int, resolutions: list[int],
                      need_dq: bool, merge: int | None = None, block_n: int | None = None,
                      skip_zero: bool | None = None, run: int | None = None,
-                     warps: int | None = None):
+                     warps: int | None = None, maxnreg: int | None = None):
     """Plane gradients and dL/dq, laid out (3, T, N) (N = 0 unless need_dq).
 
     merge 0/1/2 run ``kplanes_bwd_kernel`` (block_n points per program); merge 3 runs
@@ -518,7 +524,7 @@ def kplanes_backward(grad: torch.Tensor, points: torch.Tensor, matrices: torch.T
                 raise ValueError(f"texel-run backward needs power-of-two rows and run, got {rows}, {run}")
             kplanes_bwd_runs_kernel[(triton.cdiv(N, rows * run), n_rot)](
                 *common, T=n_rot, C=channels, ROWS=rows, RUN=run, BLOCK_C=bc, NEED_DQ=need_dq,
-                ACCUM_DQ=l > 0, num_warps=warps or RUN_WARPS)
+                ACCUM_DQ=l > 0, num_warps=warps or RUN_WARPS, **_maxnreg(maxnreg))
         else:
             bn = block_n or BLOCK_N_BWD
             skip = SKIP_ZERO_DEFAULT if skip_zero is None else bool(skip_zero)
