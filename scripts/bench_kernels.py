@@ -188,7 +188,7 @@ def main() -> int:
         m = time_ms(lambda: kp.kplanes_forward(pts, M, x, T, C, res, False, block_n=bn), reps=args.reps)
         row(f"fused fp32 BN{bn}", "tilted_kplanes", "fwd", *m, b_fwd, speedup_vs_twin=twin_fwd / m[0])
     names = ("BLOCK_N_FWD", "BLOCK_N_BWD", "MERGE_DEFAULT", "SKIP_ZERO_DEFAULT", "RUN_ROWS",
-             "RUN_LEN", "RUN_WARPS")
+             "RUN_LEN", "RUN_WARPS", "RUN_MAXNREG")
     defaults = {k: getattr(kp, k) for k in names}
     # (tag, settings): the pair-merge kernel (previous default) and texel-run shapes
     variants = [
@@ -196,9 +196,12 @@ def main() -> int:
                                              SKIP_ZERO_DEFAULT=False)),
         ("BN32/32 pair-merge skip0", dict(BLOCK_N_FWD=32, BLOCK_N_BWD=32, MERGE_DEFAULT=2,
                                           SKIP_ZERO_DEFAULT=True)),
-        ("texel runs 8x16 w1", dict(MERGE_DEFAULT=3, RUN_ROWS=8, RUN_LEN=16, RUN_WARPS=1)),
-        ("texel runs 16x16 w2", dict(MERGE_DEFAULT=3, RUN_ROWS=16, RUN_LEN=16, RUN_WARPS=2)),
-        ("texel runs 32x32 w4", dict(MERGE_DEFAULT=3, RUN_ROWS=32, RUN_LEN=32, RUN_WARPS=4)),
+        ("texel runs 8x16 w1", dict(MERGE_DEFAULT=3, RUN_ROWS=8, RUN_LEN=16, RUN_WARPS=1,
+                                    RUN_MAXNREG=None)),
+        ("texel runs 8x16 w1 maxnreg168", dict(MERGE_DEFAULT=3, RUN_ROWS=8, RUN_LEN=16, RUN_WARPS=1,
+                                               RUN_MAXNREG=168)),
+        ("texel runs 16x16 w2 maxnreg168", dict(MERGE_DEFAULT=3, RUN_ROWS=16, RUN_LEN=16,
+                                                RUN_WARPS=2, RUN_MAXNREG=168)),
     ]
     for tag, settings in variants:
         for k in names:

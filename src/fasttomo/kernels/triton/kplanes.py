@@ -464,7 +464,7 @@ MERGE_DEFAULT = 3  # 0: one atomic per point and corner, 1: segmented scan, 2: p
 RUN_ROWS = 8  # merge 3: rows per program
 RUN_LEN = 16  # merge 3: consecutive points per row
 RUN_WARPS = 1  # merge 3: warps per program
-RUN_MAXNREG = None  # merge 3: register cap per thread (None: the compiler's choice)
+RUN_MAXNREG = 168  # merge 3: register cap per thread (None: the compiler's choice)
 SKIP_ZERO_DEFAULT = True  # no atomics for exact-zero corner weights (clamped coordinates)
 # (defaults set by measurements: docs/kernels.md)
 
