@@ -77,6 +77,7 @@ CASES = ([(l, p, m) for l in LAYOUTS for p in ("rays", "uniform_outside", "odd_n
 def test_kplanes_parity(lname, pkind, merge, monkeypatch):
     from fasttomo.kernels.triton import kplanes as kp
     monkeypatch.setattr(kp, "MERGE_DEFAULT", merge)
+    monkeypatch.setattr(kp, "RUN_MIN_PROGRAMS_PER_SM", 0)  # merge 3 even for these small cases
     lay, dev = LAYOUTS[lname], "cuda"
     if pkind == "rays":
         pts = _rays(64, 97, dev)
@@ -98,6 +99,17 @@ def test_kplanes_parity(lname, pkind, merge, monkeypatch):
             "planes": rel(gg[2], gr[2])}
     assert max(errs.values()) < 2e-5, errs
     assert torch.isfinite(out).all()
+
+
+def test_small_problems_take_the_pair_merge_backward():
+    from fasttomo.kernels.triton import kplanes as kp
+    dev = torch.device("cuda")
+    sms = torch.cuda.get_device_properties(dev).multi_processor_count
+    assert kp.default_merge(1024 * 48, 2, dev) == kp.RUN_SMALL_FALLBACK == 2  # embedded default
+    assert kp.default_merge(8192 * 200, 8, dev) == kp.MERGE_DEFAULT == 3  # flagship
+    edge = kp.RUN_MIN_PROGRAMS_PER_SM * sms * kp.RUN_ROWS * kp.RUN_LEN
+    assert kp.default_merge(edge, 1, dev) == 3 and kp.default_merge(edge - kp.RUN_ROWS * kp.RUN_LEN, 1, dev) == 2
+    assert kp.default_merge(10, 1, torch.device("cpu")) == kp.MERGE_DEFAULT
 
 
 def test_kplanes_planes_only_and_stride0_grad():

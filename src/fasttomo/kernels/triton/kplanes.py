@@ -465,6 +465,11 @@ RUN_ROWS = 8  # merge 3: rows per program
 RUN_LEN = 16  # merge 3: consecutive points per row
 RUN_WARPS = 1  # merge 3: warps per program
 RUN_MAXNREG = 168  # merge 3: register cap per thread (None: the compiler's choice)
+# A texel-run program walks its points one after another; with few programs (the embedded
+# default: 49 k points, T = 2 -> 768 one-warp programs on 132 SMs) that serial walk is exposed.
+# Below this many programs per SM the default backward is the pair-merge kernel instead.
+RUN_MIN_PROGRAMS_PER_SM = 16
+RUN_SMALL_FALLBACK = 2
 SKIP_ZERO_DEFAULT = True  # no atomics for exact-zero corner weights (clamped coordinates)
 # (defaults set by measurements: docs/kernels.md)
 
@@ -494,6 +499,19 @@ def kplanes_forward(points: torch.Tensor, matrices: torch.Tensor, plane_data: to
     return out
 
 
+def default_merge(n_points: int, n_rot: int, device: torch.device, rows: int | None = None,
+                  run: int | None = None) -> int:
+    """MERGE_DEFAULT, or RUN_SMALL_FALLBACK when the texel-run kernel would launch fewer than
+    RUN_MIN_PROGRAMS_PER_SM programs per SM of a CUDA device."""
+    merge = MERGE_DEFAULT
+    if merge == 3 and device.type == "cuda" and RUN_MIN_PROGRAMS_PER_SM:
+        sms = torch.cuda.get_device_properties(device).multi_processor_count
+        programs = triton.cdiv(n_points, (rows or RUN_ROWS) * (run or RUN_LEN)) * n_rot
+        if programs < RUN_MIN_PROGRAMS_PER_SM * sms:
+            merge = RUN_SMALL_FALLBACK
+    return merge
+
+
 def kplanes_backward(grad: torch.Tensor, points: torch.Tensor, matrices: torch.Tensor,
                      plane_data: torch.Tensor, n_rot: int, channels: int, resolutions: list[int],
                      need_dq: bool, merge: int | None = None, block_n: int | None = None,
@@ -502,13 +520,15 @@ def kplanes_backward(grad: torch.Tensor, points: torch.Tensor, matrices: torch.T
     """Plane gradients and dL/dq, laid out (3, T, N) (N = 0 unless need_dq).
 
     merge 0/1/2 run ``kplanes_bwd_kernel`` (block_n points per program); merge 3 runs
-    ``kplanes_bwd_runs_kernel`` (block_n rows of ``run`` consecutive points per program).
+    ``kplanes_bwd_runs_kernel`` (block_n rows of ``run`` consecutive points per program). With
+    merge=None the default applies, except that a problem too small to give the texel-run kernel
+    RUN_MIN_PROGRAMS_PER_SM programs per SM takes RUN_SMALL_FALLBACK instead.
     """
     points, matrices, plane_data = points.contiguous(), matrices.contiguous(), plane_data.contiguous()
     N = points.shape[0]
     L = len(resolutions) // 3
     F = L * n_rot * channels
-    merge = MERGE_DEFAULT if merge is None else int(merge)
+    merge = default_merge(N, n_rot, points.device, block_n, run) if merge is None else int(merge)
     bc = _block_c(channels)
     gplanes = torch.zeros_like(plane_data)
     dq = torch.empty((3, n_rot, N if need_dq else 0), device=points.device, dtype=torch.float32)
