@@ -438,6 +438,7 @@ def kplanes_bwd_runs_kernel(grad_ptr, pts_ptr, mat_ptr, planes_ptr, gplanes_ptr,
         n2 = row0[:, None] + kk[None, :]
         _store_dq(dq_ptr, dq_stride, n2, n2 < N, t, N, dqx, dqy, dqz, ACCUM_DQ)
 
+
 # ------------------------------------------------------------------------------------ launchers
 def _block_c(C: int) -> int:
     if C % 16 == 0:
