@@ -28,9 +28,9 @@ def _group_of(pid, blk_ptr, G: tl.constexpr):
 
 
 @triton.jit
-def plane_tv_fwd_kernel(x_ptr, part_ptr, blk_ptr, itab_ptr, ftab_ptr, C, G: tl.constexpr,
-                        BLOCK: tl.constexpr):
-    pid = tl.program_id(0)
+def _group_block(pid, blk_ptr, itab_ptr, ftab_ptr, G: tl.constexpr, BLOCK: tl.constexpr):
+    """Program pid's plane group from the tables: (flat offset, W*C, H*W*C, TV weights along h and
+    w, element indices of this block within the group, their mask)."""
     grp = _group_of(pid, blk_ptr, G)
     b0 = tl.load(blk_ptr + grp)
     off = tl.load(itab_ptr + grp * 4 + 0)
@@ -40,7 +40,14 @@ def plane_tv_fwd_kernel(x_ptr, part_ptr, blk_ptr, itab_ptr, ftab_ptr, C, G: tl.c
     wh = tl.load(ftab_ptr + grp * 2 + 0)
     ww = tl.load(ftab_ptr + grp * 2 + 1)
     e = (pid - b0) * BLOCK + tl.arange(0, BLOCK)
-    mask = e < numel
+    return off, WC, HWC, wh, ww, e, e < numel
+
+
+@triton.jit
+def plane_tv_fwd_kernel(x_ptr, part_ptr, blk_ptr, itab_ptr, ftab_ptr, C, G: tl.constexpr,
+                        BLOCK: tl.constexpr):
+    pid = tl.program_id(0)
+    off, WC, HWC, wh, ww, e, mask = _group_block(pid, blk_ptr, itab_ptr, ftab_ptr, G, BLOCK)
     within = e % HWC
     wc = within % WC
     mh = mask & (within + WC < HWC)
@@ -59,17 +66,8 @@ def plane_tv_fwd_kernel(x_ptr, part_ptr, blk_ptr, itab_ptr, ftab_ptr, C, G: tl.c
 def plane_tv_bwd_kernel(x_ptr, go_ptr, gx_ptr, blk_ptr, itab_ptr, ftab_ptr, C, G: tl.constexpr,
                         BLOCK: tl.constexpr):
     pid = tl.program_id(0)
-    grp = _group_of(pid, blk_ptr, G)
-    b0 = tl.load(blk_ptr + grp)
-    off = tl.load(itab_ptr + grp * 4 + 0)
-    WC = tl.load(itab_ptr + grp * 4 + 1)
-    HWC = tl.load(itab_ptr + grp * 4 + 2)
-    numel = tl.load(itab_ptr + grp * 4 + 3)
-    wh = tl.load(ftab_ptr + grp * 2 + 0)
-    ww = tl.load(ftab_ptr + grp * 2 + 1)
+    off, WC, HWC, wh, ww, e, mask = _group_block(pid, blk_ptr, itab_ptr, ftab_ptr, G, BLOCK)
     go = tl.load(go_ptr).to(tl.float32)
-    e = (pid - b0) * BLOCK + tl.arange(0, BLOCK)
-    mask = e < numel
     within = e % HWC
     wc = within % WC
     m_dn = mask & (within + WC < HWC)
