@@ -7,9 +7,10 @@ import logging
 
 import torch
 
-from fasttomo.config import Config, ConfigError, OptimConfig
+from fasttomo.config import Config, ConfigError, IntensityConfig, OptimConfig
 from fasttomo.data.tiltseries import TiltSeries
 from fasttomo.geometry.rays import Box
+from fasttomo.intensity import Intensity
 from fasttomo.projector import Projector
 from fasttomo.train.precision import Precision
 from fasttomo.train.schedules import PlateauState, Schedule, build_schedule
@@ -60,11 +61,33 @@ class Components:
     """Capture the training step in a CUDA graph (decided here from runtime.cuda_graph)."""
 
 
+def build_intensity(cfg: IntensityConfig, ts: TiltSeries, scale: float) -> Intensity:
+    """The intensity model, its background starting at intensity.background_value or at the robust
+    vacuum estimate (in the sampler's units: stack / ``scale``)."""
+    from fasttomo.data.background import estimate_background
+
+    est = estimate_background(ts.stack, ts.valid)
+    ts.metadata["background_estimate"] = est.describe()
+    start = est.value if cfg.background_value is None else float(cfg.background_value)
+    if cfg.background != "none":
+        log.info("intensity: background=%s, starting at %.6g (%s; vacuum estimate %.6g, tile spread %.3g, "
+                 "from the %d darkest %d-px tiles)", cfg.background, start,
+                 "intensity.background_value" if cfg.background_value is not None else "the vacuum estimate",
+                 est.value, est.spread, est.n_tiles, est.block)
+    else:
+        log.info("intensity: background=none (the data is taken as background-subtracted; the vacuum estimate "
+                 "is %.6g)", est.value)
+    return Intensity(ts.n_tilts, ts.reference_index(), cfg.background, start / scale, est.per_view / scale,
+                     cfg.gain_per_view)
+
+
 def build_optimizer(cfg: OptimConfig, projector: Projector, capturable: bool = False
                     ) -> tuple[torch.optim.Optimizer, list[float]]:
     groups = dict(projector.field.param_groups())
     groups["poses"] = [p for p in projector.poses.parameters() if p.requires_grad]
-    lrs = {"grids": cfg.lr_grids, "decoder": cfg.lr_decoder, "rotations": cfg.lr_rotations, "poses": cfg.lr_poses}
+    groups["intensity"] = [] if projector.intensity is None else list(projector.intensity.parameters())
+    lrs = {"grids": cfg.lr_grids, "decoder": cfg.lr_decoder, "rotations": cfg.lr_rotations, "poses": cfg.lr_poses,
+           "intensity": cfg.lr_intensity}
     param_groups, base = [], []
     for name, params in groups.items():
         params = [p for p in params if p.requires_grad]
@@ -93,7 +116,10 @@ def build(cfg: Config, ts: TiltSeries, *, rank: int = 0, world_size: int = 1, lo
     field = build_field(cfg.model, box)
     poses = Poses(ts.angles, ts.reference_index(), learn_rotations=cfg.pose.learn and cfg.pose.learn_rotations,
                   learn_shifts=cfg.pose.learn and cfg.pose.learn_shifts)
-    projector = Projector(field, poses, box, (ts.height, ts.width), cfg.sampler.samples_per_ray).to(device)
+    sampler = build_sampler(ts, cfg.sampler, seed=cfg.runtime.seed, device=device, rank=rank, world_size=world_size)
+    intensity = build_intensity(cfg.intensity, ts, sampler.scale)
+    projector = Projector(field, poses, box, (ts.height, ts.width), cfg.sampler.samples_per_ray,
+                          intensity).to(device)
     model: torch.nn.Module = projector
     if world_size > 1:
         from torch.nn.parallel import DistributedDataParallel as DDP
@@ -111,7 +137,6 @@ def build(cfg: Config, ts: TiltSeries, *, rank: int = 0, world_size: int = 1, lo
                           else {"broadcast_buffers": False})  # the older spelling (deprecated in newer torch)
         model = DDP(projector, device_ids=[device.index] if device.type == "cuda" else None,
                     find_unused_parameters=False, **no_buffer_sync)
-    sampler = build_sampler(ts, cfg.sampler, seed=cfg.runtime.seed, device=device, rank=rank, world_size=world_size)
     graph = use_cuda_graph(cfg, device, world_size)
     optimizer, base_lrs = build_optimizer(cfg.optim, projector, capturable=graph)
     schedule, plateau = build_schedule(cfg.schedule, cfg.optim.steps)

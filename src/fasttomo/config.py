@@ -86,8 +86,13 @@ class DataConfig:
     tilt_axis_angle: float = 0.0
     """Angle (degrees, counter-clockwise from the image Y axis) of the tilt axis in the raw images;
     the images are rotated (never transposed) so the axis lies along Y."""
-    normalize: str = "quantile"
-    """Intensity normalization: quantile (robust 1st/99.9th percentile scaling) or none."""
+    normalize: str = "none"
+    """Intensity normalization before training: none (default: values are kept; the sampler divides
+    by a robust scale internally and the volume comes back in the stack's units, while the
+    background, i.e. the vacuum level, is handled by the intensity model, see ``intensity``) or
+    quantile (maps the 1 % quantile to 0 and the 99.9 % quantile to 1: on noisy data the 1 %
+    quantile lies well below the vacuum level, so every empty ray gets a positive value and the
+    field fills the box to explain it; kept for comparison only)."""
     invert: bool = False
     """Invert contrast (bright-field data where mass is dark)."""
     intensity_offset: Optional[float] = None
@@ -138,7 +143,9 @@ class DataConfig:
 @dataclasses.dataclass
 class ModelConfig:
     kind: str = "kplanes_tilted"
-    """Object model: kplanes_tilted (K-Planes in T learned rotated frames) or voxel (plain grid)."""
+    """Object model: kplanes_tilted (K-Planes in T learned rotated frames), voxel (plain grid fitted
+    like the field) or sirt (the conventional SIRT on a voxel grid, same geometry and outputs; no
+    training loop: the iterations below)."""
     n_rotations: int = 2
     """T: number of rotated frames (1 with learn_rotations=false is plain K-Planes)."""
     learn_rotations: bool = True
@@ -164,9 +171,19 @@ class ModelConfig:
     """See init_low."""
     voxel_shape: Optional[list] = None
     """voxel model only: [Z, Y, X] grid; None uses the reconstruction box."""
+    iterations: int = 100
+    """sirt only: number of SIRT iterations."""
+    relaxation: float = 1.0
+    """sirt only: relaxation factor lambda of the update x += lambda C B R (b - A x)."""
+    positivity: bool = True
+    """sirt only: clamp the volume at 0 after every iteration."""
 
     def __post_init__(self) -> None:
-        _choice(self.kind, ("kplanes_tilted", "voxel"), "model.kind")
+        _choice(self.kind, ("kplanes_tilted", "voxel", "sirt"), "model.kind")
+        _require(isinstance(self.iterations, int) and self.iterations >= 1, "model.iterations",
+                 f"must be an integer >= 1, got {self.iterations!r}.")
+        _require(isinstance(self.relaxation, (int, float)) and 0 < self.relaxation < 2, "model.relaxation",
+                 f"must be in (0, 2), got {self.relaxation!r}.")
         _require(isinstance(self.n_rotations, int) and self.n_rotations >= 1, "model.n_rotations",
                  f"must be an integer >= 1, got {self.n_rotations!r}.")
         _choice(self.rotation_param, ("svd", "quaternion"), "model.rotation_param")
@@ -202,6 +219,29 @@ class PoseConfig:
     def __post_init__(self) -> None:
         _require(isinstance(self.start_step, int) and self.start_step >= 0, "pose.start_step",
                  f"must be an integer >= 0, got {self.start_step!r}.")
+
+
+# --------------------------------------------------------------------------------------- intensity
+@dataclasses.dataclass
+class IntensityConfig:
+    background: str = "learn"
+    """How measured values relate to line integrals: measured = gain x integral + background.
+    learn (one offset learned with the field, starting at the robust vacuum estimate), learn_per_view
+    (plus one learned offset per view), fixed (the starting value, not learned) or none (no offset:
+    the data is already background-subtracted). See src/fasttomo/intensity.py."""
+    background_value: Optional[float] = None
+    """Starting (or, with background=fixed, the) background in the stack's units; None: the robust
+    vacuum estimate of src/fasttomo/data/background.py (logged at the start of the run)."""
+    gain_per_view: bool = False
+    """Learn one gain per view (beam-current or exposure drift); the reference view keeps gain 1."""
+
+    def __post_init__(self) -> None:
+        _choice(self.background, ("learn", "learn_per_view", "fixed", "none"), "intensity.background")
+        if self.background_value is not None:
+            _require(isinstance(self.background_value, (int, float)) and math.isfinite(self.background_value),
+                     "intensity.background_value", f"must be a finite number or null, got {self.background_value!r}.")
+        _require(isinstance(self.gain_per_view, bool), "intensity.gain_per_view",
+                 f"must be true or false, got {self.gain_per_view!r}.")
 
 
 # --------------------------------------------------------------------------------------- sampler
@@ -253,6 +293,9 @@ class OptimConfig:
     """Adam learning rate of the TILTED frame rotations."""
     lr_poses: float = 1e-3
     """Adam learning rate of the per-tilt pose parameters."""
+    lr_intensity: float = 1e-3
+    """Adam learning rate of the intensity model (background offsets, per-view gains), in the
+    sampler's normalized units."""
     betas: list = dataclasses.field(default_factory=lambda: [0.9, 0.99])
     """Adam betas."""
     eps: float = 1e-15
@@ -261,11 +304,18 @@ class OptimConfig:
     """Adam (decoupled) weight decay."""
     grad_clip: Optional[float] = None
     """Clip the global gradient norm to this value; null turns clipping off."""
+    keep_best: bool = False
+    """Export the field as it was at the validation check with the lowest validation loss (held-out
+    pixels) instead of the last step's: on noisy data the validation loss rises once the field
+    starts fitting the noise. The checkpoint keeps both (exact resume)."""
+    early_stop: int = 0
+    """Stop after this many validation checks (logging.val_every apart) in a row without a new
+    lowest validation loss; 0: never stop early."""
 
     def __post_init__(self) -> None:
         _require(isinstance(self.steps, int) and self.steps >= 1, "optim.steps",
                  f"must be an integer >= 1, got {self.steps!r}.")
-        for name in ("lr_grids", "lr_decoder", "lr_rotations", "lr_poses"):
+        for name in ("lr_grids", "lr_decoder", "lr_rotations", "lr_poses", "lr_intensity"):
             _nonneg(getattr(self, name), f"optim.{name}")
         _require(len(self.betas) == 2 and all(0 <= b < 1 for b in self.betas), "optim.betas",
                  f"must be two numbers in [0, 1), got {self.betas!r}.")
@@ -273,6 +323,8 @@ class OptimConfig:
         _nonneg(self.weight_decay, "optim.weight_decay")
         if self.grad_clip is not None:
             _positive(self.grad_clip, "optim.grad_clip")
+        _require(isinstance(self.early_stop, int) and self.early_stop >= 0, "optim.early_stop",
+                 f"must be an integer >= 0 (validation checks), got {self.early_stop!r}.")
 
 
 # --------------------------------------------------------------------------------------- schedule
@@ -302,7 +354,13 @@ class ScheduleConfig:
 @dataclasses.dataclass
 class LossConfig:
     kind: str = "mse"
-    """Data term: mse or l1 (Huber-free)."""
+    """Data term: mse, l1 or huber (see src/fasttomo/losses.py)."""
+    huber_delta: float = 0.05
+    """huber: the error (in units of the normalized targets, whose 99.9 % quantile is 1) where the
+    loss turns from quadratic to linear."""
+    s3im: float = 0.0
+    """Weight of the S3IM term (stochastic structural similarity over random groups of the batch's
+    rays, added to the data term; 0 turns it off)."""
     plane_tv: float = 1e-4
     """Weight of the plane total variation (K-Planes planes)."""
     volume_tv: float = 1e-3
@@ -313,7 +371,9 @@ class LossConfig:
     """Side of the random sub-grid (n^3 points) on which volume TV is evaluated for fields."""
 
     def __post_init__(self) -> None:
-        _choice(self.kind, ("mse", "l1"), "loss.kind")
+        _choice(self.kind, ("mse", "l1", "huber"), "loss.kind")
+        _positive(self.huber_delta, "loss.huber_delta")
+        _nonneg(self.s3im, "loss.s3im")
         _nonneg(self.plane_tv, "loss.plane_tv")
         _nonneg(self.volume_tv, "loss.volume_tv")
         _choice(self.volume_tv_kind, ("squared", "l1"), "loss.volume_tv_kind")
@@ -392,6 +452,34 @@ class LoggingConfig:
             _require(isinstance(v, int) and v >= 0, f"logging.{name}", f"must be an integer >= 0, got {v!r}.")
 
 
+# --------------------------------------------------------------------------------------- evaluation
+@dataclasses.dataclass
+class EvaluationConfig:
+    truth: Optional[str] = None
+    """Ground-truth volume file (MRC/HDF5/TIFF, (Z, Y, X) = the reconstruction box) of synthetic data
+    given as files: the result is scored against it (Pearson, FSC, PSNR) like the built-in phantom's."""
+    curve_every: int = 0
+    """Score the volume against the ground truth every N steps (SIRT: iterations) for a quality
+    against fit-time curve in metrics.json; the scoring time is not counted as fit time. 0: at the
+    end only."""
+    holdout_views: list = dataclasses.field(default_factory=list)
+    """1-based view numbers (as in the file, like data.exclude_views) left out of training and
+    scored by reprojection: the reconstruction predicts each held-out image, compared with the
+    measured one (Pearson per view). Needs no ground truth."""
+    half_sets: bool = False
+    """Also reconstruct the even and the odd views separately (two more fits, same settings) and
+    report their Fourier shell correlation (the 0.143 crossing is the usual resolution estimate of
+    the full reconstruction), and write volume_even.mrc / volume_odd.mrc. Needs no ground truth."""
+
+    def __post_init__(self) -> None:
+        _require(isinstance(self.curve_every, int) and self.curve_every >= 0, "evaluation.curve_every",
+                 f"must be an integer >= 0, got {self.curve_every!r}.")
+        _require(all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in self.holdout_views),
+                 "evaluation.holdout_views", f"must be 1-based view numbers (integers >= 1), got {self.holdout_views!r}.")
+        _require(isinstance(self.half_sets, bool), "evaluation.half_sets",
+                 f"must be true or false, got {self.half_sets!r}.")
+
+
 # --------------------------------------------------------------------------------------- output
 @dataclasses.dataclass
 class OutputConfig:
@@ -417,6 +505,7 @@ class Config:
     data: DataConfig = dataclasses.field(default_factory=DataConfig)
     model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
     pose: PoseConfig = dataclasses.field(default_factory=PoseConfig)
+    intensity: IntensityConfig = dataclasses.field(default_factory=IntensityConfig)
     sampler: SamplerConfig = dataclasses.field(default_factory=SamplerConfig)
     optim: OptimConfig = dataclasses.field(default_factory=OptimConfig)
     schedule: ScheduleConfig = dataclasses.field(default_factory=ScheduleConfig)
@@ -425,6 +514,7 @@ class Config:
     kernels: KernelsConfig = dataclasses.field(default_factory=KernelsConfig)
     runtime: RuntimeConfig = dataclasses.field(default_factory=RuntimeConfig)
     logging: LoggingConfig = dataclasses.field(default_factory=LoggingConfig)
+    evaluation: EvaluationConfig = dataclasses.field(default_factory=EvaluationConfig)
     output: OutputConfig = dataclasses.field(default_factory=OutputConfig)
     resume: Optional[str] = None
     """Checkpoint file to continue from (exact resume)."""

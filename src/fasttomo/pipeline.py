@@ -30,6 +30,7 @@ import yaml
 
 from fasttomo.config import Config, ConfigError, to_dict
 from fasttomo.logging import add_file_log, to_uint8
+from fasttomo.scoring import holdout_scores, predict_views
 
 log = logging.getLogger("fasttomo")
 
@@ -81,14 +82,10 @@ def _write_text(path: Path, text: str, overwrite: bool) -> None:
 
 def run_reconstruction(cfg: Config) -> dict:
     """Run one reconstruction described by ``cfg`` (cfg.output.dir must be set); returns metrics."""
-    from fasttomo.build import build
-    from fasttomo.data.io.volume import write_volume
     from fasttomo.data.load import load_tiltseries
-    from fasttomo.metrics import volume_metrics
-    from fasttomo.train.checkpoint import load_checkpoint
+    from fasttomo.scoring import attach_truth, split_holdout, truth_scores
     from fasttomo.train.distributed import (broadcast_object, destroy_distributed, dist_info, init_distributed,
                                             is_distributed)
-    from fasttomo.train.trainer import Trainer
 
     t0 = time.perf_counter()
     if not cfg.output.dir:
@@ -116,33 +113,21 @@ def run_reconstruction(cfg: Config) -> dict:
         handler = add_file_log(out_dir / "reconstruct.log", cfg.output.overwrite)
     try:
         ts = load_tiltseries(cfg.data)
-        comps = build(cfg, ts, rank=rank, world_size=world, local_rank=local_rank)
-        trainer = Trainer(comps, out_dir)
-        if cfg.resume:
-            # every rank reads the file (to the CPU: RNG states must stay CPU tensors)
-            trainer.load_state_dict(load_checkpoint(cfg.resume, map_location="cpu"), source=str(cfg.resume))
-            log.info("resumed from %s at step %d of %d", cfg.resume, trainer.step, cfg.optim.steps)
+        if cfg.evaluation.truth:
+            attach_truth(ts, cfg.evaluation.truth, cfg.data.thickness)
+        ts, hold = split_holdout(ts, cfg.evaluation.holdout_views)
+        if cfg.model.kind == "sirt":
+            metrics, volume = _run_sirt(cfg, ts, hold, out_dir, main, local_rank)
+        else:
+            metrics, volume = _run_field(cfg, ts, hold, out_dir, main, rank, world, local_rank)
+        if cfg.evaluation.half_sets:
+            halves = _half_sets(cfg, ts, out_dir if main else None, rank, world, local_rank)
+            if main:
+                metrics["half_sets"] = halves
         if main:
-            _write_text(out_dir / "config.yaml", yaml.safe_dump(to_dict(cfg), sort_keys=False), cfg.output.overwrite)
-        steps_before, seconds_before = trainer.step, trainer.train_seconds
-        trainer.fit()
-        volume = trainer.export_volume(cfg.output.volume_shape)  # collective
-        trainer.save("last.pt")  # collective (gathers every rank's RNG states); rank 0 writes
-        metrics: dict = {}
-        if main:
-            metrics = _summarize(cfg, comps, trainer, steps_before, trainer.train_seconds - seconds_before, volume)
-            if cfg.resume:
-                metrics["resumed_from"] = {"checkpoint": str(Path(cfg.resume).resolve()), "step": steps_before}
             if ts.ground_truth is not None and volume.shape == ts.ground_truth.shape:
-                metrics.update(volume_metrics(volume, ts.ground_truth))
-            attrs = {"run": cfg.name, "config": to_dict(cfg), "units": "input stack units per voxel"}
-            for fmt in cfg.output.formats:
-                suffix = {"mrc": "mrc", "h5": "h5", "tiff": "tif"}[fmt]
-                write_volume(out_dir / f"volume.{suffix}", volume, ts.pixel_size, label=f"fasttomo run {cfg.name}",
-                             attrs=attrs, fmt=fmt, overwrite=cfg.output.overwrite)
-            if cfg.output.imod_xzy:
-                write_volume(out_dir / "volume_xzy.mrc", volume, ts.pixel_size, label=f"fasttomo run {cfg.name}",
-                             attrs=attrs, fmt="mrc", overwrite=cfg.output.overwrite, imod_xzy=True)
+                metrics.update(truth_scores(volume, ts.ground_truth, ts.pixel_size, _tilt_range(ts)))
+            _write_volumes(cfg, out_dir, "volume", volume, ts.pixel_size)
             z, y, x = volume.shape
             slices = {"xy": volume[z // 2], "xz": volume[:, y // 2], "yz": volume[:, :, x // 2]}
             slices_png(out_dir / "slices.png", slices, ts.ground_truth if metrics.get("pearson_global") else None,
@@ -158,6 +143,146 @@ def run_reconstruction(cfg: Config) -> dict:
         if handler is not None:
             logging.getLogger("fasttomo").removeHandler(handler)
             handler.close()
+
+
+def _tilt_range(ts) -> tuple[float, float]:
+    a = np.asarray(ts.angles, dtype=np.float64)
+    return float(a.min()), float(a.max())
+
+
+def _write_volumes(cfg: Config, out_dir: Path, stem: str, volume: np.ndarray, pixel_size: float,
+                   imod: bool | None = None) -> None:
+    """``<stem>.<fmt>`` for every output.formats (and the XZY copy with output.imod_xzy)."""
+    from fasttomo.data.io.volume import write_volume
+
+    attrs = {"run": cfg.name, "config": to_dict(cfg), "units": "input stack units per voxel"}
+    for fmt in cfg.output.formats:
+        suffix = {"mrc": "mrc", "h5": "h5", "tiff": "tif"}[fmt]
+        write_volume(out_dir / f"{stem}.{suffix}", volume, pixel_size, label=f"fasttomo run {cfg.name}",
+                     attrs=attrs, fmt=fmt, overwrite=cfg.output.overwrite)
+    if cfg.output.imod_xzy if imod is None else imod:
+        write_volume(out_dir / f"{stem}_xzy.mrc", volume, pixel_size, label=f"fasttomo run {cfg.name}",
+                     attrs=attrs, fmt="mrc", overwrite=cfg.output.overwrite, imod_xzy=True)
+
+
+def _truth_probe(trainer, ts):
+    """The quality-against-fit-time probe: the current field against the ground truth (Pearson
+    only; collective under DDP, scores on rank 0)."""
+    from fasttomo.metrics import volume_metrics
+
+    def probe() -> dict:
+        volume = trainer.export_volume()
+        if volume is None:
+            return {}
+        return {k: v for k, v in volume_metrics(volume, ts.ground_truth).items() if k.startswith("pearson")}
+    return probe
+
+
+def _fit(cfg: Config, ts, out_dir: Path | None, rank: int, world: int, local_rank: int, resume: bool):
+    """Build and train a field on ``ts``; returns (comps, trainer, volume, exported step, steps
+    and seconds before the resume). ``out_dir`` None: no checkpoints, no TensorBoard."""
+    from fasttomo.build import build
+    from fasttomo.train.checkpoint import load_checkpoint
+    from fasttomo.train.trainer import Trainer
+
+    comps = build(cfg, ts, rank=rank, world_size=world, local_rank=local_rank)
+    trainer = Trainer(comps, out_dir)
+    if resume and cfg.resume:
+        # every rank reads the file (to the CPU: RNG states must stay CPU tensors)
+        trainer.load_state_dict(load_checkpoint(cfg.resume, map_location="cpu"), source=str(cfg.resume))
+        log.info("resumed from %s at step %d of %d", cfg.resume, trainer.step, cfg.optim.steps)
+    if ts.ground_truth is not None and cfg.evaluation.curve_every:
+        trainer.probe = _truth_probe(trainer, ts)
+    if out_dir is not None and rank == 0:
+        _write_text(out_dir / "config.yaml", yaml.safe_dump(to_dict(cfg), sort_keys=False), cfg.output.overwrite)
+    before = (trainer.step, trainer.train_seconds)
+    trainer.fit()
+    with trainer.exported_field() as exported_step:
+        volume = trainer.export_volume(cfg.output.volume_shape)  # collective
+    return comps, trainer, volume, exported_step, before
+
+
+def _run_field(cfg: Config, ts, hold, out_dir: Path, main: bool, rank: int, world: int, local_rank: int):
+    """Fit the field; (metrics, volume) on rank 0, ({}, None) elsewhere."""
+    comps, trainer, volume, exported_step, (steps_before, seconds_before) = _fit(
+        cfg, ts, out_dir, rank, world, local_rank, resume=True)
+    trainer.save("last.pt")  # collective (gathers every rank's RNG states); rank 0 writes
+    if not main:
+        return {}, None
+    metrics = _summarize(cfg, comps, trainer, steps_before, trainer.train_seconds - seconds_before, volume)
+    metrics["exported_step"] = exported_step
+    if trainer.best is not None:
+        metrics["best_val"] = {"step": trainer.best["step"], "loss": trainer.best["val"]}
+    if trainer.stopped_early:
+        metrics["stopped_early_at"] = trainer.step
+    if trainer.curve:
+        metrics["curve"] = trainer.curve
+    if cfg.resume:
+        metrics["resumed_from"] = {"checkpoint": str(Path(cfg.resume).resolve()), "step": steps_before}
+    if hold is not None:
+        with trainer.exported_field():
+            pred = predict_views(comps.projector, hold.angles)
+        bg = comps.projector.intensity.describe(comps.sampler.scale)["background"] if comps.projector.intensity else 0.0
+        metrics["holdout"] = holdout_scores(hold, pred * comps.sampler.scale + bg)
+        log.info("held-out views %s: reprojection Pearson %s", hold.view_numbers,
+                 ", ".join(f"{v:.4f}" for v in metrics["holdout"]["pearson"]))
+    return metrics, volume
+
+
+def _run_sirt(cfg: Config, ts, hold, out_dir: Path, main: bool, local_rank: int):
+    """The conventional baseline (model=sirt): SIRT on the background-subtracted stack."""
+    from fasttomo.build import reconstruction_box, resolve_device
+    from fasttomo.conventional.baseline import run_sirt
+
+    device = resolve_device(cfg.runtime.device, local_rank)
+    if not main:  # SIRT runs on rank 0 only; the other ranks wait at the end
+        return {}, None
+    if out_dir is not None:
+        _write_text(out_dir / "config.yaml", yaml.safe_dump(to_dict(cfg), sort_keys=False), cfg.output.overwrite)
+    box = reconstruction_box(cfg, ts)
+    metrics, volume = run_sirt(cfg, ts, box, device, hold)
+    return metrics, volume
+
+
+def _half_sets(cfg: Config, ts, out_dir: Path | None, rank: int, world: int, local_rank: int) -> dict | None:
+    """Even and odd views (in tilt order) reconstructed apart; their FSC. Each half gets its own
+    seed, so the two fields share no initial noise that the data does not overwrite."""
+    import dataclasses as dc
+
+    from fasttomo.metrics import fsc_summary
+
+    vols = {}
+    for parity, name in ((0, "even"), (1, "odd")):
+        keep = np.arange(parity, ts.n_tilts, 2)
+        half = _subset(ts, keep)
+        hcfg = dc.replace(cfg, resume=None, runtime=dc.replace(cfg.runtime, seed=cfg.runtime.seed + 1 + parity),
+                          logging=dc.replace(cfg.logging, tensorboard=False, progress=False, checkpoint_every=0),
+                          evaluation=dc.replace(cfg.evaluation, curve_every=0))
+        log.info("half sets: reconstructing the %s views (%d of %d)", name, keep.size, ts.n_tilts)
+        if cfg.model.kind == "sirt":
+            if rank == 0:
+                from fasttomo.build import reconstruction_box, resolve_device
+                from fasttomo.conventional.baseline import run_sirt
+
+                _, vols[name] = run_sirt(hcfg, half, reconstruction_box(hcfg, half),
+                                         resolve_device(cfg.runtime.device, local_rank), None)
+        else:
+            _, _, vols[name], _, _ = _fit(hcfg, half, None, rank, world, local_rank, resume=False)
+        if out_dir is not None and vols.get(name) is not None:
+            _write_volumes(cfg, out_dir, f"volume_{name}", vols[name], ts.pixel_size, imod=False)
+    if rank != 0:
+        return None
+    res = fsc_summary(vols["even"], vols["odd"], ts.pixel_size, tilt_range=_tilt_range(ts))
+    log.info("half sets: FSC 0.143 at %s A, 0.5 at %s A", res.get("fsc0143_A"), res.get("fsc05_A"))
+    return res
+
+
+def _subset(ts, keep: np.ndarray):
+    from fasttomo.data.tiltseries import TiltSeries
+
+    sub = lambda a: None if a is None else np.ascontiguousarray(a[keep])  # noqa: E731
+    return TiltSeries(stack=sub(ts.stack), angles=ts.angles[keep], pixel_size=ts.pixel_size, source=ts.source,
+                      metadata=dict(ts.metadata), ground_truth=ts.ground_truth, valid=sub(ts.valid))
 
 
 def _summarize(cfg: Config, comps, trainer, steps_before: int, seconds: float, volume: np.ndarray) -> dict:
@@ -188,6 +313,10 @@ def _summarize(cfg: Config, comps, trainer, steps_before: int, seconds: float, v
         "pixel_size_A": comps.ts.pixel_size,
         "intensity_scale": comps.sampler.scale,
     }
+    if comps.projector.intensity is not None:
+        m["intensity"] = comps.projector.intensity.describe(comps.sampler.scale)
+    if "background_estimate" in comps.ts.metadata:
+        m["background_estimate"] = comps.ts.metadata["background_estimate"]
     if cfg.pose.learn:
         m["poses"] = comps.projector.poses.describe()
     return m

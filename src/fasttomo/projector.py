@@ -4,6 +4,9 @@ One ``nn.Module`` owns the object model (the field) AND the per-tilt poses, so D
 both and a checkpoint or a device move carries both. Rays, rotations and the quadrature run in
 fp32 with autocast disabled; only the field runs under the caller's autocast.
 
+The intensity model (:class:`fasttomo.intensity.Intensity`, optional) maps line integrals to
+predicted measurements (gain x integral + background); without one the prediction is the integral.
+
 Units: the field's output is density in units of "target per slab thickness": the line integral
 is divided by the box depth Z (voxels), so an O(1) field explains O(1) normalized projections
 whatever the box size (a plain per-voxel sum would need densities ~1/Z and start training far
@@ -17,21 +20,24 @@ from torch import nn
 
 from fasttomo.geometry.poses import Poses
 from fasttomo.geometry.rays import Box, line_integral, ray_samples, voxel_grid
+from fasttomo.intensity import Intensity
 
 
 class Projector(nn.Module):
     def __init__(self, field: nn.Module, poses: Poses, box: Box, image_hw: tuple[int, int],
-                 samples_per_ray: int):
+                 samples_per_ray: int, intensity: Intensity | None = None):
         super().__init__()
         self.field = field
         self.poses = poses
+        self.intensity = intensity
         self.box = box
         self.image_hw = (int(image_hw[0]), int(image_hw[1]))
         self.samples_per_ray = int(samples_per_ray)
         self.length_unit = float(box.shape_zyx[0])
 
     def forward(self, tilt: torch.Tensor, row: torch.Tensor, col: torch.Tensor) -> torch.Tensor:
-        """Predicted line integrals (B,) fp32 for pixels (tilt, row, col)."""
+        """Predicted measurements (B,) fp32 for pixels (tilt, row, col): the line integrals,
+        through the intensity model when there is one."""
         device_type = tilt.device.type
         with torch.autocast(device_type=device_type, enabled=False):
             rot, shift = self.poses(tilt, row)
@@ -39,7 +45,8 @@ class Projector(nn.Module):
         b, s = samples.points.shape[:2]
         density = self.field(samples.points.reshape(b * s, 3)).reshape(b, s)
         with torch.autocast(device_type=device_type, enabled=False):
-            return line_integral(density.float(), samples) / self.length_unit
+            integral = line_integral(density.float(), samples) / self.length_unit
+            return integral if self.intensity is None else self.intensity(integral, tilt)
 
     def density(self, points: torch.Tensor) -> torch.Tensor:
         """Density per voxel length (target units) at normalized points (N, 3), fp32."""

@@ -7,7 +7,9 @@ validation, image and checkpoint steps.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import math
 import time
 from pathlib import Path
 
@@ -16,6 +18,7 @@ import torch
 
 from fasttomo.build import Components
 from fasttomo.config import to_dict
+from fasttomo import losses
 from fasttomo.logging import RunLogger
 from fasttomo.models.regularizers import SUBGRID_NOISE, needs_noise, regularization
 from fasttomo.train import checkpoint as ckpt
@@ -36,16 +39,31 @@ class Trainer:
         self.train_seconds = 0.0
         self.graphed = None  # GraphedStep, made at the first step when c.cuda_graph
         self._slices: dict[str, torch.Tensor] | None = None  # central-plane points, see _slice_points
-        self._noise = needs_noise(c.projector.field, self.cfg.loss)
+        self._subgrid_noise = SUBGRID_NOISE if needs_noise(c.projector.field, self.cfg.loss) else 0
+        self._s3im_noise = losses.s3im_noise_size(self.cfg.sampler.batch_size) if self.cfg.loss.s3im > 0 else 0
+        self.best: dict | None = None
+        """keep_best: {"step", "val", "model"} of the lowest validation loss so far (model: a copy of
+        the projector's state on its device)."""
+        self._since_best = 0
+        self.stopped_early = False
+        self.probe = None
+        """Optional callable () -> dict scoring the current field (e.g. against a ground truth); with
+        evaluation.curve_every = N it runs every N steps and its time is not counted as fit time."""
+        self.curve: list[dict] = []
+        """The probe's results: {"step", "fit_seconds", **scores} (the quality-against-time curve)."""
 
     # ------------------------------------------------------------------ one step
     def _weighted_errors(self, pred: torch.Tensor, batch) -> torch.Tensor:
-        """Per-pixel data term (squared or absolute error) times the pixel weight (0 = masked)."""
-        err = pred - batch.target
-        return (err.square() if self.cfg.loss.kind == "mse" else err.abs()) * batch.weight
+        """Per-pixel data term (loss.kind) times the pixel weight (0 = masked)."""
+        return losses.pixel_errors(pred, batch.target, self.cfg.loss.kind, self.cfg.loss.huber_delta) * batch.weight
 
-    def _data_loss(self, pred: torch.Tensor, batch) -> torch.Tensor:
-        return self._weighted_errors(pred, batch).sum() / batch.weight.sum().clamp_min(1.0)
+    def _data_loss(self, pred: torch.Tensor, batch, s3im_noise: torch.Tensor | None) -> dict[str, torch.Tensor]:
+        """The data term and, when loss.s3im > 0, the weighted S3IM term."""
+        lc = self.cfg.loss
+        parts = {"data": losses.data_term(pred, batch.target, batch.weight, lc.kind, lc.huber_delta)}
+        if s3im_noise is not None:
+            parts["s3im"] = lc.s3im * losses.s3im(pred, batch.target, batch.weight, s3im_noise)
+        return parts
 
     def _set_lr(self, step: int) -> None:
         f = self.c.schedule.factor(step, self.c.plateau)
@@ -61,8 +79,10 @@ class Trainer:
     def train_step(self, batch) -> tuple[torch.Tensor, dict]:
         """One optimizer step on ``batch``; returns (loss, parts) as device tensors (no sync)."""
         c = self.c
-        # drawn here, outside a captured graph, from the one regularizer stream (eager and graph alike)
-        noise = torch.rand(SUBGRID_NOISE, generator=c.reg_generator, device=c.device) if self._noise else None
+        # drawn here, outside a captured graph, from the one regularizer stream (eager and graph alike):
+        # the volume-TV sub-grid's numbers, then S3IM's random orders
+        n = self._subgrid_noise + self._s3im_noise
+        noise = torch.rand(n, generator=c.reg_generator, device=c.device) if n else None
         if c.cuda_graph:
             if self.graphed is None:
                 from fasttomo.train.cuda_graph import GraphedStep
@@ -75,16 +95,18 @@ class Trainer:
         """Forward, backward and update: the eager step, and what a CUDA graph captures."""
         c = self.c
         c.optimizer.zero_grad(set_to_none=True)
+        k = self._subgrid_noise
         with c.precision.autocast():
             pred = c.model(batch.tilt, batch.row, batch.col)
-        data = self._data_loss(pred, batch)
+        data_parts = self._data_loss(pred, batch, noise[k:] if self._s3im_noise else None)
         with c.precision.autocast():
-            reg, parts = regularization(c.projector.field, self.cfg.loss, c.reg_generator, noise)
-        loss = data + reg.float()
+            reg, parts = regularization(c.projector.field, self.cfg.loss, c.reg_generator, noise[:k] if k else None)
+        loss = sum(data_parts.values()) + reg.float()
         c.precision.backward(loss)
         c.precision.step(c.optimizer, [p for g in c.optimizer.param_groups for p in g["params"]],
                          self.cfg.optim.grad_clip)
-        return loss.detach(), {"data": data.detach(), **{k: v.detach() for k, v in parts.items()}}
+        return loss.detach(), {**{k: v.detach() for k, v in data_parts.items()},
+                               **{k: v.detach() for k, v in parts.items()}}
 
     # ------------------------------------------------------------------ evaluation
     @torch.no_grad()
@@ -97,6 +119,37 @@ class Trainer:
             total += self._weighted_errors(pred, batch).sum().double()
             weight += batch.weight.sum().double()
         return float(total / weight.clamp_min(1.0)) if self.c.sampler.n_val else float("nan")
+
+    def _track_best(self, v: float) -> bool:
+        """Keep the field of the lowest validation loss (optim.keep_best) and count the checks
+        since it (optim.early_stop); returns True when the run should stop early. The loss is
+        averaged over the ranks first, so every rank decides alike."""
+        o = self.cfg.optim
+        if not (o.keep_best or o.early_stop) or not math.isfinite(v):
+            return False
+        v = float(all_reduce_mean(torch.tensor(v, dtype=torch.float64, device=self.c.device)))
+        if self.best is None or v < self.best["val"]:
+            model = ({k: t.detach().clone() for k, t in self.c.projector.state_dict().items()}
+                     if o.keep_best else None)
+            self.best = {"step": self.step, "val": v, "model": model}
+            self._since_best = 0
+            return False
+        self._since_best += 1
+        return bool(o.early_stop) and self._since_best >= o.early_stop
+
+    @contextlib.contextmanager
+    def exported_field(self):
+        """Within the block the projector holds the field to export: the best-validation one with
+        optim.keep_best (the last step's is put back afterwards), else the current one."""
+        if not (self.cfg.optim.keep_best and self.best is not None and self.best["model"] is not None):
+            yield self.step
+            return
+        current = {k: t.detach().clone() for k, t in self.c.projector.state_dict().items()}
+        self.c.projector.load_state_dict(self.best["model"])
+        try:
+            yield self.best["step"]
+        finally:
+            self.c.projector.load_state_dict(current)
 
     @torch.no_grad()
     def central_slices(self) -> dict[str, np.ndarray]:
@@ -166,6 +219,9 @@ class Trainer:
             "history": self.history,
             "val_history": self.val_history,
             "train_seconds": self.train_seconds,
+            "best": self.best,
+            "curve": self.curve,
+            "since_best": self._since_best,
             "config": to_dict(self.cfg),
         }
 
@@ -202,6 +258,12 @@ class Trainer:
         self.history = [list(h) for h in state.get("history", [])]
         self.val_history = [list(h) for h in state.get("val_history", [])]
         self.train_seconds = float(state.get("train_seconds", 0.0))
+        best = state.get("best")
+        if best is not None and best.get("model") is not None:
+            best = {**best, "model": {k: t.to(c.device) for k, t in best["model"].items()}}
+        self.best = best
+        self._since_best = int(state.get("since_best", 0))
+        self.curve = [dict(r) for r in state.get("curve", [])]
 
     _FREE_ON_RESUME = ("resume", "name", "output", "logging", "optim.steps", "runtime.threads",
                        "runtime.cuda_graph")  # captured or eager: the same step
@@ -245,6 +307,8 @@ class Trainer:
         self.run_logger = run_log
         t_start = time.perf_counter()
         t_mark, step_mark = t_start, self.step
+        paused = 0.0  # seconds spent in the probe, not fit time
+        every = self.cfg.evaluation.curve_every
         try:
             while self.step < end:
                 step = self.step
@@ -274,16 +338,30 @@ class Trainer:
                     run_log.scalars(self.step, {"loss/val": v})
                     if c.plateau is not None:
                         c.plateau.update(v)
+                    if self._track_best(v) and not last:
+                        self.stopped_early = True
+                        log.info("early stop at step %d: no lower validation loss in %d checks since step %d "
+                                 "(optim.early_stop=%d)", self.step, self._since_best, self.best["step"],
+                                 cfg.optim.early_stop)
+                        break
                 image_step = lg.image_every > 0 and self.step % lg.image_every == 0
                 if (image_step or last) and self.main and lg.tensorboard:
                     for name, img in self.central_slices().items():
                         run_log.image(self.step, f"slices/{name}", img)
+                if self.probe is not None and every and (self.step % every == 0 or last):
+                    if c.device.type == "cuda":
+                        torch.cuda.synchronize(c.device)
+                    t_probe = time.perf_counter()
+                    fit = self.train_seconds + (t_probe - t_start - paused)
+                    self.curve.append({"step": self.step, "fit_seconds": fit, **self.probe()})
+                    paused += time.perf_counter() - t_probe
+                    t_mark += time.perf_counter() - t_probe  # keep time/step_ms a measure of steps
                 if lg.checkpoint_every and self.step % lg.checkpoint_every == 0 and not last:
                     self.save(f"step{self.step:07d}.pt")
         finally:
             if c.device.type == "cuda":
                 torch.cuda.synchronize(c.device)
-            self.train_seconds += time.perf_counter() - t_start
+            self.train_seconds += time.perf_counter() - t_start - paused
             run_log.close()
 
 

@@ -1,0 +1,138 @@
+"""Scoring inside a reconstruction run: against a ground truth when there is one, and without one
+(held-out views, even/odd half sets).
+
+* :func:`attach_truth`: ``evaluation.truth`` (a volume file) becomes the tilt series' ground truth,
+  so synthetic data given as files is scored exactly like the built-in phantom.
+* :func:`truth_scores`: Pearson (global and over the specimen), plus the FSC summary against the
+  truth (0.5 and 0.143 crossings, in Angstrom) when the volumes match.
+* :func:`split_holdout`: ``evaluation.holdout_views`` leaves views out of training;
+  :func:`holdout_scores` compares each left-out image with the reconstruction's prediction of it
+  (Pearson per view, and the RMS residual in the stack's units).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+
+import numpy as np
+import torch
+
+from fasttomo.data.tiltseries import TiltSeries, TiltSeriesError
+
+log = logging.getLogger("fasttomo")
+
+
+def attach_truth(ts: TiltSeries, path: str, thickness: int | None) -> None:
+    """Read the ground-truth volume file ``path`` into ``ts.ground_truth`` ((Z, H, W) required)."""
+    from fasttomo.data.io.volume import read_volume
+
+    vol, _, _ = read_volume(path)
+    if vol.ndim != 3 or vol.shape[1:] != (ts.height, ts.width) or (thickness is not None and vol.shape[0] != thickness):
+        want = f"({thickness if thickness is not None else 'Z'}, {ts.height}, {ts.width})"
+        raise TiltSeriesError(f"{path}: evaluation.truth has shape {tuple(vol.shape)} but the reconstruction box "
+                              f"is (Z, Y, X) = {want}; give the truth volume of this tilt series (after binning "
+                              "and cropping) or set data.thickness to its Z.")
+    ts.ground_truth = np.ascontiguousarray(vol, dtype=np.float32)
+    log.info("evaluation: scoring against the ground truth %s %s", path, tuple(vol.shape))
+
+
+def truth_scores(volume: np.ndarray, truth: np.ndarray, voxel_size: float,
+                 tilt_range: tuple[float, float] | None = None) -> dict:
+    """Scores of ``volume`` against ``truth`` (same shape): Pearson global/foreground and, when
+    the FSC functions are available, the FSC summary."""
+    from fasttomo import metrics
+
+    out = metrics.volume_metrics(volume, truth)
+    summary = getattr(metrics, "fsc_summary", None)
+    if summary is not None:
+        out.update(summary(volume, truth, voxel_size, tilt_range=tilt_range))
+    return out
+
+
+@dataclasses.dataclass
+class Holdout:
+    """Views left out of training."""
+
+    index: np.ndarray
+    """Indices of the held-out views in the prepared series."""
+    view_numbers: list[int]
+    """Their 1-based numbers in the file."""
+    stack: np.ndarray
+    angles: np.ndarray
+    valid: np.ndarray | None
+
+
+def split_holdout(ts: TiltSeries, views_1based: list[int]) -> tuple[TiltSeries, Holdout | None]:
+    """(training series, held-out views) for 1-based file view numbers ``views_1based``."""
+    if not views_1based:
+        return ts, None
+    numbers = list(ts.metadata.get("view_numbers") or range(1, ts.n_tilts + 1))
+    missing = sorted(set(views_1based) - set(numbers))
+    if missing:
+        raise TiltSeriesError(f"{ts.source}: evaluation.holdout_views {missing} are not views of this series "
+                              f"(its views are {numbers[0]}..{numbers[-1]}, 1-based, after data.exclude_views); "
+                              "pick views that are used.")
+    held = np.array(sorted(numbers.index(v) for v in set(views_1based)))
+    keep = np.setdiff1d(np.arange(ts.n_tilts), held)
+    if keep.size < 2:
+        raise TiltSeriesError(f"{ts.source}: evaluation.holdout_views leaves {keep.size} view(s) to train on; "
+                              "hold out fewer views.")
+    if ts.reference_index() in held:
+        log.info("evaluation: the held-out views include the smallest-|tilt| view; the reference of the poses "
+                 "becomes the next smallest.")
+    sub = lambda a: None if a is None else np.ascontiguousarray(a[keep])  # noqa: E731
+    meta = dict(ts.metadata)
+    meta["view_numbers"] = [numbers[i] for i in keep]
+    meta["holdout_view_numbers"] = [numbers[i] for i in held]
+    train = TiltSeries(stack=sub(ts.stack), angles=ts.angles[keep], pixel_size=ts.pixel_size, source=ts.source,
+                       metadata=meta, ground_truth=ts.ground_truth, valid=sub(ts.valid))
+    hold = Holdout(held, [numbers[i] for i in held], ts.stack[held], ts.angles[held],
+                   None if ts.valid is None else ts.valid[held])
+    log.info("evaluation: views %s (1-based) held out of training, %d views remain", hold.view_numbers, keep.size)
+    return train, hold
+
+
+def per_view_scores(measured: np.ndarray, predicted: np.ndarray, valid: np.ndarray | None) -> dict:
+    """Pearson and RMS residual of each view (valid pixels only)."""
+    corr, rms = [], []
+    for i in range(measured.shape[0]):
+        m = np.ones(measured.shape[1:], dtype=bool) if valid is None else valid[i]
+        a, b = measured[i][m].astype(np.float64), predicted[i][m].astype(np.float64)
+        da, db = a - a.mean(), b - b.mean()
+        den = np.sqrt((da * da).sum() * (db * db).sum())
+        corr.append(float((da * db).sum() / den) if den > 0 else float("nan"))
+        rms.append(float(np.sqrt(np.mean((a - b) ** 2))))
+    return {"pearson": corr, "rms_residual": rms, "pearson_mean": float(np.mean(corr)),
+            "pearson_min": float(np.min(corr))}
+
+
+@torch.no_grad()
+def predict_views(field_projector, angles: np.ndarray, chunk: int = 1 << 15) -> np.ndarray:
+    """The images (n, H, W) that ``field_projector``'s field predicts at tilt ``angles`` (untouched
+    poses, no intensity model): line integrals in the projector's normalized units."""
+    from fasttomo.geometry.poses import Poses
+    from fasttomo.projector import Projector
+
+    src = field_projector
+    h, w = src.image_hw
+    device = next(src.field.parameters()).device
+    poses = Poses(angles, int(np.argmin(np.abs(angles if angles.ndim == 1 else angles.mean(axis=1))))).to(device)
+    proj = Projector(src.field, poses, src.box, src.image_hw, src.samples_per_ray)
+    n = len(angles)
+    ids = torch.arange(n * h * w, device=device)
+    out = torch.empty(n * h * w, device=device)
+    for lo in range(0, ids.numel(), chunk):
+        i = ids[lo:lo + chunk]
+        tilt = torch.div(i, h * w, rounding_mode="floor")
+        rem = i - tilt * h * w
+        row = torch.div(rem, w, rounding_mode="floor")
+        out[lo:lo + chunk] = proj(tilt, row, rem - row * w)
+    return out.reshape(n, h, w).cpu().numpy()
+
+
+def holdout_scores(hold: Holdout, predicted: np.ndarray) -> dict:
+    """Scores of the predicted held-out images (in the stack's units) against the measured ones."""
+    scores = per_view_scores(hold.stack, predicted, hold.valid)
+    scores["view_numbers"] = hold.view_numbers
+    return scores
