@@ -77,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
             "min_ms": round(min(times), 3),
             "max_ms": round(max(times), 3),
             "rays_per_s": round(rays / (ms / 1e3), 1),
-            "points_per_s": round(rays * cfg.sampler.samples_per_ray / (ms / 1e3), 1),
+            "points_per_s": round(rays * comps.projector.samples_per_ray / (ms / 1e3), 1),
             "world_size": world,
             "final_loss": float(all_reduce_mean(losses[-1]).item()),
             "loss_rank0": float(losses[-1].item()),

@@ -61,6 +61,18 @@ class Components:
     """Capture the training step in a CUDA graph (decided here from runtime.cuda_graph)."""
 
 
+def samples_per_ray(cfg: Config, box: Box, ts: TiltSeries) -> int:
+    """sampler.samples_per_ray, or the automatic count for this box and these tilts."""
+    from fasttomo.geometry.rays import auto_samples_per_ray
+
+    if cfg.sampler.samples_per_ray is not None:
+        return cfg.sampler.samples_per_ray
+    s = auto_samples_per_ray(box, ts.angles)
+    log.info("sampler: %d samples per ray (one per 4/3 voxel of the longest chord; set sampler.samples_per_ray "
+             "to choose)", s)
+    return s
+
+
 def build_intensity(cfg: IntensityConfig, ts: TiltSeries, scale: float) -> Intensity:
     """The intensity model, its background starting at intensity.background_value or at the robust
     vacuum estimate (in the sampler's units: stack / ``scale``)."""
@@ -118,7 +130,7 @@ def build(cfg: Config, ts: TiltSeries, *, rank: int = 0, world_size: int = 1, lo
                   learn_shifts=cfg.pose.learn and cfg.pose.learn_shifts)
     sampler = build_sampler(ts, cfg.sampler, seed=cfg.runtime.seed, device=device, rank=rank, world_size=world_size)
     intensity = build_intensity(cfg.intensity, ts, sampler.scale)
-    projector = Projector(field, poses, box, (ts.height, ts.width), cfg.sampler.samples_per_ray,
+    projector = Projector(field, poses, box, (ts.height, ts.width), samples_per_ray(cfg, box, ts),
                           intensity).to(device)
     model: torch.nn.Module = projector
     if world_size > 1:

@@ -155,8 +155,10 @@ class ModelConfig:
     projected onto SO(3) by SVD, which synchronizes with the host on CUDA every step)."""
     channels: int = 8
     """C: feature channels per plane."""
-    resolutions: list = dataclasses.field(default_factory=lambda: [32, 64])
-    """Plane resolution per scale: an int (isotropic) or [rx, ry, rz] per scale."""
+    resolutions: Optional[list] = None
+    """Plane resolution per scale: an int (isotropic) or [rx, ry, rz] per scale. None: [N/2, N] with
+    N the largest side of the reconstruction box (two scales, the finer at one texel per voxel
+    along the box's longest side)."""
     decoder: str = "hybrid"
     """Decoder head: linear (one layer) or hybrid (Linear-ReLU-Linear-ReLU-Linear)."""
     hidden: int = 32
@@ -189,8 +191,9 @@ class ModelConfig:
         _choice(self.rotation_param, ("svd", "quaternion"), "model.rotation_param")
         _require(isinstance(self.channels, int) and self.channels >= 1, "model.channels",
                  f"must be an integer >= 1, got {self.channels!r}.")
-        _require(len(self.resolutions) >= 1, "model.resolutions", "needs at least one scale, e.g. [16, 32].")
-        for r in self.resolutions:
+        _require(self.resolutions is None or len(self.resolutions) >= 1, "model.resolutions",
+                 "needs at least one scale, e.g. [16, 32] (or null for the box-sized default).")
+        for r in self.resolutions or []:
             ok = (isinstance(r, int) and r >= 2) or (
                 isinstance(r, (list, tuple)) and len(r) == 3 and all(isinstance(v, int) and v >= 2 for v in r))
             _require(ok, "model.resolutions",
@@ -201,6 +204,9 @@ class ModelConfig:
         _require(self.init_low < self.init_high, "model.init_low/init_high", "need init_low < init_high.")
 
     def resolution_triples(self) -> tuple[tuple[int, int, int], ...]:
+        if self.resolutions is None:
+            raise ValueError("model.resolutions is None (box-sized default): resolve it with "
+                             "fasttomo.models.auto_resolutions(box) first")
         return tuple((r, r, r) if isinstance(r, int) else tuple(r) for r in self.resolutions)
 
 
@@ -252,8 +258,9 @@ class SamplerConfig:
     DataLoader, kept for comparison)."""
     batch_size: int = 1024
     """Rays per step (per rank under torchrun)."""
-    samples_per_ray: int = 48
-    """S: quadrature points per ray."""
+    samples_per_ray: Optional[int] = None
+    """S: quadrature points per ray. None: one per SAMPLE_SPACING (4/3) voxels of the longest chord
+    through the box over the series' tilts (48 for the embedded 64 x 64 x 32 phantom at +-60)."""
     val_fraction: float = 0.02
     """Fraction of pixels held out for validation (fixed-seed split, identical on all ranks)."""
     split_seed: int = 12345
@@ -269,9 +276,10 @@ class SamplerConfig:
 
     def __post_init__(self) -> None:
         _choice(self.kind, ("device", "dataloader"), "sampler.kind")
-        for name in ("batch_size", "samples_per_ray"):
-            v = getattr(self, name)
-            _require(isinstance(v, int) and v >= 1, f"sampler.{name}", f"must be an integer >= 1, got {v!r}.")
+        _require(isinstance(self.batch_size, int) and self.batch_size >= 1, "sampler.batch_size",
+                 f"must be an integer >= 1, got {self.batch_size!r}.")
+        _require(self.samples_per_ray is None or (isinstance(self.samples_per_ray, int) and self.samples_per_ray >= 1),
+                 "sampler.samples_per_ray", f"must be an integer >= 1 or null (automatic), got {self.samples_per_ray!r}.")
         _require(0 <= self.val_fraction < 0.5, "sampler.val_fraction",
                  f"must be in [0, 0.5), got {self.val_fraction!r}.")
         _require(isinstance(self.num_workers, int) and self.num_workers >= 0, "sampler.num_workers",

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
 import torch
 
 INSIDE_TOL = 1e-5
@@ -72,6 +73,30 @@ class Box:
         """Normalized (..., 3) xyz -> physical coordinates in voxel units."""
         h = self.half_extent
         return torch.stack([p_n[..., a] * h[a] for a in range(3)], dim=-1)
+
+
+SAMPLE_SPACING = 4.0 / 3.0
+"""Voxels between quadrature points along the longest chord when sampler.samples_per_ray is None."""
+
+
+def longest_chord(box: Box, angles_deg) -> float:
+    """Longest ray chord (voxels) through the box over the given tilt angles (untouched poses: the
+    ray runs in the x-z plane at the tilt angle, so the chord is min(X / |sin|, Z / |cos|))."""
+    import math
+
+    z, _, x = box.shape_zyx
+    best = 0.0
+    for a in {float(v) for v in np.asarray(angles_deg, dtype=np.float64).ravel()}:
+        s, c = abs(math.sin(math.radians(a))), abs(math.cos(math.radians(a)))
+        best = max(best, min(x / s if s > 1e-12 else math.inf, z / c if c > 1e-12 else math.inf))
+    return best
+
+
+def auto_samples_per_ray(box: Box, angles_deg) -> int:
+    """sampler.samples_per_ray=None: one sample per SAMPLE_SPACING voxels of the longest chord."""
+    import math
+
+    return max(8, int(math.ceil(longest_chord(box, angles_deg) / SAMPLE_SPACING - 1e-9)))
 
 
 @dataclasses.dataclass

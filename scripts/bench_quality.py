@@ -1,0 +1,256 @@
+#!/usr/bin/env python
+"""bench_quality: what volume does fasttomo give, by default, against its own SIRT?
+
+Every case is written to files first (MRC stack + .rawtlt angles + ground-truth MRC, as a
+microscopist would hand them over) and every method runs as a user runs it: a fresh
+``python -m fasttomo.reconstruct`` process with ``data=mrc`` and only the path, the angles and the
+thickness given, plus the method's own overrides and ``evaluation.truth`` (scoring only: the truth
+never enters the fit). Quality is the Pearson correlation to the truth (whole volume and
+specimen), the FSC against the truth (0.5 and 0.143 crossings, in A) and, in the ``--eval`` runs,
+the even/odd half-set FSC and the held-out-view reprojection correlation, which need no truth.
+``fit_seconds`` is the time spent fitting (the run's training loop or SIRT iterations), without
+process start, file reading or scoring; the curves give quality against fit seconds.
+
+Cases (``--cases``; 61 tilts each; noise = Gaussian with a standard deviation of the given
+fraction of the clean projections' maximum):
+
+    default64     the embedded phantom (64 x 64 x 32, +-60 degrees), clean, as files
+    clean128      8 random ellipsoids in a 128^3 box, +-60 degrees, clean
+    noise5_128    the same, 5 % noise
+    noise10_128   the same, 10 % noise
+    wedge70_128   the same specimen, +-70 degrees, 5 % noise
+    pose128       the same, 5 % noise, every view but the reference shifted (uniform +-3 px) and
+                  rotated in plane (uniform +-1 degree); the true poses are scored
+
+Methods (``--methods``):
+
+    field-default   fasttomo-reconstruct with nothing but the data (the defaults)
+    field-best      the best documented recipe (RECIPES below; pose128 adds pose=refine to both)
+    sirt            model=sirt, SIRT_ITERATIONS iterations, scored every iteration: the row is
+                    the best iteration count (by Pearson to the truth), the curve has them all
+
+``--eval`` adds, for the noisy cases, one run per method with evaluation.half_sets=true and four
+held-out views (HOLDOUT), whose half-set FSC and reprojection correlation fill the rows'
+``halfset_*`` and ``holdout_*`` columns.
+
+    python scripts/bench_quality.py                         # the whole suite
+    python scripts/bench_quality.py --cases noise5_128 --methods field-default sirt
+    python scripts/bench_quality.py --variant big="model.channels=16 model.n_rotations=4"
+
+Prints a table and a time-to-quality table, writes benchmarks/results/bench_quality-<case>-<device>-<commit>.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+
+from fasttomo.bench import write_result  # noqa: E402
+
+CASES = {
+    "default64": dict(phantom="default", width=64, height=64, thickness=32, tilt=60.0, noise=0.0),
+    "clean128": dict(phantom="ellipsoids", width=128, height=128, thickness=128, tilt=60.0, noise=0.0),
+    "noise5_128": dict(phantom="ellipsoids", width=128, height=128, thickness=128, tilt=60.0, noise=0.05),
+    "noise10_128": dict(phantom="ellipsoids", width=128, height=128, thickness=128, tilt=60.0, noise=0.10),
+    "wedge70_128": dict(phantom="ellipsoids", width=128, height=128, thickness=128, tilt=70.0, noise=0.05),
+    "pose128": dict(phantom="ellipsoids", width=128, height=128, thickness=128, tilt=60.0, noise=0.05,
+                    shift=3.0, rotation=1.0),
+}
+N_TILTS = 61
+SEED = 0
+SIRT_ITERATIONS = 300
+CURVE_EVERY = 100
+HOLDOUT = [8, 23, 39, 54]
+"""1-based views held out in the --eval runs (spread over the tilt range, not the reference)."""
+RECIPES = {
+    "field-default": [],
+    "field-best": ["model.resolutions=[64,128]", "model.channels=16", "model.n_rotations=4",
+                   "sampler.batch_size=4096", "sampler.samples_per_ray=128", "optim.keep_best=true"],
+}
+"""The overrides of each field method (field-best: the best recipe bench_quality has found)."""
+POSE_OVERRIDES = ["pose=refine"]
+
+
+def make_case(name: str, work: Path) -> dict:
+    """Write the case's stack, angles, truth (and true poses) once; returns their paths."""
+    from fasttomo.config import DataConfig
+    from fasttomo.data.io import write_tiltseries
+    from fasttomo.data.io.volume import write_volume
+    from fasttomo.data.phantom import make_tiltseries
+
+    spec = CASES[name]
+    folder = work / "cases"
+    folder.mkdir(parents=True, exist_ok=True)
+    base = folder / name
+    files = {"stack": f"{base}.mrc", "angles": f"{base}.rawtlt", "truth": f"{base}_truth.mrc",
+             "poses": f"{base}_poses.json" if spec.get("shift") else None, "thickness": spec["thickness"]}
+    if Path(files["truth"]).exists():
+        return files
+    kw = dict(width=spec["width"], height=spec["height"], thickness=spec["thickness"], n_tilts=N_TILTS,
+              tilt_min=-spec["tilt"], tilt_max=spec["tilt"], noise=spec["noise"], phantom_seed=SEED)
+    if spec["phantom"] != "default":
+        kw.update(phantom=spec["phantom"], noise_relative_to="max")
+    elif spec["noise"]:
+        kw.update(noise_relative_to="max")
+    if spec.get("shift"):
+        kw.update(pose_error_shift=spec["shift"], pose_error_rotation=spec["rotation"])
+    ts = make_tiltseries(DataConfig(**kw))
+    write_tiltseries(files["stack"], ts, "mrc", overwrite=True)
+    write_volume(files["truth"], ts.ground_truth, ts.pixel_size, label=f"bench_quality {name} truth", attrs={},
+                 fmt="mrc", overwrite=True)
+    if files["poses"]:
+        Path(files["poses"]).write_text(json.dumps(ts.metadata["true_poses"], indent=1))
+    return files
+
+
+def run_method(case: str, files: dict, method: str, overrides: list[str], work: Path, eval_run: bool,
+               python: str) -> dict:
+    """One fasttomo-reconstruct process; returns its metrics.json (plus the command)."""
+    tag = f"{case}-{method}" + ("-eval" if eval_run else "")
+    out = work / "runs" / tag
+    if out.exists():
+        import shutil
+
+        shutil.rmtree(out)
+    args = ["data=mrc", f"data.path={files['stack']}", f"data.angles={files['angles']}",
+            f"data.thickness={files['thickness']}", *overrides, f"evaluation.truth={files['truth']}",
+            "logging=quiet", f"hydra.run.dir={out}"]
+    if method.startswith("sirt"):
+        args += ["model=sirt", f"model.iterations={SIRT_ITERATIONS}", "evaluation.curve_every=1"]
+    else:
+        args += [f"evaluation.curve_every={CURVE_EVERY}"]
+    if eval_run:
+        args += ["evaluation.half_sets=true", "evaluation.holdout_views=[" + ",".join(map(str, HOLDOUT)) + "]",
+                 "evaluation.curve_every=0"]
+    cmd = [python, "-m", "fasttomo.reconstruct", *args]
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=work)
+    wall = time.perf_counter() - t0
+    if proc.returncode != 0:
+        raise SystemExit(f"{tag} failed (exit {proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    m = json.loads((out / "metrics.json").read_text())
+    m["_command"] = "fasttomo-reconstruct " + " ".join(shlex.quote(a) for a in args)
+    m["_process_seconds"] = wall
+    return m
+
+
+def row_of(case: str, method: str, m: dict, files: dict) -> dict:
+    """The result row of one run (the best SIRT iteration for sirt)."""
+    row = {"method": method, "case": case, "command": m["_command"], "process_seconds": round(m["_process_seconds"], 2)}
+    if method.startswith("sirt"):
+        best = max(m["curve"], key=lambda r: r.get("pearson_global", -1))
+        row.update(method=f"sirt-{best['step']}", fit_seconds=best["fit_seconds"], pearson=best["pearson_global"],
+                   pearson_fg=best["pearson_foreground"], iterations=best["step"],
+                   pearson_final=m.get("pearson_global"), fit_seconds_final=m.get("fit_seconds"))
+        for it in (50, 100):
+            at = [r for r in m["curve"] if r["step"] == it]
+            if at:
+                row[f"pearson_at_{it}_iterations"] = at[0]["pearson_global"]
+                row[f"fit_seconds_at_{it}_iterations"] = at[0]["fit_seconds"]
+    else:
+        row.update(fit_seconds=m["train_seconds"], pearson=m.get("pearson_global"), pearson_fg=m.get("pearson_foreground"),
+                   steps=m.get("steps"), exported_step=m.get("exported_step"))
+    for k in ("fsc05_A", "fsc0143_A", "fsc05_measured_A", "fsc05_wedge_A", "psnr_db"):
+        if k in m:
+            row[k] = m[k]
+    row["curve"] = [{"fit_seconds": round(r["fit_seconds"], 4), "pearson": r.get("pearson_global")}
+                    for r in m.get("curve", [])]
+    if files.get("poses") and "poses" in m:
+        from fasttomo.geometry.alignment import pose_errors
+
+        row["pose_errors"] = pose_errors(m["poses"], json.loads(Path(files["poses"]).read_text()))
+    return row
+
+
+def add_eval(row: dict, m: dict) -> None:
+    hs = m.get("half_sets") or {}
+    for k in ("fsc05_A", "fsc0143_A"):
+        if k in hs:
+            row[f"halfset_{k}"] = hs[k]
+    ho = m.get("holdout") or {}
+    if "pearson_mean" in ho:
+        row["holdout_pearson_mean"] = ho["pearson_mean"]
+        row["holdout_pearson_min"] = ho["pearson_min"]
+
+
+def time_to(curve: list[dict], level: float) -> float | None:
+    for r in curve:
+        if r.get("pearson") is not None and r["pearson"] >= level:
+            return r["fit_seconds"]
+    return None
+
+
+def fmt(v, spec=".4f") -> str:
+    return "-" if v is None else format(v, spec)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--cases", nargs="+", default=list(CASES), choices=list(CASES))
+    ap.add_argument("--methods", nargs="+", default=["field-default", "field-best", "sirt"])
+    ap.add_argument("--variant", action="append", default=[],
+                    help="NAME=\"override override ...\": an extra field method (for recipe sweeps)")
+    ap.add_argument("--eval", action="store_true", help="half-set FSC and held-out views on the noisy cases")
+    ap.add_argument("--work", default=None, help="folder for case files and runs (default: a temp folder)")
+    ap.add_argument("--out-dir", default=None, help="where the JSON record goes (default benchmarks/results)")
+    ap.add_argument("--python", default=sys.executable)
+    args = ap.parse_args()
+
+    import tempfile
+
+    work = Path(args.work or tempfile.mkdtemp(prefix="bench_quality_")).resolve()
+    recipes = dict(RECIPES)
+    for v in args.variant:
+        name, _, ov = v.partition("=")
+        recipes[name] = shlex.split(ov)
+        if name not in args.methods:
+            args.methods.append(name)
+    rows = []
+    for case in args.cases:
+        files = make_case(case, work)
+        for method in args.methods:
+            ov = [] if method.startswith("sirt") else list(recipes[method])
+            if CASES[case].get("shift") and not method.startswith("sirt") and method != "field-default":
+                ov += POSE_OVERRIDES
+            m = run_method(case, files, method, ov, work, False, args.python)
+            row = row_of(case, method, m, files)
+            if args.eval and CASES[case]["noise"] > 0 and method in ("field-default", "sirt"):
+                add_eval(row, run_method(case, files, method, ov, work, True, args.python))
+            rows.append(row)
+            print(f"{case:12s} {row['method']:16s} fit {row['fit_seconds']:7.2f} s  pearson {fmt(row['pearson'])}"
+                  f"  fg {fmt(row.get('pearson_fg'))}  fsc0.143 {fmt(row.get('fsc0143_A'), '.1f')} A", flush=True)
+
+    print("\n| case | method | fit s | Pearson | Pearson fg | FSC 0.5 (A) | FSC 0.143 (A) | half-set FSC 0.143 (A) "
+          "| held-out r | t(0.95) s | t(0.98) s | t(0.99) s |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    for r in rows:
+        c = r["curve"]
+        print(f"| {r['case']} | {r['method']} | {r['fit_seconds']:.2f} | {fmt(r['pearson'])} | {fmt(r.get('pearson_fg'))} | "
+              f"{fmt(r.get('fsc05_A'), '.1f')} | {fmt(r.get('fsc0143_A'), '.1f')} | {fmt(r.get('halfset_fsc0143_A'), '.1f')} | "
+              f"{fmt(r.get('holdout_pearson_mean'))} | {fmt(time_to(c, 0.95), '.2f')} | {fmt(time_to(c, 0.98), '.2f')} | "
+              f"{fmt(time_to(c, 0.99), '.2f')} |")
+        if "pose_errors" in r:
+            print(f"|   poses | {json.dumps(r['pose_errors'])} |")
+    import torch
+
+    device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
+    case = args.cases[0] if len(args.cases) == 1 else "suite"
+    path = write_result("bench_quality", case, device, rows, out_dir=Path(args.out_dir) if args.out_dir else None,
+                        cases={k: CASES[k] for k in args.cases}, n_tilts=N_TILTS, recipes=recipes,
+                        sirt_iterations=SIRT_ITERATIONS, work=str(work))
+    print(f"\nwrote {path}")
+
+
+if __name__ == "__main__":
+    main()
