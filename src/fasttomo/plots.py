@@ -179,6 +179,14 @@ def render_line_plot(series, title: str = "", xlabel: str = "", ylabel: str = ""
                      top_ticks: Callable[[float], str] | None = None, top_label: str = "",
                      legend: str = "best"):
     """Draw the plot described in :func:`line_plot`; returns ``(PIL.Image, Layout)`` without writing."""
+    args = (series, title, xlabel, ylabel, hlines, vlines, xlim, ylim, log_y, size, top_ticks, top_label)
+    img, layout, crowded = _render(*args, legend)
+    if legend == "best" and crowded:  # every inside corner would hide part of a curve
+        img, layout, _ = _render(*args, "below")
+    return img, layout
+
+
+def _render(series, title, xlabel, ylabel, hlines, vlines, xlim, ylim, log_y, size, top_ticks, top_label, legend):
     from PIL import Image, ImageDraw
 
     ser = _as_series(series)
@@ -313,7 +321,7 @@ def render_line_plot(series, title: str = "", xlabel: str = "", ylabel: str = ""
             ad.text((xx + d(4), ph - d(6)), r.label, fill=r.color, font=f_tick, anchor="ld")
 
     # --- legend (inside the plot area, in the corner where the curves leave the most room)
-    legend_box = None
+    legend_box, crowded = None, False
     if show_legend:
         m = d(10)
         at = {"upper right": (pw - bw - m, m), "upper left": (m, m), "lower right": (pw - bw - m, ph - bh - m),
@@ -330,6 +338,7 @@ def render_line_plot(series, title: str = "", xlabel: str = "", ylabel: str = ""
                             & (pts[:, 1] <= cy + bh + m)).sum()) if pts.size else 0
 
             corner = min(at.values(), key=crowd)  # dict order breaks ties: upper right first
+            crowded = crowd(corner) > 0
         else:
             canvas, ox, oy, corner = ad, left, top, at[legend]
         cx, cy = int(corner[0]), int(corner[1])
@@ -380,7 +389,7 @@ def render_line_plot(series, title: str = "", xlabel: str = "", ylabel: str = ""
         img.paste(ink, (pad, (top + bottom) // 2 - lab.size[1] // 2), lab)
     img = img.reduce(SUPERSAMPLE) if SUPERSAMPLE > 1 else img
     plot_box = (-(-left // SUPERSAMPLE), -(-top // SUPERSAMPLE), right // SUPERSAMPLE, bottom // SUPERSAMPLE)
-    return img, Layout(plot=plot_box, legend=legend_box, colors=colors)
+    return img, Layout(plot=plot_box, legend=legend_box, colors=colors), crowded
 
 
 def line_plot(path: str | os.PathLike, series, title: str = "", xlabel: str = "", ylabel: str = "", *,
@@ -397,7 +406,7 @@ def line_plot(path: str | os.PathLike, series, title: str = "", xlabel: str = ""
     (default: the data; y padded by 5 %). ``log_y``: logarithmic y axis (non-positive values are
     left out). ``top_ticks``: a function giving a second label for every x tick, drawn along the
     top axis with ``top_label`` (e.g. resolution in A over spatial frequency). ``legend``: ``best``
-    (the inside corner the curves cross least), ``upper right``, ``upper left``, ``lower right``,
+    (an inside corner no curve crosses, else below the plot), ``upper right``, ``upper left``, ``lower right``,
     ``lower left``, ``below`` (under the x axis label: the plot grows no smaller than needed and
     no curve is hidden) or ``none``. An existing file is refused unless ``overwrite``.
     """
