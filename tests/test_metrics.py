@@ -51,6 +51,8 @@ def test_independent_noise_fsc_is_near_zero_within_shell_bound():
     z = c.fsc * np.sqrt(c.n_voxels)
     assert 0.6 < z.std() < 1.5
     assert c.crossing(0.5).status == "below_at_start"
+    offset = fsc(a + 1e5, b - 3e4, voxel_size_A=1.0)            # a constant offset changes no shell
+    np.testing.assert_allclose(offset.fsc, c.fsc, atol=1e-5)
 
 
 def test_voxel_counts_match_the_full_grid():

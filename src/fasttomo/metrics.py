@@ -228,19 +228,24 @@ def _check_pair(a, b, mask, what: str) -> tuple[np.ndarray, np.ndarray]:
     if a.shape != b.shape:
         raise ValueError(f"{what}: volume shapes differ, (Z, Y, X) = {a.shape} vs {b.shape}; they must match "
                          "voxel for voxel.")
-    a = a.astype(np.float32, copy=True)
-    b = b.astype(np.float32, copy=True)
     if not (np.all(np.isfinite(a)) and np.all(np.isfinite(b))):
         raise ValueError(f"{what}: the volumes hold NaN or Inf values; FSC needs finite volumes.")
+    m = None
     if mask is not None:
         m = np.asarray(mask, dtype=np.float32)
         if m.shape != a.shape:
             raise ValueError(f"{what}: mask shape {m.shape} differs from the volumes' {a.shape}.")
         if not np.all(np.isfinite(m)) or m.min() < 0 or not m.max() > 0:
             raise ValueError(f"{what}: the mask must be finite, >= 0 and not all zero (a soft mask in [0, 1]).")
-        a *= m
-        b *= m
-    return a, b
+    out = []
+    for v in (a, b):
+        # remove the (mask-weighted) mean first: the float32 transform then keeps its precision for
+        # weak detail on a large offset, and a mask does not add its own shape (mean x mask) to both
+        mean = float(np.mean(v, dtype=np.float64)) if m is None else float(
+            np.sum(v * m, dtype=np.float64) / np.sum(m, dtype=np.float64))
+        v = (v.astype(np.float64) - mean).astype(np.float32)
+        out.append(v if m is None else v * m)
+    return out[0], out[1]
 
 
 def _fsc_curves(a, b, voxel_size_A: float, mask, shell_width: float, tilt_range_deg, what: str
@@ -302,8 +307,10 @@ def fsc(a: np.ndarray, b: np.ndarray, voxel_size_A: float, mask: np.ndarray | No
         shell_width: float = 1.0) -> FSCCurve:
     """Fourier shell correlation of two (Z, Y, X) volumes (see the module docstring).
 
-    ``mask`` is an optional soft real-space mask (same shape, values in [0, 1]) applied to both
-    volumes before the transform. ``shell_width`` is in Fourier voxels of the largest axis.
+    Each volume's mean is removed first (the mask-weighted mean with a mask). Without a mask this
+    changes only the zero-frequency term, which is not reported; with one it keeps mean x mask,
+    the mask's own shape, out of the low shells of both volumes. ``mask`` is an optional soft real-space mask (same
+    shape, values in [0, 1]) applied to both volumes before the transform. ``shell_width`` is in Fourier voxels of the largest axis.
     """
     return _fsc_curves(a, b, voxel_size_A, mask, shell_width, None, "fsc")["all"]
 
