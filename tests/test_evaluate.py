@@ -163,12 +163,18 @@ def test_tiltseries_mode_with_a_standin_projector(files, tmp_path):
     assert mm["tiltseries"]["summary"]["pearson_mean"] < ts["summary"]["pearson_mean"] - 0.02
 
 
-def test_tiltseries_image_shape_must_match_the_volume(files, tmp_path):
+def test_tiltseries_shape_and_views_are_checked_before_writing(files, tmp_path):
     d, truth, _ = files
     write_volume(tmp_path / "cropped.mrc", truth[:, :, 1:], 10.0, label="c", attrs={}, fmt="mrc")
     with pytest.raises(EvaluateError, match=r"\(H, W\) = \(20, 24\).*\(Z, Y, X\) = \(\d+, 20, 23\)"):
-        evaluate(EvaluateConfig(volume=str(tmp_path / "cropped.mrc"), tiltseries=str(d / "ph.mrc"),
-                                angles=str(d / "ph.rawtlt"), out=str(tmp_path / "o"), device="cpu"),
+        evaluate(EvaluateConfig(volume=str(tmp_path / "cropped.mrc"), truth=str(tmp_path / "cropped.mrc"),
+                                tiltseries=str(d / "ph.mrc"), angles=str(d / "ph.rawtlt"), out=str(tmp_path / "o"),
+                                device="cpu"),
+                 projector=standin_forward_project)
+    assert not (tmp_path / "o").exists()                      # refused before anything was written
+    with pytest.raises(EvaluateError, match="only 9 views"):
+        evaluate(EvaluateConfig(volume=str(d / "ph_truth.mrc"), tiltseries=str(d / "ph.mrc"),
+                                angles=str(d / "ph.rawtlt"), held_out_views=[10], out=str(tmp_path / "o")),
                  projector=standin_forward_project)
 
 

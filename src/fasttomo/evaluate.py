@@ -243,6 +243,21 @@ def read_tiltseries(stack: str, angles: str | None):
         raise EvaluateError(str(exc).replace("data.angles", "angles").replace("data.path", "tiltseries")) from None
 
 
+def check_stack(vol_shape, stack_shape, held_out_views=()) -> list[int]:
+    """The stack's images must be the volume's projections, (H, W) = (Y, X); held-out view
+    numbers (1-based) must exist. Returns the sorted held-out view numbers."""
+    n, h, w = stack_shape
+    if (h, w) != tuple(vol_shape[1:]):
+        raise EvaluateError(f"the tilt series has images of (H, W) = ({h}, {w}) (stack shape {tuple(stack_shape)}) but "
+                            f"the volume has (Z, Y, X) = {tuple(vol_shape)}, so its projections are (Y, X) = "
+                            f"{tuple(vol_shape[1:])}; give the stack as the reconstruction saw it (same binning and "
+                            "crop, tilt axis along Y).")
+    held = sorted(set(int(v) for v in held_out_views))
+    if held and held[-1] > n:
+        raise EvaluateError(f"held_out_views={held}: the tilt series has only {n} views (numbered 1..{n}).")
+    return held
+
+
 def _device(name: str):
     import torch
 
@@ -285,13 +300,7 @@ def score_against_tiltseries(vol: np.ndarray, stack: np.ndarray, angles_deg: np.
     from fasttomo.metrics import projection_metrics
 
     n, h, w = stack.shape
-    if (h, w) != vol.shape[1:]:
-        raise EvaluateError(f"the tilt series has images of (H, W) = ({h}, {w}) (stack shape {stack.shape}) but the "
-                            f"volume has (Z, Y, X) = {vol.shape}, so its projections are (Y, X) = {vol.shape[1:]}; give "
-                            "the stack as the reconstruction saw it (same binning and crop, tilt axis along Y).")
-    held = sorted(set(int(v) for v in held_out_views))
-    if held and held[-1] > n:
-        raise EvaluateError(f"held_out_views={held}: the tilt series has only {n} views (numbered 1..{n}).")
+    held = check_stack(vol.shape, stack.shape, held_out_views)
     ang = np.asarray(angles_deg, dtype=np.float64)
     per_view = ang if ang.ndim == 1 else ang.mean(axis=1)
     projector = load_projector() if projector is None else projector
@@ -398,6 +407,11 @@ def evaluate(cfg: EvaluateConfig, projector: Callable | None = None) -> dict:
     tilt_range, tilt_range_source = cfg.tilt_range, "tilt_range="
     if cfg.tiltseries:
         raw = read_tiltseries(cfg.tiltseries, cfg.angles)
+        check_stack(vol.shape, raw.stack.shape, cfg.held_out_views)  # before anything is written
+        if not raw.metadata.get("pixel_size_assumed") and not math.isclose(raw.pixel_size, voxel, rel_tol=1e-2):
+            log.warning("tiltseries=%s has %.4g A pixels but the volume %.4g A voxels: was the stack binned "
+                        "differently from the reconstruction? (the projection is compared pixel for voxel)",
+                        cfg.tiltseries, raw.pixel_size, voxel)
         if tilt_range is None:
             tilt_range = [float(np.min(raw.angles)), float(np.max(raw.angles))]
             tilt_range_source = f"the angles of {cfg.tiltseries}"
@@ -416,7 +430,7 @@ def evaluate(cfg: EvaluateConfig, projector: Callable | None = None) -> dict:
         res, pm = score_against_tiltseries(vol, raw.stack, raw.angles, valid=raw.valid, fit=cfg.fit,
                                            held_out_views=cfg.held_out_views, step=cfg.step, device=cfg.device,
                                            projector=projector)
-        res = {"path": str(cfg.tiltseries), "angle_source": raw.angle_source, **res}
+        res = {"path": str(cfg.tiltseries), "angle_source": raw.angle_source, "pixel_size_A": raw.pixel_size, **res}
         metrics["tiltseries"] = res
         written += view_plots(out_dir, res["angles_deg"], pm, res.get("held_out_views", []), cfg.overwrite)
     text = json.dumps(_jsonable(metrics), indent=2, allow_nan=False)
