@@ -307,10 +307,11 @@ def fsc(a: np.ndarray, b: np.ndarray, voxel_size_A: float, mask: np.ndarray | No
         shell_width: float = 1.0) -> FSCCurve:
     """Fourier shell correlation of two (Z, Y, X) volumes (see the module docstring).
 
-    Each volume's mean is removed first (the mask-weighted mean with a mask). Without a mask this
-    changes only the zero-frequency term, which is not reported; with one it keeps mean x mask,
-    the mask's own shape, out of the low shells of both volumes. ``mask`` is an optional soft real-space mask (same
-    shape, values in [0, 1]) applied to both volumes before the transform. ``shell_width`` is in Fourier voxels of the largest axis.
+    ``mask`` is an optional soft real-space mask (same shape, values in [0, 1]) applied to both
+    volumes before the transform. Each volume's mean is removed first (the mask-weighted mean with
+    a mask). Without a mask this changes only the zero-frequency term, which is not reported; with
+    one it keeps mean x mask, the mask's own shape, out of the low shells of both volumes.
+    ``shell_width`` is in Fourier voxels of the largest axis.
     """
     return _fsc_curves(a, b, voxel_size_A, mask, shell_width, None, "fsc")["all"]
 
