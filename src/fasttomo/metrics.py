@@ -1,10 +1,53 @@
-"""Volume quality metrics."""
+"""Quality metrics: volume against volume (Pearson, FSC, missing-wedge sector FSC, PSNR) and
+measured projections against predicted ones (per-view correlation and residual, for data without
+ground truth).
+
+Conventions (README "Geometry conventions"): volumes are (Z, Y, X) arrays with isotropic voxels of
+``voxel_size_A`` Angstrom; the tilt axis is Y; at tilt theta a point (x, y, z) projects to
+u = x cos(theta) + z sin(theta), v = y.
+
+Fourier shell correlation. Both volumes are Fourier transformed (real FFT, float32). A Fourier
+voxel has the physical frequency k = (kx, ky, kz) in 1/A with k_i = m_i / (N_i * voxel_size_A),
+so boxes of different sizes along the three axes are handled correctly: a shell holds the voxels
+whose |k| lies within half a shell width of its centre, whatever their axis. The shell width is
+``shell_width`` Fourier voxels of the LARGEST axis, 1 / (max(N) * voxel_size_A); shells run from
+the first non-zero one up to Nyquist, 1 / (2 voxel_size_A) (the corners beyond Nyquist are left
+out; the zero-frequency shell, the mean, is left out). Per shell
+
+    FSC = sum Re(A B*) / sqrt(sum |A|^2 * sum |B|^2)
+
+over the full (Hermitian) Fourier grid: the real FFT keeps half the grid, and every voxel whose
+conjugate partner is not stored is counted twice, so sums and voxel counts equal those of the full
+grid. For two independent noise volumes each shell's FSC is about normal with mean 0 and standard
+deviation 1 / sqrt(n_voxels) (n_voxels as reported, full grid).
+
+Thresholds: 0.143 is the usual criterion between two independent half-data reconstructions;
+compared against a noise-free ground truth, the equivalent criterion is 0.5
+(sqrt(2 * 0.143 / 1.143) = 0.5, Rosenthal & Henderson, J. Mol. Biol. 333, 2003). Both are
+reported; a crossing is the first shell where the curve falls below the threshold, linearly
+interpolated from the shell before it.
+
+Missing wedge. A projection at tilt theta about Y measures the central Fourier plane spanned by ky
+and the direction (cos theta, sin theta) in (kx, kz) (projection-slice theorem with
+u = x cos(theta) + z sin(theta)). For a tilt range [tilt_min, tilt_max] a Fourier voxel is
+"measured" when the angle of its (kx, kz) component, atan2(kz, kx) taken modulo 180 degrees, lies
+in the range; "wedge" (missing) otherwise. Voxels on the ky axis (kx = kz = 0) lie in every
+measured plane and count as measured.
+"""
 
 from __future__ import annotations
 
+import dataclasses
+import math
+from typing import Sequence
+
 import numpy as np
 
+FSC_THRESHOLDS = (0.5, 0.143)
+"""The two FSC criteria reported everywhere (keys fsc05_*, fsc0143_*)."""
 
+
+# --------------------------------------------------------------------------------------- real space
 def pearson(a: np.ndarray, b: np.ndarray, mask: np.ndarray | None = None) -> float:
     """Pearson correlation of two arrays (optionally over ``mask`` only), in float64."""
     a = np.asarray(a, dtype=np.float64)
@@ -32,3 +75,362 @@ def volume_metrics(recon: np.ndarray, truth: np.ndarray) -> dict:
         "pearson_foreground": pearson(recon, truth, fg),
         "foreground_fraction": float(fg.mean()),
     }
+
+
+def mse(a: np.ndarray, b: np.ndarray) -> float:
+    """Mean squared difference of two arrays of the same shape (float64)."""
+    a = np.asarray(a, dtype=np.float64)
+    b = np.asarray(b, dtype=np.float64)
+    if a.shape != b.shape:
+        raise ValueError(f"mse: shapes differ, {a.shape} vs {b.shape}")
+    return float(np.mean((a - b) ** 2))
+
+
+def psnr(recon: np.ndarray, truth: np.ndarray, data_range: float) -> float:
+    """Peak signal-to-noise ratio in dB: 10 log10(data_range^2 / MSE); +inf for identical arrays.
+
+    ``data_range`` (the span of values a "peak" means, e.g. truth max - min) has no default on
+    purpose: PSNR means nothing without it, and a guessed one makes numbers incomparable.
+    """
+    data_range = float(data_range)
+    if not math.isfinite(data_range) or data_range <= 0:
+        raise ValueError(f"psnr: data_range must be a positive finite number, got {data_range!r}.")
+    err = mse(recon, truth)
+    return float("inf") if err == 0 else 10.0 * math.log10(data_range * data_range / err)
+
+
+# --------------------------------------------------------------------------------------- FSC
+@dataclasses.dataclass(frozen=True)
+class Crossing:
+    """Where an FSC curve first falls below ``threshold``."""
+
+    threshold: float
+    freq_inv_A: float | None
+    """Interpolated frequency in 1/A; None unless ``status == "crossed"``."""
+    resolution_A: float | None
+    """1 / freq_inv_A in Angstrom; None unless crossed."""
+    status: str
+    """``crossed``; ``never`` (at or above the threshold up to Nyquist); ``below_at_start`` (already
+    below at the first shell with data: worse than the box's lowest frequency); ``no_data``."""
+
+
+def crossing(freq: Sequence[float], values: Sequence[float], threshold: float) -> Crossing:
+    """First crossing of ``values`` below ``threshold``, linearly interpolated in frequency.
+
+    Shells with NaN values (no Fourier voxels or no power) are skipped. If shell i is the first
+    below the threshold and shell j the valid one before it, the crossing is
+    f_j + (v_j - t) / (v_j - v_i) * (f_i - f_j).
+    """
+    f = np.asarray(freq, dtype=np.float64)
+    v = np.asarray(values, dtype=np.float64)
+    ok = np.isfinite(v) & np.isfinite(f)
+    f, v = f[ok], v[ok]
+    t = float(threshold)
+    if f.size == 0:
+        return Crossing(t, None, None, "no_data")
+    below = np.flatnonzero(v < t)
+    if below.size == 0:
+        return Crossing(t, None, None, "never")
+    i = int(below[0])
+    if i == 0:
+        return Crossing(t, None, None, "below_at_start")
+    f0, f1, v0, v1 = f[i - 1], f[i], v[i - 1], v[i]
+    fc = float(f0 + (v0 - t) / (v0 - v1) * (f1 - f0))
+    return Crossing(t, fc, (1.0 / fc) if fc > 0 else None, "crossed")
+
+
+@dataclasses.dataclass(frozen=True)
+class FSCCurve:
+    """One Fourier shell correlation curve (shell 1 up to Nyquist)."""
+
+    freq_inv_A: np.ndarray
+    """(S,) shell centres in 1/A (shell s at s * shell width)."""
+    fsc: np.ndarray
+    """(S,) FSC per shell; NaN where the shell (in this region) holds no voxel or no power."""
+    n_voxels: np.ndarray
+    """(S,) int: Fourier voxels of the full grid in each shell (of this region)."""
+    power_a: np.ndarray
+    """(S,) sum of |A|^2 per shell (full grid), the first volume's spectral power."""
+    power_b: np.ndarray
+    """(S,) sum of |B|^2 per shell."""
+    voxel_size_A: float
+    region: str = "all"
+    """``all``, ``measured`` or ``wedge``."""
+
+    @property
+    def nyquist_inv_A(self) -> float:
+        return 0.5 / self.voxel_size_A
+
+    def crossing(self, threshold: float) -> Crossing:
+        return crossing(self.freq_inv_A, self.fsc, threshold)
+
+    def summary(self, curves: bool = True) -> dict:
+        """JSON-ready dict: ``fsc05_A``, ``fsc05_inv_A``, ``fsc05_status``, the same for 0.143
+        (``fsc0143_*``), ``nyquist_A``, ``region``, ``voxel_size_A`` and (``curves``) the lists
+        ``freq_inv_A``, ``fsc`` (NaN as null) and ``n_voxels``."""
+        out: dict = {"region": self.region, "voxel_size_A": self.voxel_size_A, "nyquist_A": 2.0 * self.voxel_size_A}
+        for t in FSC_THRESHOLDS:
+            key = "fsc" + f"{t:g}".replace(".", "")
+            c = self.crossing(t)
+            out[f"{key}_A"] = c.resolution_A
+            out[f"{key}_inv_A"] = c.freq_inv_A
+            out[f"{key}_status"] = c.status
+        if curves:
+            out["freq_inv_A"] = [float(x) for x in self.freq_inv_A]
+            out["fsc"] = [None if not np.isfinite(x) else float(x) for x in self.fsc]
+            out["n_voxels"] = [int(x) for x in self.n_voxels]
+        return out
+
+
+def _check_tilt_range(tilt_range_deg) -> tuple[float, float]:
+    try:
+        lo, hi = (float(t) for t in tilt_range_deg)
+    except (TypeError, ValueError):
+        raise ValueError(f"tilt range must be two numbers [min, max] in degrees, got {tilt_range_deg!r}.") from None
+    if not (math.isfinite(lo) and math.isfinite(hi) and lo < hi and hi - lo <= 180.0):
+        raise ValueError(f"tilt range must be [min, max] degrees with min < max and max - min <= 180, got "
+                         f"{tilt_range_deg!r}.")
+    return lo, hi
+
+
+def measured_region(shape_zyx: Sequence[int], tilt_range_deg: Sequence[float]) -> np.ndarray:
+    """Boolean (Z, X // 2 + 1) map over the real-FFT half grid of (kz, kx): True where a tilt
+    series about Y over ``tilt_range_deg`` = [min, max] degrees measured the Fourier voxel (the same
+    for every ky). Index [i, j] is kz = fftfreq(Z)[i], kx = rfftfreq(X)[j] (numpy order).
+
+    The angle of (kx, kz) uses physical frequencies, kx = j / X and kz = i / Z per voxel (the voxel
+    size cancels), so non-cubic boxes get the true angle.
+    """
+    z, _, x = (int(s) for s in shape_zyx)
+    lo, hi = _check_tilt_range(tilt_range_deg)
+    kz = np.fft.fftfreq(z)[:, None]
+    kx = np.fft.rfftfreq(x)[None, :]
+    phi = np.degrees(np.arctan2(kz, kx))                 # in [-90, 90] since kx >= 0
+    measured = np.mod(phi - lo, 180.0) <= (hi - lo) + 1e-9
+    measured[0, 0] = True                                # the ky axis lies in every measured plane
+    return measured
+
+
+def _hermitian_weights(x: int) -> np.ndarray:
+    """Weight of each real-FFT column: 2 where the conjugate column is not stored, else 1."""
+    w = np.full(x // 2 + 1, 2.0)
+    w[0] = 1.0
+    if x % 2 == 0:
+        w[-1] = 1.0
+    return w
+
+
+def _check_pair(a, b, mask, what: str) -> tuple[np.ndarray, np.ndarray]:
+    a = np.asarray(a)
+    b = np.asarray(b)
+    if a.ndim != 3 or b.ndim != 3:
+        raise ValueError(f"{what}: volumes must be 3-D (Z, Y, X), got shapes {a.shape} and {b.shape}.")
+    if a.shape != b.shape:
+        raise ValueError(f"{what}: volume shapes differ, (Z, Y, X) = {a.shape} vs {b.shape}; they must match "
+                         "voxel for voxel.")
+    if not (np.all(np.isfinite(a)) and np.all(np.isfinite(b))):
+        raise ValueError(f"{what}: the volumes hold NaN or Inf values; FSC needs finite volumes.")
+    m = None
+    if mask is not None:
+        m = np.asarray(mask, dtype=np.float32)
+        if m.shape != a.shape:
+            raise ValueError(f"{what}: mask shape {m.shape} differs from the volumes' {a.shape}.")
+        if not np.all(np.isfinite(m)) or m.min() < 0 or not m.max() > 0:
+            raise ValueError(f"{what}: the mask must be finite, >= 0 and not all zero (a soft mask in [0, 1]).")
+    out = []
+    for v in (a, b):
+        # remove the (mask-weighted) mean first: the float32 transform then keeps its precision for
+        # weak detail on a large offset, and a mask does not add its own shape (mean x mask) to both
+        mean = float(np.mean(v, dtype=np.float64)) if m is None else float(
+            np.sum(v * m, dtype=np.float64) / np.sum(m, dtype=np.float64))
+        v = (v.astype(np.float64) - mean).astype(np.float32)
+        out.append(v if m is None else v * m)
+    return out[0], out[1]
+
+
+def _fsc_curves(a, b, voxel_size_A: float, mask, shell_width: float, tilt_range_deg, what: str
+                ) -> dict[str, FSCCurve]:
+    vx = float(voxel_size_A)
+    if not math.isfinite(vx) or vx <= 0:
+        raise ValueError(f"{what}: voxel_size_A must be a positive number of Angstrom, got {voxel_size_A!r}.")
+    sw = float(shell_width)
+    if not math.isfinite(sw) or sw <= 0:
+        raise ValueError(f"{what}: shell_width must be > 0 Fourier voxels, got {shell_width!r}.")
+    a, b = _check_pair(a, b, mask, what)
+    z, y, x = a.shape
+    measured = None if tilt_range_deg is None else measured_region(a.shape, tilt_range_deg)
+    fa = np.fft.rfftn(a)
+    del a
+    fb = np.fft.rfftn(b)
+    del b
+    width = sw / (max(z, y, x) * vx)                      # shell width in 1/A
+    n_shells = int(math.floor(0.5 / vx / width + 1e-9)) + 1   # shells 0 .. Nyquist
+    kz = np.fft.fftfreq(z, d=vx)
+    kyx2 = np.fft.fftfreq(y, d=vx)[:, None] ** 2 + np.fft.rfftfreq(x, d=vx)[None, :] ** 2
+    wx = _hermitian_weights(x)
+    regions = ["all"] if measured is None else ["all", "measured", "wedge"]
+    sums = {r: np.zeros((4, n_shells)) for r in regions}  # num, |A|^2, |B|^2, count
+    rows = max(1, (1 << 22) // max(1, y * (x // 2 + 1)))  # kz rows per chunk: ~4 M Fourier voxels
+    for z0 in range(0, z, rows):
+        z1 = min(z, z0 + rows)
+        ca, cb = fa[z0:z1], fb[z0:z1]
+        shell = np.rint(np.sqrt(kz[z0:z1, None, None] ** 2 + kyx2[None]) / width).astype(np.int64)
+        keep = shell < n_shells
+        w = np.broadcast_to(wx, ca.shape)
+        parts = (
+            (ca.real.astype(np.float64) * cb.real + ca.imag.astype(np.float64) * cb.imag) * w,
+            (ca.real.astype(np.float64) ** 2 + ca.imag.astype(np.float64) ** 2) * w,
+            (cb.real.astype(np.float64) ** 2 + cb.imag.astype(np.float64) ** 2) * w,
+            w,
+        )
+        for r in regions:
+            sel = keep
+            if r != "all":
+                inside = np.broadcast_to(measured[z0:z1, None, :], ca.shape)
+                sel = keep & (inside if r == "measured" else ~inside)
+            idx = shell[sel]
+            for k, p in enumerate(parts):
+                sums[r][k] += np.bincount(idx, weights=p[sel], minlength=n_shells)
+    freq = np.arange(1, n_shells) * width
+    out = {}
+    for r in regions:
+        num, pa, pb, cnt = sums[r][:, 1:]
+        den = np.sqrt(pa * pb)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            curve = np.where((den > 0) & (cnt > 0), num / np.where(den > 0, den, 1.0), np.nan)
+        out[r] = FSCCurve(freq_inv_A=freq, fsc=curve, n_voxels=np.rint(cnt).astype(np.int64), power_a=pa,
+                          power_b=pb, voxel_size_A=vx, region=r)
+    return out
+
+
+def fsc(a: np.ndarray, b: np.ndarray, voxel_size_A: float, mask: np.ndarray | None = None,
+        shell_width: float = 1.0) -> FSCCurve:
+    """Fourier shell correlation of two (Z, Y, X) volumes (see the module docstring).
+
+    ``mask`` is an optional soft real-space mask (same shape, values in [0, 1]) applied to both
+    volumes before the transform. Each volume's mean is removed first (the mask-weighted mean with
+    a mask). Without a mask this changes only the zero-frequency term, which is not reported; with
+    one it keeps mean x mask, the mask's own shape, out of the low shells of both volumes.
+    ``shell_width`` is in Fourier voxels of the largest axis.
+    """
+    return _fsc_curves(a, b, voxel_size_A, mask, shell_width, None, "fsc")["all"]
+
+
+def sector_fsc(a: np.ndarray, b: np.ndarray, voxel_size_A: float, tilt_range_deg: Sequence[float],
+               mask: np.ndarray | None = None, shell_width: float = 1.0) -> dict[str, FSCCurve]:
+    """FSC over all of Fourier space and restricted to the measured region and to the missing
+    wedge of a tilt series about Y over ``tilt_range_deg`` = [min, max] degrees (same shells).
+
+    Returns ``{"all": FSCCurve, "measured": FSCCurve, "wedge": FSCCurve}``; a shell with no voxel
+    of a region has NaN there.
+    """
+    return _fsc_curves(a, b, voxel_size_A, mask, shell_width, tilt_range_deg, "sector_fsc")
+
+
+# --------------------------------------------------------------------------------------- projections
+@dataclasses.dataclass(frozen=True)
+class ProjectionMetrics:
+    """Per-view agreement of a measured stack with a predicted (forward-projected) one."""
+
+    pearson: np.ndarray
+    """(n,) correlation of each measured view with the model's prediction of it (scale * predicted
+    + offset, so a negative global scale -- inverted contrast -- keeps it positive; with
+    ``fit="per_view"`` it is |r|); NaN for a view without valid or non-constant pixels."""
+    rms: np.ndarray
+    """(n,) RMS of measured - (scale * predicted + offset) over the view's valid pixels, in the
+    measured stack's units."""
+    rel_rms: np.ndarray
+    """(n,) rms divided by the standard deviation of the measured view (1.0 = no better than the
+    view's mean; NaN for a constant view)."""
+    n_pixels: np.ndarray
+    """(n,) int: valid pixels per view."""
+    scale: np.ndarray
+    """(n,) scale applied to the prediction (1 for fit="none"; the same for every view for "global")."""
+    offset: np.ndarray
+    """(n,) offset added to the prediction."""
+    fit: str
+
+    def summary(self, views: Sequence[int] | None = None) -> dict:
+        """Means, worst values and worst views (0-based indices into the full stack), optionally
+        over ``views`` (0-based) only: keys ``n_views``, ``pearson_mean``, ``pearson_min``,
+        ``pearson_worst_index``, ``rms_mean``, ``rms_max``, ``rms_worst_index``, ``rel_rms_mean``,
+        ``rel_rms_max``."""
+        idx = np.arange(self.pearson.size) if views is None else np.asarray(list(views), dtype=np.int64)
+        out: dict = {"n_views": int(idx.size)}
+        for name, worst, fn in (("pearson", "min", np.nanargmin), ("rms", "max", np.nanargmax),
+                                ("rel_rms", "max", np.nanargmax)):
+            vals = getattr(self, name)[idx]
+            good = np.isfinite(vals)
+            out[f"{name}_mean"] = float(vals[good].mean()) if good.any() else None
+            out[f"{name}_{worst}"] = float(vals[fn(vals)]) if good.any() else None
+            if name != "rel_rms":
+                out[f"{name}_worst_index"] = int(idx[fn(vals)]) if good.any() else None
+        return out
+
+    def to_json(self) -> dict:
+        """The per-view arrays as JSON lists (NaN as null) plus ``fit``."""
+        def lst(a):
+            return [None if not np.isfinite(v) else float(v) for v in a]
+
+        return {"fit": self.fit, "pearson": lst(self.pearson), "rms": lst(self.rms), "rel_rms": lst(self.rel_rms),
+                "n_pixels": [int(v) for v in self.n_pixels], "scale": lst(self.scale), "offset": lst(self.offset)}
+
+
+def _affine_fit(p: np.ndarray, m: np.ndarray) -> tuple[float, float]:
+    """Least-squares (scale, offset) with m ~ scale * p + offset (offset only if p is constant)."""
+    if p.size == 0:
+        return 1.0, 0.0
+    pc = p - p.mean()
+    var = float((pc * pc).sum())
+    if var == 0:
+        return 0.0, float(m.mean())
+    s = float((pc * (m - m.mean())).sum() / var)
+    return s, float(m.mean() - s * p.mean())
+
+
+def projection_metrics(measured: np.ndarray, predicted: np.ndarray, valid: np.ndarray | None = None,
+                       fit: str = "none") -> ProjectionMetrics:
+    """Per-view correlation and residual of ``measured`` (n, H, W) against ``predicted`` (n, H, W).
+
+    ``valid`` (n, H, W) bool marks the pixels to use (None: all; non-finite measured pixels are
+    always left out). ``fit`` is the intensity model applied to the prediction before the residual
+    (measured ~ scale * line integral + background): ``none`` (scale 1, offset 0); ``global`` (one
+    least-squares scale and offset over all valid pixels of all views: what a global
+    normalization does, per-view differences stay visible); ``per_view`` (one per view: hides
+    per-view intensity errors).
+    """
+    m = np.asarray(measured, dtype=np.float64)
+    p = np.asarray(predicted, dtype=np.float64)
+    if m.ndim != 3 or m.shape != p.shape:
+        raise ValueError(f"projection_metrics: measured and predicted must be (n, H, W) stacks of the same shape, got "
+                         f"{m.shape} and {p.shape}.")
+    if fit not in ("none", "global", "per_view"):
+        raise ValueError(f"projection_metrics: fit must be none, global or per_view, got {fit!r}.")
+    ok = np.isfinite(m) & np.isfinite(p)
+    if valid is not None:
+        v = np.asarray(valid, dtype=bool)
+        if v.shape != m.shape:
+            raise ValueError(f"projection_metrics: valid mask shape {v.shape} differs from the stacks' {m.shape}.")
+        ok &= v
+    n = m.shape[0]
+    scale, offset = np.ones(n), np.zeros(n)
+    if fit == "global":
+        s, o = _affine_fit(p[ok], m[ok])
+        scale[:], offset[:] = s, o
+    stats = np.full((3, n), np.nan)
+    counts = np.zeros(n, dtype=np.int64)
+    for i in range(n):
+        mi, pi = m[i][ok[i]], p[i][ok[i]]
+        counts[i] = mi.size
+        if fit == "per_view":
+            scale[i], offset[i] = _affine_fit(pi, mi)
+        if mi.size == 0:
+            continue
+        model = scale[i] * pi + offset[i]
+        rms = math.sqrt(float(np.mean((mi - model) ** 2)))
+        sd = float(mi.std())
+        stats[0, i] = pearson(mi, model)
+        stats[1, i] = rms
+        stats[2, i] = rms / sd if sd > 0 else np.nan
+    return ProjectionMetrics(pearson=stats[0], rms=stats[1], rel_rms=stats[2], n_pixels=counts, scale=scale,
+                             offset=offset, fit=fit)
