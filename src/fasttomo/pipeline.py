@@ -35,7 +35,9 @@ from fasttomo.scoring import holdout_scores, predict_views
 log = logging.getLogger("fasttomo")
 
 RESULT_NAMES = ("metrics.json", "volume.mrc", "volume.h5", "volume.tif", "volume_xzy.mrc", "config.yaml",
-                "slices.png", "reconstruct.log", "checkpoints", "tb")
+                "slices.png", "loss.png", "fsc_truth.png", "fsc_halfsets.png", "volume_even.mrc", "volume_odd.mrc",
+                "volume_even.h5", "volume_odd.h5", "volume_even.tif", "volume_odd.tif", "reconstruct.log",
+                "checkpoints", "tb")
 
 
 class OutputExistsError(FileExistsError):
@@ -83,6 +85,7 @@ def _write_text(path: Path, text: str, overwrite: bool) -> None:
 def run_reconstruction(cfg: Config) -> dict:
     """Run one reconstruction described by ``cfg`` (cfg.output.dir must be set); returns metrics."""
     from fasttomo.data.load import load_tiltseries
+    from fasttomo.evaluate import fsc_plot
     from fasttomo.scoring import attach_truth, split_holdout, truth_scores
     from fasttomo.train.distributed import (broadcast_object, destroy_distributed, dist_info, init_distributed,
                                             is_distributed)
@@ -126,7 +129,11 @@ def run_reconstruction(cfg: Config) -> dict:
                 metrics["half_sets"] = halves
         if main:
             if ts.ground_truth is not None and volume.shape == ts.ground_truth.shape:
-                metrics.update(truth_scores(volume, ts.ground_truth, ts.pixel_size, _tilt_range(ts)))
+                report, curves = truth_scores(volume, ts.ground_truth, ts.pixel_size, _tilt_range(ts))
+                metrics.update(report)
+                fsc_plot(out_dir / "fsc_truth.png", curves, "FSC of the reconstruction against the ground truth",
+                         _tilt_range(ts), overwrite=cfg.output.overwrite)
+            _loss_plot(out_dir / "loss.png", metrics, cfg.output.overwrite)
             _write_volumes(cfg, out_dir, "volume", volume, ts.pixel_size)
             z, y, x = volume.shape
             slices = {"xy": volume[z // 2], "xz": volume[:, y // 2], "yz": volume[:, :, x // 2]}
@@ -143,6 +150,22 @@ def run_reconstruction(cfg: Config) -> dict:
         if handler is not None:
             logging.getLogger("fasttomo").removeHandler(handler)
             handler.close()
+
+
+def _loss_plot(path: Path, metrics: dict, overwrite: bool) -> None:
+    """loss.png: the training loss and the validation loss (held-out pixels) against the step."""
+    from fasttomo.plots import Series, line_plot
+
+    series = []
+    for key, label in (("loss", "training loss (batch, with regularizers)"), ("val_loss", "validation loss (held-out pixels)")):
+        curve = (metrics.get(key) or {}).get("curve") or []
+        if curve:
+            series.append(Series(label, [c[0] for c in curve], [c[1] for c in curve]))
+    if "best_val" in metrics:
+        series.append(Series(f"exported: step {metrics['best_val']['step']}", [metrics["best_val"]["step"]],
+                             [metrics["best_val"]["loss"]], width=0, markers=True))
+    if series:
+        line_plot(path, series, "Loss curves", "step", "loss", log_y=True, legend="below", overwrite=overwrite)
 
 
 def _tilt_range(ts) -> tuple[float, float]:
@@ -249,7 +272,8 @@ def _half_sets(cfg: Config, ts, out_dir: Path | None, rank: int, world: int, loc
     seed, so the two fields share no initial noise that the data does not overwrite."""
     import dataclasses as dc
 
-    from fasttomo.metrics import fsc_summary
+    from fasttomo.evaluate import fsc_plot
+    from fasttomo.scoring import pair_fsc
 
     vols = {}
     for parity, name in ((0, "even"), (1, "odd")):
@@ -272,7 +296,10 @@ def _half_sets(cfg: Config, ts, out_dir: Path | None, rank: int, world: int, loc
             _write_volumes(cfg, out_dir, f"volume_{name}", vols[name], ts.pixel_size, imod=False)
     if rank != 0:
         return None
-    res = fsc_summary(vols["even"], vols["odd"], ts.pixel_size, tilt_range=_tilt_range(ts))
+    res, curves = pair_fsc(vols["even"], vols["odd"], ts.pixel_size, _tilt_range(ts))
+    if out_dir is not None:
+        fsc_plot(out_dir / "fsc_halfsets.png", curves, "FSC of the even-view and odd-view reconstructions",
+                 _tilt_range(ts), overwrite=cfg.output.overwrite)
     log.info("half sets: FSC 0.143 at %s A, 0.5 at %s A", res.get("fsc0143_A"), res.get("fsc05_A"))
     return res
 

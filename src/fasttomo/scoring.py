@@ -37,17 +37,41 @@ def attach_truth(ts: TiltSeries, path: str, thickness: int | None) -> None:
     log.info("evaluation: scoring against the ground truth %s %s", path, tuple(vol.shape))
 
 
-def truth_scores(volume: np.ndarray, truth: np.ndarray, voxel_size: float,
-                 tilt_range: tuple[float, float] | None = None) -> dict:
-    """Scores of ``volume`` against ``truth`` (same shape): Pearson global/foreground and, when
-    the FSC functions are available, the FSC summary."""
-    from fasttomo import metrics
+FLAT_FSC_KEYS = ("fsc05_A", "fsc0143_A")
 
-    out = metrics.volume_metrics(volume, truth)
-    summary = getattr(metrics, "fsc_summary", None)
-    if summary is not None:
-        out.update(summary(volume, truth, voxel_size, tilt_range=tilt_range))
+
+def fsc_flat(report: dict) -> dict:
+    """The crossings of a :func:`fasttomo.evaluate.score_against_truth`-style report as flat keys:
+    fsc05_A, fsc0143_A and, per Fourier region, fsc05_measured_A, fsc0143_wedge_A, ..."""
+    out = {}
+    for name, suffix in (("fsc", ""), ("fsc_measured", "_measured"), ("fsc_wedge", "_wedge")):
+        for key in FLAT_FSC_KEYS:
+            if name in report and report[name].get(key) is not None:
+                out[key.replace("_A", f"{suffix}_A")] = report[name][key]
     return out
+
+
+def truth_scores(volume: np.ndarray, truth: np.ndarray, voxel_size: float,
+                 tilt_range: tuple[float, float] | None = None) -> tuple[dict, dict]:
+    """Scores of ``volume`` against ``truth`` (same shape): Pearson global/foreground, MSE, PSNR
+    (data range: the truth's max - min), FSC over all of Fourier space and in the measured region
+    and the missing wedge of ``tilt_range``; flat crossing keys (:func:`fsc_flat`) on top. Returns
+    (metrics, FSC curves by region)."""
+    from fasttomo.evaluate import score_against_truth
+
+    report, curves = score_against_truth(volume, truth, voxel_size, tilt_range=tilt_range)
+    report.update(fsc_flat(report))
+    return report, curves
+
+
+def pair_fsc(a: np.ndarray, b: np.ndarray, voxel_size: float, tilt_range: tuple[float, float] | None) -> tuple[dict, dict]:
+    """FSC of two independent reconstructions (e.g. even/odd half sets), by region; flat keys too."""
+    from fasttomo.metrics import fsc, sector_fsc
+
+    curves = {"all": fsc(a, b, voxel_size)} if tilt_range is None else sector_fsc(a, b, voxel_size, tilt_range)
+    report = {("fsc" if r == "all" else f"fsc_{r}"): c.summary() for r, c in curves.items()}
+    report.update(fsc_flat(report))
+    return report, curves
 
 
 @dataclasses.dataclass
