@@ -62,9 +62,30 @@ class DataConfig:
     tilt_max: float = 60.0
     """Phantom: last tilt angle in degrees."""
     noise: float = 0.0
-    """Phantom: Gaussian noise std, relative to the std of the clean projections."""
+    """Phantom: Gaussian noise std as a fraction of the clean projections' std or maximum (see
+    noise_relative_to); 0.05 is "5 % noise"."""
+    noise_relative_to: str = "std"
+    """Phantom: what ``noise`` is a fraction of: std (the standard deviation of all clean
+    projection pixels) or max (their maximum, the usual "5 % noise" of tomography papers; at the
+    same ``noise`` it is several times stronger than std)."""
+    phantom: str = "default"
+    """Phantom: which specimen: default (the deterministic built-in phantom with a right-handed
+    helix; thickness None means about W/2) or ellipsoids (n_ellipsoids random ellipsoids drawn
+    from phantom_seed, see fasttomo.data.phantom.random_ellipsoids; thickness None means W, a cube
+    for square images)."""
+    n_ellipsoids: int = 8
+    """Phantom: number of random ellipsoids with phantom=ellipsoids (ignored by phantom=default)."""
+    pose_error_shift: float = 0.0
+    """Phantom: misalign the views by image shifts (su, sv) each uniform in +-pose_error_shift
+    pixels; the reference view (smallest |angle|) keeps zero. The true poses are kept in the tilt
+    series metadata (true_poses) and written by fasttomo-simulate as <out>_poses.json."""
+    pose_error_rotation: float = 0.0
+    """Phantom: misalign the views by in-plane image rotations z3 uniform in +-pose_error_rotation
+    degrees (about the detector centre; z1 stays 0); the reference view keeps zero."""
     phantom_seed: int = 0
-    """Phantom: seed of the noise (the phantom's geometry is fixed)."""
+    """Phantom: the one seed of every random draw: the noise, the random specimen
+    (phantom=ellipsoids) and the pose errors, each from its own stream, so switching one on or
+    off never changes the others (the default specimen itself is fixed)."""
     # --- reconstruction box
     thickness: Optional[int] = None
     """Z size of the reconstructed volume in voxels (beam direction at 0 degrees). None: the
@@ -113,6 +134,19 @@ class DataConfig:
         _require(-90 < self.tilt_min < self.tilt_max < 90, "data.tilt_min/tilt_max",
                  f"need -90 < tilt_min < tilt_max < 90 degrees, got {self.tilt_min}, {self.tilt_max}.")
         _nonneg(self.noise, "data.noise")
+        _choice(self.noise_relative_to, ("std", "max"), "data.noise_relative_to")
+        _choice(self.phantom, ("default", "ellipsoids"), "data.phantom")
+        _require(isinstance(self.n_ellipsoids, int) and not isinstance(self.n_ellipsoids, bool)
+                 and self.n_ellipsoids >= 1, "data.n_ellipsoids",
+                 f"must be an integer >= 1, got {self.n_ellipsoids!r}; set data.n_ellipsoids=8 for example.")
+        _nonneg(self.pose_error_shift, "data.pose_error_shift")
+        _nonneg(self.pose_error_rotation, "data.pose_error_rotation")
+        _require(self.pose_error_rotation <= 45.0, "data.pose_error_rotation",
+                 f"is a half range in degrees and must be <= 45, got {self.pose_error_rotation!r}; "
+                 "data.pose_error_rotation=1 means +-1 degree.")
+        _require(isinstance(self.phantom_seed, int) and not isinstance(self.phantom_seed, bool)
+                 and self.phantom_seed >= 0, "data.phantom_seed",
+                 f"must be an integer >= 0, got {self.phantom_seed!r}; set data.phantom_seed=0 for example.")
         if self.pixel_size is not None:
             _positive(self.pixel_size, "data.pixel_size")
         if self.thickness is not None:

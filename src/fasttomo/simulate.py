@@ -4,8 +4,12 @@
         -> phantom.mrc (stack), phantom.rawtlt (angles, degrees), phantom_truth.mrc (volume)
     fasttomo-simulate out=phantom format=h5
         -> phantom.h5 (fasttomo's HDF5 layout: stack, angles and ground truth)
+    fasttomo-simulate out=mis data.phantom=ellipsoids data.pose_error_shift=3 data.pose_error_rotation=1
+        -> also mis_poses.json: the true per-view poses of the misaligned views (both formats;
+           format in fasttomo.data.io.poses), written only when the views were posed
 
 Feed them back with ``fasttomo-reconstruct data=mrc data.path=phantom.mrc data.angles=phantom.rawtlt``.
+No existing file is ever replaced unless overwrite=true.
 """
 
 from __future__ import annotations
@@ -28,7 +32,8 @@ log = logging.getLogger("fasttomo")
 class SimulateConfig:
     data: DataConfig = dataclasses.field(default_factory=DataConfig)
     out: str = "phantom"
-    """Output base path: <out>.mrc + <out>.rawtlt + <out>_truth.mrc, or <out>.h5."""
+    """Output base path: <out>.mrc + <out>.rawtlt + <out>_truth.mrc, or <out>.h5; plus
+    <out>_poses.json (the true poses) when data.pose_error_shift or pose_error_rotation > 0."""
     format: str = "mrc"
     """mrc or h5."""
     overwrite: bool = False
@@ -39,8 +44,10 @@ ConfigStore.instance().store(name="fasttomo_simulate_schema", node=SimulateConfi
 
 
 def simulate(data_cfg: DataConfig, out: str, fmt: str, overwrite: bool = False) -> list[Path]:
-    """Write the phantom tilt series (and ground truth) ; returns the written paths."""
-    from fasttomo.data.io import write_tiltseries
+    """Write the phantom tilt series (and ground truth, and the true poses of misaligned views);
+    returns the written paths."""
+    from fasttomo.data.io import OutputExistsError, write_tiltseries
+    from fasttomo.data.io.poses import poses_path, write_poses_json
     from fasttomo.data.io.volume import write_volume
     from fasttomo.data.phantom import make_tiltseries
 
@@ -50,13 +57,25 @@ def simulate(data_cfg: DataConfig, out: str, fmt: str, overwrite: bool = False) 
         raise ConfigError("data.source: fasttomo-simulate only writes the built-in phantom (data=phantom).")
     ts = make_tiltseries(data_cfg)
     base = Path(out)
+    true_poses = ts.metadata.get("true_poses")
+    pose_file = Path(poses_path(base))
+    if true_poses is not None and not overwrite and pose_file.exists():
+        # checked first, so a refused run leaves no new stack beside an old poses file
+        raise OutputExistsError(f"{pose_file}: file already exists; refusing to overwrite it. Choose another out= "
+                                "name, or set overwrite=true to replace it.")
     written = write_tiltseries(base.with_suffix(f".{fmt}"), ts, fmt, overwrite=overwrite)
-    paths = list(written) if isinstance(written, (list, tuple)) else [Path(written)]
+    paths = [Path(p) for p in written] if isinstance(written, (list, tuple)) else [Path(written)]
     if fmt == "mrc" and ts.ground_truth is not None:
         truth = base.parent / f"{base.name}_truth.mrc"
         write_volume(truth, ts.ground_truth, ts.pixel_size, label="fasttomo phantom ground truth",
                      attrs={"source": "fasttomo-simulate"}, fmt="mrc", overwrite=overwrite)
         paths.append(truth)
+    if true_poses is not None:
+        meta = ts.metadata
+        source = {"made_by": "fasttomo-simulate", "pose_error_shift_px": meta["pose_error_shift_px"],
+                  "pose_error_rotation_deg": meta["pose_error_rotation_deg"], "phantom_seed": meta["phantom_seed"],
+                  "phantom": meta["phantom_kind"], "stack": str(base.with_suffix(f".{fmt}"))}
+        paths.append(Path(write_poses_json(pose_file, true_poses, source=source, overwrite=overwrite)))
     for p in paths:
         log.info("wrote %s", p)
     return paths

@@ -14,14 +14,25 @@ Geometry (DESIGN.md, "Conventions that must not drift"):
     Every object lies inside the box (checked when a :class:`Phantom` is built), so the integral
     over all space equals the integral through the box.
 
+  * General poses (:func:`project` with ``poses``) follow :mod:`fasttomo.geometry.poses` exactly:
+    view n sees the point p at (u, v, w) = Rz(z3) Ry(theta) Rz(z1) p + (su, sv, 0), so the ray of
+    pixel (u, v) is p(t) = R^T ((u - su, v - sv, 0) + t e_z). z1 = z3 = su = sv = 0 is the frame
+    above.
+
 Densities of overlapping ellipsoids add.
+
+Seeds (:func:`make_tiltseries`): ``data.phantom_seed`` drives every random draw through
+independent streams, so switching one ingredient on or off never changes the others: the noise
+uses ``numpy.random.default_rng(seed)`` (as it always has), the random specimen uses
+``SeedSequence(seed, spawn_key=(1, k))`` for ellipsoid k (so the first k ellipsoids do not depend
+on how many are drawn), and the pose errors ``SeedSequence(seed, spawn_key=(2,))``.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
@@ -35,7 +46,10 @@ __all__ = [
     "default_thickness",
     "euler_zxz",
     "make_tiltseries",
+    "pose_rotations",
     "project",
+    "random_ellipsoids",
+    "random_pose_errors",
     "voxelize",
 ]
 
@@ -226,16 +240,26 @@ class Phantom:
 
 # --------------------------------------------------------------------------------------- projection
 def project(phantom: Phantom, angles_deg: np.ndarray, height: int | None = None,
-            width: int | None = None) -> np.ndarray:
+            width: int | None = None, poses: Mapping[str, Any] | None = None) -> np.ndarray:
     """Exact line integrals of ``phantom`` at the pixel centres: (N, H, W) float32.
 
     ``angles_deg`` is (N,) (one tilt angle per image) or (N, H) (one angle per image line, for
     continuous-rotation data). ``height``/``width`` default to the phantom's Y/X box size.
 
+    ``poses`` (None: the ideal geometry) gives every view its in-plane rotations and shifts with
+    the convention of :mod:`fasttomo.geometry.poses`: a mapping with any of the keys ``z1_deg``,
+    ``z3_deg`` (degrees) and ``shift_u_px``, ``shift_v_px`` (pixels), each N numbers (a missing
+    key is zeros). It is the format of ``Poses.describe()`` and of ``metadata["true_poses"]``;
+    their other keys are ignored, except ``tilt_deg``, which must then match ``angles_deg`` (per
+    view, or the per-line mean) to 1e-3 degrees, a guard against poses of another series or
+    order. Every view is posed as given (no reference view is special here).
+
     For each ellipsoid the ray p(t) = p0 + t d, mapped to the unit-sphere frame, is e + t f with
     e = M (p0 - c), f = M d; its chord length is 2 sqrt(max(B^2 - A C, 0)) / A with A = f.f,
     B = e.f, C = e.e - 1. Since e is affine in (u, v), the discriminant is a quadratic in u whose
-    coefficients depend on (tilt, row) only, so the work per pixel is a few flops.
+    coefficients depend on (tilt, row) only, so the work per pixel is a few flops. Without poses
+    only the image rows an ellipsoid can reach are computed; with poses (rotated images) every
+    row is (61 views of 128 x 128 pixels and 8 ellipsoids: well under a second).
     """
     height = phantom.shape_zyx[1] if height is None else int(height)
     width = phantom.shape_zyx[2] if width is None else int(width)
@@ -251,6 +275,10 @@ def project(phantom: Phantom, angles_deg: np.ndarray, height: int | None = None,
             f"project: angles must be (n_tilts,) or (n_tilts, H) = (n_tilts, {height}) degrees, got shape {ang.shape}.")
     if not np.all(np.isfinite(theta)) or np.any(np.abs(theta) >= math.pi / 2):
         raise PhantomError("project: angles must be finite degrees within (-90, 90).")
+    if poses is not None:
+        mean_deg = ang if ang.ndim == 1 else ang.mean(axis=1)
+        z1, z3, su, sv = _pose_arrays(poses, mean_deg)
+        return _project_posed(phantom, theta, height, width, z1, z3, su, sv)
     n = theta.shape[0]
     cos, sin = np.cos(theta)[..., None], np.sin(theta)[..., None]          # (N, H, 1)
     u = np.arange(width, dtype=np.float64) - (width - 1) / 2.0             # (W,)
@@ -277,6 +305,93 @@ def project(phantom: Phantom, angles_deg: np.ndarray, height: int | None = None,
         disc = (p2[..., None] * u + p1[..., None]) * u + p0[..., None]    # (N, h, W)
         np.maximum(disc, 0.0, out=disc)
         out[:, i0:i1] += np.sqrt(disc) * (2.0 * e.density / ff)[..., None]
+    return out.astype(np.float32)
+
+
+POSE_KEYS = ("z1_deg", "z3_deg", "shift_u_px", "shift_v_px")
+"""The per-view pose keys :func:`project` reads (those of ``Poses.describe()``)."""
+
+
+def _pose_arrays(poses: Mapping[str, Any], tilt_deg: np.ndarray) -> tuple[np.ndarray, ...]:
+    """(z1, z3) in radians and (su, sv) in pixels, each (N,) float64, from a poses mapping."""
+    if not isinstance(poses, Mapping):
+        raise PhantomError(f"project: poses must be a mapping with keys {list(POSE_KEYS)} (per-view lists), "
+                           f"got a {type(poses).__name__}.")
+    n = tilt_deg.shape[0]
+    if not any(k in poses for k in POSE_KEYS):
+        raise PhantomError(f"project: poses has none of the keys {list(POSE_KEYS)}; give per-view lists "
+                           "(the format of Poses.describe() or metadata['true_poses']), or poses=None.")
+    out = []
+    for key in POSE_KEYS:
+        a = np.asarray(poses.get(key, np.zeros(n)), dtype=np.float64)
+        if a.shape != (n,) or not np.all(np.isfinite(a)):
+            raise PhantomError(f"project: poses[{key!r}] must be {n} finite numbers (one per view), got shape "
+                               f"{a.shape}.")
+        out.append(a)
+    if "tilt_deg" in poses:
+        t = np.asarray(poses["tilt_deg"], dtype=np.float64)
+        if t.shape != (n,) or not np.allclose(t, tilt_deg, rtol=0, atol=1e-3):
+            raise PhantomError("project: poses['tilt_deg'] does not match the angles given (same views in the "
+                               "same order expected); pass the poses of this tilt series.")
+    z1, z3, su, sv = out
+    return np.deg2rad(z1), np.deg2rad(z3), su, sv
+
+
+def pose_rotations(theta_rad: np.ndarray, z1_rad: np.ndarray, z3_rad: np.ndarray) -> np.ndarray:
+    """R = Rz(z3) Ry(theta) Rz(z1) as float64 (..., 3, 3): numpy twin of the pose model of
+    :mod:`fasttomo.geometry.poses` (``rot_y``/``rot_z`` of :mod:`fasttomo.geometry.so3`).
+    The arguments broadcast against each other."""
+    theta_rad, z1_rad, z3_rad = np.broadcast_arrays(*(np.asarray(a, dtype=np.float64)
+                                                      for a in (theta_rad, z1_rad, z3_rad)))
+
+    def rz(a: np.ndarray) -> np.ndarray:
+        c, s, o, z = np.cos(a), np.sin(a), np.ones_like(a), np.zeros_like(a)
+        return np.stack((c, -s, z, s, c, z, z, z, o), axis=-1).reshape(a.shape + (3, 3))
+
+    c, s, o, z = np.cos(theta_rad), np.sin(theta_rad), np.ones_like(theta_rad), np.zeros_like(theta_rad)
+    ry = np.stack((c, z, s, z, o, z, -s, z, c), axis=-1).reshape(theta_rad.shape + (3, 3))
+    return rz(z3_rad) @ ry @ rz(z1_rad)
+
+
+def _dot3(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Dot product over the last axis (3), written out: the same rounding whatever the shape."""
+    return a[..., 0] * b[..., 0] + a[..., 1] * b[..., 1] + a[..., 2] * b[..., 2]
+
+
+def _project_posed(phantom: Phantom, theta: np.ndarray, height: int, width: int, z1: np.ndarray,
+                   z3: np.ndarray, su: np.ndarray, sv: np.ndarray) -> np.ndarray:
+    """:func:`project` with poses: theta (N, H) radians, z1/z3 (N,) radians, su/sv (N,) pixels.
+
+    The ray of pixel (u, v) is p(t) = R^T ((u - su, v - sv, 0) + t e_z), so in the unit-sphere
+    frame of an ellipsoid e(t) = (u - su) g + w + t f with g = M R^T e_x = M (row 0 of R),
+    f = M (row 2 of R), w = (v - sv) M (row 1 of R) - M c: the same quadratic in u as the fast
+    path, with rotated g/f and a shifted u. Dot products are written out element-wise, so an
+    integer shift reproduces the unshifted image's pixels bit for bit.
+    """
+    rot = pose_rotations(theta, z1[:, None], z3[:, None])                  # (N, H, 3, 3)
+    r0, r1, r2 = rot[..., 0, :], rot[..., 1, :], rot[..., 2, :]            # R^T e_x, R^T e_y, R^T e_z
+    u = np.arange(width, dtype=np.float64) - (width - 1) / 2.0
+    v = np.arange(height, dtype=np.float64) - (height - 1) / 2.0
+    up = u[None, None, :] - su[:, None, None]                              # (N, 1, W)
+    vp = (v[None, :] - sv[:, None])[..., None]                             # (N, H, 1)
+    out = np.zeros((theta.shape[0], height, width), dtype=np.float64)
+    for e in phantom.ellipsoids:
+        m = e.world_to_unit
+        mc = m @ e.center_xyz
+
+        def mul(r: np.ndarray) -> np.ndarray:                              # M @ r over (N, H)
+            return np.stack([_dot3(r, m[k]) for k in range(3)], axis=-1)
+
+        g, f = mul(r0), mul(r2)                                            # (N, H, 3)
+        w = vp * mul(r1) - mc
+        gg, gf, ff = _dot3(g, g), _dot3(g, f), _dot3(f, f)
+        gw, wf, ww = _dot3(g, w), _dot3(w, f), _dot3(w, w)
+        p2 = gf * gf - ff * gg
+        p1 = 2.0 * (gf * wf - ff * gw)
+        p0 = wf * wf - ff * (ww - 1.0)
+        disc = (p2[..., None] * up + p1[..., None]) * up + p0[..., None]  # (N, H, W)
+        np.maximum(disc, 0.0, out=disc)
+        out += np.sqrt(disc) * (2.0 * e.density / ff)[..., None]
     return out.astype(np.float32)
 
 
@@ -392,35 +507,187 @@ def default_phantom(width: int = 64, height: int = 64, thickness: int | None = N
     return Phantom((thickness, height, width), ellipsoids, margin=0.5, name="fasttomo default phantom")
 
 
+# --------------------------------------------------------------------------------------- random specimens
+_SPECIMEN_STREAM, _POSE_STREAM = 1, 2
+
+
+def _stream(seed: int, *key: int) -> np.random.Generator:
+    """The independent random stream ``key`` of ``seed`` (see the module docstring)."""
+    if not (isinstance(seed, (int, np.integer)) and not isinstance(seed, bool) and seed >= 0):
+        raise PhantomError(f"seed must be an integer >= 0, got {seed!r}.")
+    return np.random.default_rng(np.random.SeedSequence(int(seed), spawn_key=key))
+
+
+def _uniform_rotation(rng: np.random.Generator) -> np.ndarray:
+    """A rotation matrix uniformly distributed on SO(3) (Haar): a normalized Gaussian quaternion."""
+    q = rng.normal(size=4)
+    w, x, y, z = q / np.linalg.norm(q)
+    return np.array([
+        [1 - 2 * (y * y + z * z), 2 * (x * y - w * z), 2 * (x * z + w * y)],
+        [2 * (x * y + w * z), 1 - 2 * (x * x + z * z), 2 * (y * z - w * x)],
+        [2 * (x * z - w * y), 2 * (y * z + w * x), 1 - 2 * (x * x + y * y)],
+    ])
+
+
+def random_ellipsoids(shape_zyx: Sequence[int], n: int = 8, seed: int = 0,
+                      axis_range: tuple[float, float] = (0.05, 0.2),
+                      density_range: tuple[float, float] = (0.2, 1.0), margin: float = 2.0,
+                      max_tries: int = 100) -> Phantom:
+    """A specimen of ``n`` random solid ellipsoids in a box of ``shape_zyx`` = (Z, Y, X) voxels.
+
+    Ellipsoid k is drawn from its own stream ``SeedSequence(seed, spawn_key=(1, k))``, so the
+    result is a pure function of the arguments, and the first k ellipsoids are the same whatever
+    ``n``. Each ellipsoid, in this order:
+
+    * semi-axes: three independent values uniform in ``axis_range`` times L, the smallest box side
+      (default 0.05 L .. 0.2 L: 6.4 to 25.6 voxels in a 128^3 box, so between 13 and 51 voxels
+      across);
+    * orientation: uniform on SO(3) (Haar measure; a normalized Gaussian quaternion);
+    * density: uniform in ``density_range`` (per voxel length; overlapping ellipsoids may
+      intersect, and their densities add);
+    * centre: uniform over the positions that keep the ellipsoid's axis-aligned bounding box at
+      least ``margin`` voxels inside the box (each of x, y, z uniform in +-(half side - margin -
+      half extent)), so every ellipsoid lies inside the box and projections are exact.
+
+    When the drawn axes do not fit (a thin box), the axes and orientation are drawn again, up to
+    ``max_tries`` times, then a :class:`PhantomError` says what to change.
+    """
+    shape = tuple(int(v) for v in shape_zyx)
+    if len(shape) != 3 or min(shape) < 1:
+        raise PhantomError(f"random_ellipsoids: shape_zyx must be 3 positive integers (Z, Y, X), got {shape_zyx!r}.")
+    if not (isinstance(n, (int, np.integer)) and not isinstance(n, bool) and n >= 1):
+        raise PhantomError(f"random_ellipsoids: n must be an integer >= 1, got {n!r}.")
+    lo, hi = (float(v) for v in axis_range)
+    if not (0 < lo <= hi < 0.5):
+        raise PhantomError(f"random_ellipsoids: axis_range must satisfy 0 < low <= high < 0.5 (fractions of the "
+                           f"smallest box side), got {axis_range!r}.")
+    dlo, dhi = (float(v) for v in density_range)
+    if not (math.isfinite(dlo) and math.isfinite(dhi) and dlo <= dhi):
+        raise PhantomError(f"random_ellipsoids: density_range must be finite with low <= high, got {density_range!r}.")
+    if not (math.isfinite(margin) and margin >= 0):
+        raise PhantomError(f"random_ellipsoids: margin must be >= 0 voxels, got {margin!r}.")
+    side = float(min(shape))
+    room = np.array(shape[::-1], dtype=np.float64) / 2.0 - float(margin)   # (x, y, z) half sides minus margin
+    ellipsoids = []
+    for k in range(int(n)):
+        rng = _stream(seed, _SPECIMEN_STREAM, k)
+        for _ in range(int(max_tries)):
+            axes = rng.uniform(lo, hi, size=3) * side
+            rot = _uniform_rotation(rng)
+            density = float(rng.uniform(dlo, dhi))
+            half = np.sqrt(((rot * axes[None, :]) ** 2).sum(axis=1))
+            free = room - half
+            if np.all(free > 0):
+                centre = rng.uniform(-1.0, 1.0, size=3) * free
+                break
+        else:
+            raise PhantomError(
+                f"random_ellipsoids: ellipsoid {k} does not fit in the box (Z, Y, X) = {shape} with a {margin}-voxel "
+                f"margin after {max_tries} draws; lower axis_range (now {axis_range}, fractions of the smallest side) "
+                "or the margin, or use a thicker box (data.thickness).")
+        ellipsoids.append(Ellipsoid(centre, axes, rot, density, f"ellipsoid {k}"))
+    return Phantom(shape, ellipsoids, margin=float(margin),
+                   name=f"random ellipsoids (n={int(n)}, seed={int(seed)})")
+
+
+def random_pose_errors(angles_deg: np.ndarray, shift: float, rotation: float, seed: int = 0) -> dict:
+    """Per-view pose errors of a misaligned series, as the true poses of :func:`project`.
+
+    Shifts su, sv are each uniform in +-``shift`` pixels, the in-plane image rotation z3 uniform in
+    +-``rotation`` degrees, z1 = 0 (the specimen-side rotation, which a real stage does not
+    wobble). The reference view (smallest |angle|, as ``TiltSeries.reference_index``) gets no
+    error, so these poses are directly comparable with the ones fasttomo learns (which keep that
+    view fixed). Drawn from ``SeedSequence(seed, spawn_key=(2,))``: unit draws scaled by
+    ``shift``/``rotation``, so the error pattern is the same whatever the magnitudes.
+
+    Returns {"reference_index", "tilt_deg", "z1_deg", "z3_deg", "shift_u_px", "shift_v_px"} with
+    per-view lists (the keys of ``Poses.describe()``).
+    """
+    ang = np.asarray(angles_deg, dtype=np.float64)
+    tilt = ang if ang.ndim == 1 else ang.mean(axis=1)
+    n = tilt.shape[0]
+    for name, val in (("shift", shift), ("rotation", rotation)):
+        if not (isinstance(val, (int, float)) and math.isfinite(val) and val >= 0):
+            raise PhantomError(f"random_pose_errors: {name} must be a number >= 0, got {val!r}.")
+    rng = _stream(seed, _POSE_STREAM)
+    unit_shift = rng.uniform(-1.0, 1.0, size=(n, 2))
+    unit_rot = rng.uniform(-1.0, 1.0, size=n)
+    ref = int(np.argmin(np.abs(tilt)))
+    shifts = unit_shift * float(shift)
+    z3 = unit_rot * float(rotation)
+    shifts[ref] = 0.0
+    z3[ref] = 0.0
+    return {
+        "reference_index": ref,
+        "tilt_deg": [float(a) for a in tilt],
+        "z1_deg": [0.0] * n,
+        "z3_deg": [float(a) for a in z3],
+        "shift_u_px": [float(a) for a in shifts[:, 0]],
+        "shift_v_px": [float(a) for a in shifts[:, 1]],
+    }
+
+
 # --------------------------------------------------------------------------------------- tilt series
 def make_tiltseries(cfg: Any) -> TiltSeries:
     """The built-in synthetic tilt series of a :class:`fasttomo.config.DataConfig`.
 
-    Uses cfg.width, height, thickness (None: :func:`default_thickness`), n_tilts, tilt_min,
-    tilt_max, noise (Gaussian std relative to the std of the clean projections, drawn from
-    numpy's default_rng(cfg.phantom_seed)) and pixel_size (None: 10 A). The ground truth is
-    :func:`voxelize` of the phantom at (thickness, height, width). The options that prepare real
-    data (binning, crop, normalize, ...) do not apply.
+    Specimen: ``cfg.phantom`` = default (:func:`default_phantom`; thickness None: about W/2, see
+    :func:`default_thickness`) or ellipsoids (:func:`random_ellipsoids` with ``cfg.n_ellipsoids``
+    and ``cfg.phantom_seed``; thickness None: W, a cube for square images). Views: cfg.n_tilts
+    angles evenly spaced over [tilt_min, tilt_max]. Pose errors (``cfg.pose_error_shift`` px,
+    ``cfg.pose_error_rotation`` degrees, :func:`random_pose_errors`): when either is > 0 the views
+    are projected with those poses and ``metadata["true_poses"]`` holds them (absent otherwise).
+    Noise: Gaussian, std = cfg.noise times the std (``noise_relative_to=std``) or the maximum
+    (``max``) of the clean projections, drawn from numpy's default_rng(cfg.phantom_seed).
+    Pixel size: cfg.pixel_size (None: 10 A). The ground truth is :func:`voxelize` of the specimen
+    at (thickness, height, width); poses move the views, not the specimen. The options that
+    prepare real data (binning, crop, normalize, ...) do not apply.
     """
-    thickness = default_thickness(cfg.width) if cfg.thickness is None else int(cfg.thickness)
-    phantom = default_phantom(cfg.width, cfg.height, thickness)
+    kind = getattr(cfg, "phantom", "default")
+    seed = int(cfg.phantom_seed)
+    if kind == "default":
+        thickness = default_thickness(cfg.width) if cfg.thickness is None else int(cfg.thickness)
+        phantom = default_phantom(cfg.width, cfg.height, thickness)
+    elif kind == "ellipsoids":
+        thickness = int(cfg.width) if cfg.thickness is None else int(cfg.thickness)
+        phantom = random_ellipsoids((thickness, cfg.height, cfg.width), int(cfg.n_ellipsoids), seed)
+    else:
+        raise PhantomError(f"data.phantom: unknown specimen {kind!r}; use default or ellipsoids.")
     angles = np.linspace(float(cfg.tilt_min), float(cfg.tilt_max), int(cfg.n_tilts))
-    stack = project(phantom, angles, cfg.height, cfg.width)
-    clean_std = float(stack.std())
-    noise_std = float(cfg.noise) * clean_std
+    shift_err = float(getattr(cfg, "pose_error_shift", 0.0))
+    rot_err = float(getattr(cfg, "pose_error_rotation", 0.0))
+    true_poses = random_pose_errors(angles, shift_err, rot_err, seed) if (shift_err > 0 or rot_err > 0) else None
+    stack = project(phantom, angles, cfg.height, cfg.width, poses=true_poses)
+    relative_to = getattr(cfg, "noise_relative_to", "std")
+    clean_std, clean_max = float(stack.std()), float(stack.max())
+    if relative_to == "std":
+        noise_std = float(cfg.noise) * clean_std
+    elif relative_to == "max":
+        noise_std = float(cfg.noise) * clean_max
+    else:
+        raise PhantomError(f"data.noise_relative_to: must be std or max, got {relative_to!r}.")
     if noise_std > 0:
-        rng = np.random.default_rng(cfg.phantom_seed)
+        rng = np.random.default_rng(seed)
         stack = (stack + rng.normal(0.0, noise_std, size=stack.shape)).astype(np.float32)
     pixel_size = DEFAULT_PIXEL_SIZE if cfg.pixel_size is None else float(cfg.pixel_size)
     metadata = {
         "phantom": phantom.describe(),
+        "phantom_kind": kind,
         "thickness": thickness,
         "noise": float(cfg.noise),
+        "noise_relative_to": relative_to,
         "noise_std": noise_std,
         "clean_projection_std": clean_std,
-        "phantom_seed": int(cfg.phantom_seed),
+        "clean_projection_max": clean_max,
+        "phantom_seed": seed,
         "tilt_range_deg": [float(cfg.tilt_min), float(cfg.tilt_max)],
+        "pose_error_shift_px": shift_err,
+        "pose_error_rotation_deg": rot_err,
         "geometry": "u = x cos(theta) + z sin(theta), v = y (IMOD reoriented frame); exact line integrals",
     }
+    if true_poses is not None:
+        metadata["true_poses"] = true_poses
+        metadata["geometry"] += ("; view n posed as (u, v, w) = Rz(z3) Ry(theta) Rz(z1) p + (su, sv, 0) with "
+                                 "metadata['true_poses'] (fasttomo.geometry.poses)")
     return TiltSeries(stack=stack, angles=angles, pixel_size=pixel_size, source="phantom", metadata=metadata,
                       ground_truth=voxelize(phantom, (thickness, cfg.height, cfg.width)))
