@@ -110,7 +110,9 @@ def make_case(name: str, work: Path) -> dict:
     write_volume(files["truth"], ts.ground_truth, ts.pixel_size, label=f"bench_quality {name} truth", attrs={},
                  fmt="mrc", overwrite=True)
     if files["poses"]:
-        Path(files["poses"]).write_text(json.dumps(ts.metadata["true_poses"], indent=1))
+        from fasttomo.data.io.poses import write_poses_json
+
+        write_poses_json(files["poses"], ts.metadata["true_poses"], source={"bench_quality": name}, overwrite=True)
     return files
 
 
@@ -125,6 +127,7 @@ def run_method(case: str, files: dict, method: str, overrides: list[str], work: 
         shutil.rmtree(out)
     args = ["data=mrc", f"data.path={files['stack']}", f"data.angles={files['angles']}",
             f"data.thickness={files['thickness']}", *overrides, f"evaluation.truth={files['truth']}",
+            *([f"evaluation.true_poses={files['poses']}"] if files.get("poses") else []),
             "logging=quiet", f"hydra.run.dir={out}"]
     if method.startswith("sirt"):
         args += ["model=sirt", f"model.iterations={SIRT_ITERATIONS}", "evaluation.curve_every=1"]
@@ -166,10 +169,8 @@ def row_of(case: str, method: str, m: dict, files: dict) -> dict:
             row[k] = m[k]
     row["curve"] = [{"fit_seconds": round(r["fit_seconds"], 4), "pearson": r.get("pearson_global")}
                     for r in m.get("curve", [])]
-    if files.get("poses") and "poses" in m:
-        from fasttomo.geometry.alignment import pose_errors
-
-        row["pose_errors"] = pose_errors(m["poses"], json.loads(Path(files["poses"]).read_text()))
+    if "pose_errors" in m:
+        row["pose_errors"] = {k: v for k, v in m["pose_errors"].items() if not isinstance(v, list)}
     return row
 
 

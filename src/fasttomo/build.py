@@ -96,9 +96,12 @@ def build_intensity(cfg: IntensityConfig, ts: TiltSeries, scale: float) -> Inten
 def build_optimizer(cfg: OptimConfig, projector: Projector, capturable: bool = False
                     ) -> tuple[torch.optim.Optimizer, list[float]]:
     groups = dict(projector.field.param_groups())
-    groups["poses"] = [p for p in projector.poses.parameters() if p.requires_grad]
+    poses = projector.poses
+    groups["pose_rotations"] = [p for p in (poses.z1, poses.z3) if p.requires_grad]
+    groups["pose_shifts"] = [poses.shifts] if poses.shifts.requires_grad else []
     groups["intensity"] = [] if projector.intensity is None else list(projector.intensity.parameters())
-    lrs = {"grids": cfg.lr_grids, "decoder": cfg.lr_decoder, "rotations": cfg.lr_rotations, "poses": cfg.lr_poses,
+    lrs = {"grids": cfg.lr_grids, "decoder": cfg.lr_decoder, "rotations": cfg.lr_rotations,
+           "pose_rotations": cfg.lr_pose_rotations, "pose_shifts": cfg.lr_pose_shifts,
            "intensity": cfg.lr_intensity}
     param_groups, base = [], []
     for name, params in groups.items():

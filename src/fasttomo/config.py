@@ -333,8 +333,13 @@ class OptimConfig:
     """Adam learning rate of the decoder MLP."""
     lr_rotations: float = 1e-3
     """Adam learning rate of the TILTED frame rotations."""
-    lr_poses: float = 1e-3
-    """Adam learning rate of the per-tilt pose parameters."""
+    lr_pose_rotations: float = 1e-4
+    """Adam learning rate of the per-tilt in-plane rotations z1, z3 (radians: Adam moves a parameter
+    by about this much per step, so 1e-4 is 0.006 degrees per step)."""
+    lr_pose_shifts: float = 2e-2
+    """Adam learning rate of the per-tilt image shifts (pixels: about this many pixels per step).
+    Shifts and rotations get their own rates because their units differ: one rate for both either
+    freezes the shifts or throws the rotations around."""
     lr_intensity: float = 1e-3
     """Adam learning rate of the intensity model (background offsets, per-view gains), in the
     sampler's normalized units."""
@@ -357,7 +362,8 @@ class OptimConfig:
     def __post_init__(self) -> None:
         _require(isinstance(self.steps, int) and self.steps >= 1, "optim.steps",
                  f"must be an integer >= 1, got {self.steps!r}.")
-        for name in ("lr_grids", "lr_decoder", "lr_rotations", "lr_poses", "lr_intensity"):
+        for name in ("lr_grids", "lr_decoder", "lr_rotations", "lr_pose_rotations", "lr_pose_shifts",
+                     "lr_intensity"):
             _nonneg(getattr(self, name), f"optim.{name}")
         _require(len(self.betas) == 2 and all(0 <= b < 1 for b in self.betas), "optim.betas",
                  f"must be two numbers in [0, 1), got {self.betas!r}.")
@@ -508,6 +514,10 @@ class EvaluationConfig:
     """1-based view numbers (as in the file, like data.exclude_views) left out of training and
     scored by reprojection: the reconstruction predicts each held-out image, compared with the
     measured one (Pearson per view). Needs no ground truth."""
+    true_poses: Optional[str] = None
+    """A poses file of synthetic data (fasttomo-simulate's <out>_poses.json): with pose.learn the
+    learned poses are scored against it (RMS shift and rotation errors, see
+    src/fasttomo/geometry/alignment.py) in metrics.json."""
     half_sets: bool = False
     """Also reconstruct the even and the odd views separately (two more fits, same settings) and
     report their Fourier shell correlation (the 0.143 crossing is the usual resolution estimate of

@@ -242,6 +242,11 @@ def _run_field(cfg: Config, ts, hold, out_dir: Path, main: bool, rank: int, worl
         metrics["curve"] = trainer.curve
     if cfg.resume:
         metrics["resumed_from"] = {"checkpoint": str(Path(cfg.resume).resolve()), "step": steps_before}
+    if cfg.evaluation.true_poses and "poses" in metrics:
+        metrics["pose_errors"] = _pose_errors(metrics["poses"], cfg.evaluation.true_poses, ts)
+        log.info("poses against %s: shifts %.3f px RMS (%.3f without the z-translation gauge), rotations %.4f "
+                 "degrees RMS", cfg.evaluation.true_poses, metrics["pose_errors"]["shift_rms_px"],
+                 metrics["pose_errors"]["shift_rms_px_gauge_free"], metrics["pose_errors"]["rotation_rms_deg"])
     if hold is not None:
         with trainer.exported_field():
             pred = predict_views(comps.projector, hold.angles)
@@ -250,6 +255,23 @@ def _run_field(cfg: Config, ts, hold, out_dir: Path, main: bool, rank: int, worl
         log.info("held-out views %s: reprojection Pearson %s", hold.view_numbers,
                  ", ".join(f"{v:.4f}" for v in metrics["holdout"]["pearson"]))
     return metrics, volume
+
+
+def _pose_errors(learned: dict, path: str, ts) -> dict:
+    """Learned poses against a poses file, matched by 1-based view number."""
+    from fasttomo.data.io.poses import read_poses_json
+    from fasttomo.geometry.alignment import pose_errors
+
+    true = read_poses_json(path)
+    n_file = len(true["tilt_deg"])
+    numbers = list(ts.metadata.get("view_numbers") or range(1, ts.n_tilts + 1))
+    if max(numbers) > n_file:
+        raise ConfigError(f"evaluation.true_poses: {path} holds {n_file} views but the series has view {max(numbers)}; "
+                          "give the poses file of this tilt series.")
+    idx = [v - 1 for v in numbers]
+    sub = {k: [true[k][i] for i in idx] for k in ("tilt_deg", "z1_deg", "z3_deg", "shift_u_px", "shift_v_px")}
+    sub["reference_index"] = learned["reference_index"]
+    return pose_errors(learned, sub)
 
 
 def _run_sirt(cfg: Config, ts, hold, out_dir: Path, main: bool, local_rank: int):

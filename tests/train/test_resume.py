@@ -71,7 +71,7 @@ def test_exact_resume_single_process(tmp_path):
     for key in ("model", "optimizer", "scaler", "plateau", "sampler", "rng", "history", "val_history", "config"):
         assert key in at_n, key
     assert {"poses.z1", "poses.z3", "poses.shifts", "field.plane_data"} <= set(at_n["model"])
-    assert at_n["optimizer"]["state"] and {g["name"] for g in at_n["optimizer"]["param_groups"]} >= {"grids", "poses"}
+    assert at_n["optimizer"]["state"] and {g["name"] for g in at_n["optimizer"]["param_groups"]} >= {"grids", "pose_rotations", "pose_shifts"}
     assert set(at_n["plateau"]) == {"best", "bad", "factor"}
     assert (at_n["sampler"]["epoch"], at_n["sampler"]["position"]) == (0, N)  # epoch used up, not yet advanced
     assert len(at_n["rng"]["ranks"]) == 1 and {"torch", "reg"} <= set(at_n["rng"]["ranks"][0])

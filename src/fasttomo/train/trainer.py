@@ -69,7 +69,7 @@ class Trainer:
         f = self.c.schedule.factor(step, self.c.plateau)
         for group, base in zip(self.c.optimizer.param_groups, self.c.base_lrs):
             g = f
-            if group["name"] == "poses" and step < self.cfg.pose.start_step:
+            if group["name"].startswith("pose_") and step < self.cfg.pose.start_step:
                 g = 0.0
             if torch.is_tensor(group["lr"]):  # captured step: the graph reads this tensor
                 group["lr"].fill_(base * g)
