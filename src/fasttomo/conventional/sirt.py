@@ -28,8 +28,9 @@ Units and conventions
     those of :class:`~fasttomo.geometry.poses.Poses` (IMOD handedness; in-plane rotations and
     shifts honoured, per-line angles not supported).
 
-Cost per iteration: one forward projection, one backprojection and a few elementwise passes; no
-host synchronization (on CUDA the loop only queues kernels unless ``callback`` synchronizes).
+Cost per iteration: one forward projection, one backprojection and four elementwise passes. With
+the fused kernels (CUDA fp32) the loop has no host synchronization: it only queues kernels unless
+``callback`` synchronizes. The pure-torch twin syncs once per chunk of rays (its loop bounds).
 """
 
 from __future__ import annotations
