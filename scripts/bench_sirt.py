@@ -2,6 +2,7 @@
 
     python scripts/bench_sirt.py                              # 128^3, 61 tilts +-60, 100 iterations
     python scripts/bench_sirt.py --sweep                      # + forward / backprojection block shapes
+    python scripts/bench_sirt.py --inplane --variants fused   # the 8-gather path (in-plane poses)
     python scripts/bench_sirt.py --size 32 --iterations 10    # CPU smoke run (twin only)
 
 Case "128cube-61tilts": the built-in phantom in a 128^3 box (default_phantom(128, 128, 128)),
@@ -30,7 +31,9 @@ Counts (128^3, 61 views, 128 x 128; counted with the twin's chord code):
   (132 SMs, 1.98 GHz). Instruction issue (~60 per sample) adds ~0.5 ms if not hidden.
 
 Expected on the H200: forward 1.5-3 ms, backprojection 0.1-0.3 ms, elementwise ~0.05 ms: 2-3.5 ms
-per iteration, under the 6.4 ms goal. If the forward misses: a brick layout of the volume (a
+per iteration, under the 6.4 ms goal. With in-plane poses (--inplane) every tap is live: 8 gathers
+per sample, so the forward may take up to ~2x longer (its Pearson is meaningless: the data are the
+pure-tilt projections). If the forward misses: a brick layout of the volume (a
 128-byte line holding a 4 x 8 x-z patch, like a texture's block-linear layout) would cut the lines
 per gather ~4x; two samples per loop iteration would add memory-level parallelism.
 
@@ -78,6 +81,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--twin-reps", type=int, default=3, help="timed repeats of each twin projector")
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--sweep", action="store_true", help="also time fused block shapes (GPU)")
+    p.add_argument("--inplane", action="store_true",
+                   help="small in-plane rotations (+-1 deg) and shifts (+-2 px) on every view: no zero-weight "
+                        "taps, 8 gathers per sample (the phantom's data are still the pure-tilt ones)")
     p.add_argument("--device", default=None, help="default: cuda if available, else cpu")
     p.add_argument("--no-write", action="store_true")
     args = p.parse_args(argv)
@@ -88,11 +94,18 @@ def main(argv: list[str] | None = None) -> int:
     angles = np.linspace(-args.tilt_max, args.tilt_max, args.tilts)
     stack = torch.from_numpy(P.project(ph, angles)).to(dev)
     truth = torch.from_numpy(P.voxelize(ph)).to(dev)
-    poses = Poses(angles, int(np.argmin(np.abs(angles))))
+    poses = Poses(angles, int(np.argmin(np.abs(angles))), learn_rotations=args.inplane, learn_shifts=args.inplane)
+    if args.inplane:
+        g = torch.Generator().manual_seed(0)
+        with torch.no_grad():
+            poses.z1.copy_((torch.rand(args.tilts, generator=g) - 0.5) * np.deg2rad(2.0))
+            poses.z3.copy_((torch.rand(args.tilts, generator=g) - 0.5) * np.deg2rad(2.0))
+            poses.shifts.copy_((torch.rand(args.tilts, 2, generator=g) - 0.5) * 4.0)
     box = Box(ph.shape_zyx)
     rot, shift = view_poses(poses, None, dev)
     hw = (n, n)
-    case = f"{n}cube-{args.tilts}tilts" + ("" if args.tilt_max == 60 else f"-{args.tilt_max:g}deg")
+    case = (f"{n}cube-{args.tilts}tilts" + ("" if args.tilt_max == 60 else f"-{args.tilt_max:g}deg")
+            + ("-inplane" if args.inplane else ""))
 
     rows, notes = [], []
     for variant in args.variants:
@@ -153,11 +166,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.sweep and dev.type == "cuda":
         from fasttomo.kernels.triton import tomo
         x = truth.contiguous()
-        for bv, bu, w in ((4, 32, 4), (2, 32, 2), (8, 32, 8), (8, 16, 4), (2, 64, 4), (16, 8, 4), (1, 32, 1)):
+        # rays per thread = bv * bu / (32 w): 1 (latency hidden by occupancy) or 2-4 (by ILP)
+        for bv, bu, w in ((4, 32, 4), (2, 32, 2), (1, 32, 1), (8, 16, 4), (16, 8, 4), (2, 64, 4), (8, 32, 8),
+                          (8, 32, 4), (4, 64, 4), (8, 64, 4), (16, 32, 4)):
             t = cuda_times_ms(lambda: tomo.ray_project(x, rot, shift, n, n, args.step, block_v=bv, block_u=bu,
                                                        warps=w), args.reps, args.warmup, dev)
             sweep.append({"variant": f"forward-{bv}x{bu}-w{w}", "forward_ms": round(median(t), 3)})
-        for blk, w in ((256, 4), (128, 4), (512, 4), (512, 8), (1024, 8)):
+        for blk, w in ((256, 4), (128, 4), (512, 4), (512, 8), (1024, 8), (1024, 4)):
             t = cuda_times_ms(lambda: tomo.voxel_backproject(stack, rot, shift, n, n, n, block=blk, warps=w),
                               args.reps, args.warmup, dev)
             sweep.append({"variant": f"backproject-{blk}-w{w}", "backproject_ms": round(median(t), 3)})
