@@ -14,7 +14,9 @@ the fast path cannot take raises ``KernelUnavailableError`` naming the reason. T
 logged once per (op, path, reason) on logger ``fasttomo.kernels`` and counted in ``counters``
 (op -> path -> calls; a spy for tests, ``reset_counters()`` clears it). Backward passes count as
 ``'<op>_bwd'``: a ``create_graph=True`` backward runs the twin's formula (path ``'torch'``), so
-higher-order autograd is exact.
+higher-order autograd is exact. The SIRT projector pair (``ray_project``, ``voxel_backproject``)
+has a forward-only fast path: a call that needs a gradient (grad mode on and an input requiring
+it) runs the twin.
 
 Under bf16 autocast (CUDA) the fused interpolation writes bf16 features (fp32 planes and fp32
 accumulation inside); the twin keeps fp32 (grid_sample runs in fp32 under autocast).
@@ -181,3 +183,41 @@ def volume_tv(volume: torch.Tensor, kind: str = "squared") -> torch.Tensor:
     if _route("volume_tv", r):
         return torch.ops.fasttomo.volume_tv(volume.contiguous(), kind == "l1")
     return reference.volume_tv(volume, kind)
+
+
+# ------------------------------------------------------------------------- SIRT projector pair
+def _why_not_tomo(data: torch.Tensor, rot: torch.Tensor, shift: torch.Tensor, out_numel: int
+                  ) -> Optional[str]:
+    r = _common_reason((data, rot, shift))
+    if r:
+        return r
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (data, rot, shift)):
+        return "an input requires grad and the fast path is forward-only"
+    if data.dim() != 3 or rot.dim() != 3 or tuple(rot.shape[1:]) != (3, 3) or tuple(shift.shape) != (rot.shape[0], 2):
+        return (f"shapes {tuple(data.shape)}, rot {tuple(rot.shape)}, shift {tuple(shift.shape)}; "
+                "fast path needs a 3-D array, rot (V, 3, 3), shift (V, 2)")
+    if max(data.numel(), out_numel) > _INT32_MAX:
+        return "volume or image stack larger than 2**31 elements"
+    return None
+
+
+def ray_project(volume: torch.Tensor, rot: torch.Tensor, shift: torch.Tensor,
+                image_hw: tuple[int, int], step: float) -> torch.Tensor:
+    """Line integrals (V, H, W) of a (Z, Y, X) volume along every pixel's ray of V views
+    (semantics: ``reference.ray_project``). Forward-only fast path."""
+    h, w = int(image_hw[0]), int(image_hw[1])
+    if _route("ray_project", _why_not_tomo(volume, rot, shift, rot.shape[0] * h * w)):
+        return torch.ops.fasttomo.ray_project(volume.contiguous(), rot.contiguous(),
+                                              shift.contiguous(), h, w, float(step))
+    return reference.ray_project(volume, rot, shift, (h, w), step)
+
+
+def voxel_backproject(images: torch.Tensor, rot: torch.Tensor, shift: torch.Tensor,
+                      shape_zyx: tuple[int, int, int]) -> torch.Tensor:
+    """Voxel-driven backprojection (Z, Y, X) of images (V, H, W) (semantics:
+    ``reference.voxel_backproject``). Forward-only fast path."""
+    z, y, x = (int(s) for s in shape_zyx)
+    if _route("voxel_backproject", _why_not_tomo(images, rot, shift, z * y * x)):
+        return torch.ops.fasttomo.voxel_backproject(images.contiguous(), rot.contiguous(),
+                                                    shift.contiguous(), z, y, x)
+    return reference.voxel_backproject(images, rot, shift, (z, y, x))

@@ -6,6 +6,8 @@ fast paths in ``kernels/triton`` must reproduce.
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 
@@ -73,3 +75,103 @@ def volume_tv(volume: torch.Tensor, kind: str = "squared") -> torch.Tensor:
     if kind == "l1":
         return sum(d.abs().mean() for d in diffs)
     raise ValueError(f"volume_tv: kind must be 'squared' or 'l1', got {kind!r}")
+
+
+# ------------------------------------------------------------------------- tomography (SIRT) ops
+# Both are forward-only in the fast path; these twins are ordinary torch code (differentiable too).
+
+RAY_COUNT_TOL = 1e-3
+"""n = ceil(L / step - RAY_COUNT_TOL): a chord that is a whole number of steps up to rounding
+(e.g. 128 voxels at step 0.5) gets exactly L / step cells in every implementation."""
+
+
+def ray_project(volume: torch.Tensor, rot: torch.Tensor, shift: torch.Tensor,
+                image_hw: tuple[int, int], step: float, max_points: int = 1 << 22) -> torch.Tensor:
+    """Line integrals (V, H, W) of ``volume`` (Z, Y, X) (density per voxel length) along the ray of
+    every pixel of V views with poses ``rot`` (V, 3, 3), ``shift`` (V, 2), in voxel-length units.
+
+    Rays and chords are those of :func:`fasttomo.geometry.rays.ray_samples` (box = the volume's
+    shape, voxel = pixel). A ray with clipped chord length L > 0 gets n = max(1, ceil(L / step -
+    RAY_COUNT_TOL)) cells of length dt = L / n and the volume is sampled trilinearly at their
+    midpoints (grid_sample, align_corners=False, border clamping: the VoxelField convention, so
+    a constant c integrates to exactly c * L); the integral is dt * sum of the samples. Rays that
+    miss the box give 0. Rays are processed in chunks of at most ``max_points`` sample points
+    (one host sync per chunk for its largest n).
+    """
+    from fasttomo.geometry.rays import Box, ray_samples
+
+    Z, Y, X = volume.shape
+    box = Box((Z, Y, X))
+    h, w = int(image_hw[0]), int(image_hw[1])
+    n_views = rot.shape[0]
+    dev = volume.device
+    dtype = volume.dtype if volume.dtype == torch.float64 else torch.float32
+    vol = volume.to(dtype)[None, None]
+    rot = rot.to(device=dev, dtype=dtype)
+    shift = shift.to(device=dev, dtype=dtype)
+    n_rays = n_views * h * w
+    out = torch.zeros(n_rays, device=dev, dtype=dtype)
+    half = torch.tensor(box.half_extent, device=dev, dtype=dtype)
+    diag = math.sqrt(X * X + Y * Y + Z * Z)
+    chunk = max(1, max_points // (int(math.ceil(diag / step)) + 1))
+    for r0 in range(0, n_rays, chunk):
+        idx = torch.arange(r0, min(r0 + chunk, n_rays), device=dev)
+        view = idx // (h * w)
+        pix = idx % (h * w)
+        rs = ray_samples(pix // w, pix % w, rot[view], shift[view], (h, w), box, 1)
+        length = rs.dt  # one cell: dt is the whole chord, the point its (normalized) midpoint
+        n = torch.ceil(length / step - RAY_COUNT_TOL).clamp_min(1)
+        n = torch.where(length > 0, n, torch.zeros_like(n))
+        s_max = int(n.max().item()) if n.numel() else 0
+        if s_max == 0:
+            continue
+        dt = torch.where(n > 0, length / n.clamp_min(1), torch.zeros_like(length))
+        dir_n = rot[view][:, 2, :] / half  # R^T e_z in normalized units per voxel
+        k = torch.arange(s_max, device=dev, dtype=dtype)
+        t = (k[None, :] + 0.5 - n[:, None] / 2) * dt[:, None]  # (B, S), relative to the midpoint
+        g = torch.addcmul(rs.points[:, :1, :], t[..., None], dir_n[:, None, :])
+        val = F.grid_sample(vol, g.reshape(1, -1, s_max, 1, 3), mode="bilinear",
+                            padding_mode="border", align_corners=False).reshape(-1, s_max)
+        val = torch.where(k[None, :] < n[:, None], val, torch.zeros((), device=dev, dtype=dtype))
+        out[r0:r0 + idx.numel()] = val.sum(dim=1) * dt
+    return out.reshape(n_views, h, w)
+
+
+def voxel_backproject(images: torch.Tensor, rot: torch.Tensor, shift: torch.Tensor,
+                      shape_zyx: tuple[int, int, int], max_points: int = 1 << 22) -> torch.Tensor:
+    """Voxel-driven backprojection (Z, Y, X) of ``images`` (V, H, W) under poses ``rot`` (V, 3, 3),
+    ``shift`` (V, 2): every voxel centre p is projected into every view, (u, v) = (R p + s)[:2]
+    (the :func:`fasttomo.geometry.rays.project_points` convention), the image is sampled bilinearly at pixel
+    coordinates (u + (W-1)/2, v + (H-1)/2) with zeros outside the detector (grid_sample,
+    align_corners=False, zero padding), and the samples are summed over the views. Chunks of Z
+    planes keep at most ``max_points`` (voxel, view) pairs in flight.
+    """
+    Z, Y, X = (int(s) for s in shape_zyx)
+    n_views, h, w = images.shape
+    dev = images.device
+    dtype = images.dtype if images.dtype == torch.float64 else torch.float32
+    img = images.to(dtype)[:, None]  # (V, 1, H, W)
+    rot = rot.to(device=dev, dtype=dtype)
+    shift = shift.to(device=dev, dtype=dtype)
+    out = torch.zeros((Z, Y, X), device=dev, dtype=dtype)
+    if n_views == 0:
+        return out
+    # u = r00 x + r01 y + r02 z + su (project_points), separable over the three axes
+    cx = (torch.arange(X, device=dev, dtype=dtype) - (X - 1) / 2.0)
+    cy = (torch.arange(Y, device=dev, dtype=dtype) - (Y - 1) / 2.0)
+    cz = (torch.arange(Z, device=dev, dtype=dtype) - (Z - 1) / 2.0)
+    # normalized image coordinates (align_corners=False): 2 u / W, 2 v / H
+    scale = torch.tensor([2.0 / w, 2.0 / h], device=dev, dtype=dtype)
+    rs = rot[:, :2, :] * scale[None, :, None]  # (V, 2, 3) rows of u and v, normalized
+    ss = shift * scale  # (V, 2)
+    ux = rs[:, None, :, 0] * cx[None, :, None]  # (V, X, 2)
+    uy = rs[:, None, :, 1] * cy[None, :, None]  # (V, Y, 2)
+    planes = max(1, max_points // max(1, n_views * Y * X))
+    for z0 in range(0, Z, planes):
+        zc = cz[z0:z0 + planes]
+        uz = rs[:, None, :, 2] * zc[None, :, None] + ss[:, None, :]  # (V, Zc, 2)
+        grid = uz[:, :, None, None, :] + uy[:, None, :, None, :] + ux[:, None, None, :, :]
+        val = F.grid_sample(img, grid.reshape(n_views, -1, 1, 2), mode="bilinear",
+                            padding_mode="zeros", align_corners=False)  # (V, 1, P, 1)
+        out[z0:z0 + zc.numel()] = val.sum(dim=0).reshape(zc.numel(), Y, X)
+    return out

@@ -6,6 +6,11 @@ The ops are opaque to torch.compile (custom_op) and allocate their outputs with 
 inside CUDA-graph capture once the kernels are compiled and the plane-TV table is built (any call
 before capture does both).
 
+The tomography ops ``fasttomo::ray_project`` and ``fasttomo::voxel_backproject`` (the SIRT
+projector pair) are FORWARD-ONLY: they have a fake registration but no autograd one, and
+``dispatch`` routes any call that would need a gradient (grad mode on and an input requiring it) to
+the pure-torch twin.
+
 Double backward: the registered backward checks ``torch.is_grad_enabled()`` (true only for a
 ``create_graph=True`` backward) and then computes the gradient through the pure-torch twin with a
 graph, so higher-order autograd is exact; the spy counts it as the 'torch' path of '<op>_bwd'.
@@ -18,6 +23,7 @@ import torch
 from fasttomo.kernels import reference
 from fasttomo.kernels.layout import PlaneLayout
 from fasttomo.kernels.triton import kplanes as _kp
+from fasttomo.kernels.triton import tomo as _tomo
 from fasttomo.kernels.triton import tv as _tv
 
 
@@ -180,3 +186,27 @@ def _vtv_backward(ctx, grad):
 
 
 volume_tv.register_autograd(_vtv_backward, setup_context=_vtv_setup)
+
+
+# ------------------------------------------------------------------------- ops 4, 5: SIRT projectors
+# Forward-only (no register_autograd): dispatch sends calls that need a gradient to the twins.
+@torch.library.custom_op("fasttomo::ray_project", mutates_args=())
+def ray_project(volume: torch.Tensor, rot: torch.Tensor, shift: torch.Tensor, height: int,
+                width: int, step: float) -> torch.Tensor:
+    return _tomo.ray_project(volume.contiguous(), rot, shift, height, width, step)
+
+
+@ray_project.register_fake
+def _(volume, rot, shift, height, width, step):
+    return volume.new_empty((rot.shape[0], height, width), dtype=torch.float32)
+
+
+@torch.library.custom_op("fasttomo::voxel_backproject", mutates_args=())
+def voxel_backproject(images: torch.Tensor, rot: torch.Tensor, shift: torch.Tensor, depth: int,
+                      height: int, width: int) -> torch.Tensor:
+    return _tomo.voxel_backproject(images.contiguous(), rot, shift, depth, height, width)
+
+
+@voxel_backproject.register_fake
+def _(images, rot, shift, depth, height, width):
+    return images.new_empty((depth, height, width), dtype=torch.float32)
