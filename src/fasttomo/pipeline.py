@@ -322,8 +322,17 @@ def _half_sets(cfg: Config, ts, out_dir: Path | None, rank: int, world: int, loc
     if out_dir is not None:
         fsc_plot(out_dir / "fsc_halfsets.png", curves, "FSC of the even-view and odd-view reconstructions",
                  _tilt_range(ts), overwrite=cfg.output.overwrite)
-    log.info("half sets: FSC 0.143 at %s A, 0.5 at %s A", res.get("fsc0143_A"), res.get("fsc05_A"))
+    log.info("half sets: FSC 0.143 at %s, 0.5 at %s", _res(res, "fsc0143"), _res(res, "fsc05"))
     return res
+
+
+def _res(report: dict, key: str) -> str:
+    """'12.3 A', or why there is no crossing (from the all-of-Fourier-space curve)."""
+    fsc = report.get("fsc") or {}
+    if fsc.get(f"{key}_A") is not None:
+        return f"{fsc[f'{key}_A']:.3g} A"
+    return {"never": f"none (above it up to Nyquist, {fsc.get('nyquist_A', 0):.3g} A)"}.get(
+        fsc.get(f"{key}_status"), str(fsc.get(f"{key}_status")))
 
 
 def _subset(ts, keep: np.ndarray):

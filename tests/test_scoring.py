@@ -1,0 +1,89 @@
+"""Scoring inside a run: held-out views, half sets, a truth from a file, the quality curve,
+keep-best, pose scoring, and the SIRT baseline through the CLI (tiny real runs)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from fasttomo.config import DataConfig
+from fasttomo.data.phantom import make_tiltseries
+from fasttomo.data.tiltseries import TiltSeriesError
+from fasttomo.reconstruct import compose_config, run
+from fasttomo.scoring import attach_truth, split_holdout
+
+TINY = ["experiment=quick", "logging=quiet", "runtime=cpu", "runtime.threads=1", "data.width=16", "data.height=16",
+        "data.n_tilts=9", "sampler.batch_size=256", "sampler.samples_per_ray=16", "optim.steps=30",
+        "logging.val_every=10"]
+
+
+def _run(tmp: Path, *extra: str) -> tuple[dict, Path]:
+    out = tmp / "run"
+    run(compose_config([*TINY, f"output.dir={out}", *extra]))
+    return json.loads((out / "metrics.json").read_text()), out
+
+
+def test_split_holdout_maps_file_view_numbers():
+    ts = make_tiltseries(DataConfig(width=16, height=16, n_tilts=9))
+    ts.metadata["view_numbers"] = [1, 2, 3, 5, 6, 7, 8, 9, 10]  # view 4 was excluded from the file
+    train, hold = split_holdout(ts, [5, 10])
+    assert hold.view_numbers == [5, 10] and list(hold.index) == [3, 8]
+    assert train.n_tilts == 7 and train.metadata["view_numbers"] == [1, 2, 3, 6, 7, 8, 9]
+    np.testing.assert_array_equal(hold.stack, ts.stack[[3, 8]])
+    with pytest.raises(TiltSeriesError, match=r"\[4\] are not views"):
+        split_holdout(ts, [4])
+    assert split_holdout(ts, []) == (ts, None)
+
+
+def test_truth_file_of_the_wrong_shape_is_refused(tmp_path):
+    from fasttomo.data.io.volume import write_volume
+
+    ts = make_tiltseries(DataConfig(width=16, height=16, n_tilts=9))
+    path = tmp_path / "t.mrc"
+    write_volume(path, np.zeros((8, 16, 12), np.float32), 10.0, label="t", attrs={}, fmt="mrc")
+    with pytest.raises(TiltSeriesError, match=r"shape \(8, 16, 12\).*\(Z, Y, X\) = \(8, 16, 16\)"):
+        attach_truth(ts, str(path), 8)
+
+
+def test_field_run_scores_holdout_half_sets_curve_and_keeps_the_best(tmp_path):
+    m, out = _run(tmp_path, "evaluation.holdout_views=[3,7]", "evaluation.half_sets=true",
+                  "evaluation.curve_every=10", "optim.keep_best=true")
+    assert m["holdout"]["view_numbers"] == [3, 7] and len(m["holdout"]["pearson"]) == 2
+    assert all(0.5 < r <= 1 for r in m["holdout"]["pearson"])  # the field predicts unseen views
+    assert set(m["half_sets"]) >= {"fsc", "fsc_measured", "fsc_wedge"}
+    assert [c["step"] for c in m["curve"]] == [10, 20, 30]
+    assert all(c["fit_seconds"] <= m["train_seconds"] + 1e-9 for c in m["curve"])
+    assert m["exported_step"] == m["best_val"]["step"]
+    assert m["best_val"]["loss"] == min(v for _, v in m["val_loss"]["curve"])
+    for name in ("volume_even.mrc", "volume_odd.mrc", "fsc_halfsets.png", "fsc_truth.png", "loss.png"):
+        assert (out / name).is_file(), name
+    assert m["fsc"]["fsc05_status"] == "crossed" and m["fsc05_A"] == m["fsc"]["fsc05_A"]
+    assert {"fsc_measured", "fsc_wedge"} <= set(m)
+
+
+def test_sirt_baseline_through_the_config(tmp_path):
+    m, out = _run(tmp_path, "model=sirt", "model.iterations=20", "evaluation.curve_every=5",
+                  "evaluation.holdout_views=[5]")
+    curve = [c["pearson_global"] for c in m["curve"]]
+    assert [c["step"] for c in m["curve"]] == [5, 10, 15, 20]
+    assert curve[-1] > curve[0] and m["pearson_global"] == pytest.approx(curve[-1], abs=1e-4)
+    assert m["model"] == "sirt" and m["steps"] == 20 and m["train_seconds"] > 0
+    assert 0.5 < m["holdout"]["pearson"][0] <= 1
+    assert (out / "volume.mrc").is_file() and not (out / "checkpoints").exists()
+
+
+def test_learned_poses_are_scored_against_a_poses_file(tmp_path):
+    from fasttomo.data.io import write_tiltseries
+    from fasttomo.data.io.poses import write_poses_json
+
+    ts = make_tiltseries(DataConfig(width=16, height=16, n_tilts=9, pose_error_shift=2.0, pose_error_rotation=0.5))
+    write_tiltseries(tmp_path / "p.mrc", ts, "mrc")
+    write_poses_json(tmp_path / "p_poses.json", ts.metadata["true_poses"])
+    m, _ = _run(tmp_path, "data=mrc", f"data.path={tmp_path / 'p.mrc'}", f"data.angles={tmp_path / 'p.rawtlt'}",
+                "data.thickness=8", "pose=refine", "pose.start_step=0",
+                f"evaluation.true_poses={tmp_path / 'p_poses.json'}")
+    pe = m["pose_errors"]
+    assert pe["n_compared"] == 8 and pe["shift_rms_px"] > 0 and pe["rotation_rms_deg"] > 0
