@@ -69,7 +69,7 @@ CASES = {
 }
 N_TILTS = 61
 SEED = 0
-SIRT_ITERATIONS = 300
+SIRT_ITERATIONS = int(os.environ.get("BENCH_QUALITY_SIRT_ITERATIONS", 300))
 CURVE_EVERY = 100
 HOLDOUT = [8, 23, 39, 54]
 """1-based views held out in the --eval runs (spread over the tilt range, not the reference)."""

@@ -137,6 +137,8 @@ def _limits(values: np.ndarray, lim, pad: float, log: bool) -> tuple[float, floa
             lo, hi = (0.1, 1.0) if log else (0.0, 1.0)
         else:
             lo, hi = float(v.min()), float(v.max())
+            if hi == lo:  # a single value: widen around it
+                lo, hi = (lo / 2, hi * 2) if log else (lo - max(abs(lo), 1.0) / 2, hi + max(abs(hi), 1.0) / 2)
             if log:
                 lo, hi = lo / (1 + pad * 4), hi * (1 + pad * 4)
             else:
