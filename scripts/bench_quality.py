@@ -170,7 +170,7 @@ def row_of(case: str, method: str, m: dict, files: dict) -> dict:
     row["curve"] = [{"fit_seconds": round(r["fit_seconds"], 4), "pearson": r.get("pearson_global")}
                     for r in m.get("curve", [])]
     if "pose_errors" in m:
-        row["pose_errors"] = {k: v for k, v in m["pose_errors"].items() if not isinstance(v, list)}
+        row["pose_errors"] = {k: v for k, v in m["pose_errors"].items() if k != "per_view"}
     return row
 
 
