@@ -25,7 +25,7 @@ fraction of the clean projections' maximum):
 Methods (``--methods``):
 
     field-default   fasttomo-reconstruct with nothing but the data (the defaults)
-    field-best      the best documented recipe (RECIPES below; pose128 adds pose=refine to both)
+    field-best      the best documented recipe (experiment=quality; pose128 adds pose=refine)
     sirt            model=sirt, SIRT_ITERATIONS iterations, scored every iteration: the row is
                     the best iteration count (by Pearson to the truth), the curve has them all
 
@@ -75,8 +75,7 @@ HOLDOUT = [8, 23, 39, 54]
 """1-based views held out in the --eval runs (spread over the tilt range, not the reference)."""
 RECIPES = {
     "field-default": [],
-    "field-best": ["model.resolutions=[64,128]", "model.channels=16", "model.n_rotations=4",
-                   "sampler.batch_size=4096", "sampler.samples_per_ray=128", "optim.keep_best=true"],
+    "field-best": ["experiment=quality"],
 }
 """The overrides of each field method (field-best: the best recipe bench_quality has found)."""
 POSE_OVERRIDES = ["pose=refine"]

@@ -61,6 +61,14 @@ class Components:
     """Capture the training step in a CUDA graph (decided here from runtime.cuda_graph)."""
 
 
+def auto_batch_size(ts: TiltSeries) -> int:
+    """sampler.batch_size=None: 1024 x 2^round(log2(pixels / 2^18)), within [1024, 8192]."""
+    import math
+
+    k = round(math.log2(max(ts.stack.size, 1) / 2 ** 18))
+    return int(min(8192, max(1024, 1024 * 2 ** k)))
+
+
 def samples_per_ray(cfg: Config, box: Box, ts: TiltSeries) -> int:
     """sampler.samples_per_ray, or the automatic count for this box and these tilts."""
     from fasttomo.geometry.rays import auto_samples_per_ray
@@ -130,7 +138,11 @@ def build(cfg: Config, ts: TiltSeries, *, rank: int = 0, world_size: int = 1, lo
     torch.manual_seed(cfg.runtime.seed)
     field = build_field(cfg.model, box)
     poses = Poses(ts.angles, ts.reference_index(), learn_rotations=cfg.pose.learn and cfg.pose.learn_rotations,
-                  learn_shifts=cfg.pose.learn and cfg.pose.learn_shifts)
+                  learn_shifts=cfg.pose.learn and cfg.pose.learn_shifts, learn_z1=cfg.pose.learn_z1)
+    if cfg.sampler.batch_size is None:
+        cfg = dataclasses.replace(cfg, sampler=dataclasses.replace(cfg.sampler, batch_size=auto_batch_size(ts)))
+        log.info("sampler: %d rays per step (about 1/256 of the series' %d pixels; set sampler.batch_size to "
+                 "choose)", cfg.sampler.batch_size, ts.stack.size)
     sampler = build_sampler(ts, cfg.sampler, seed=cfg.runtime.seed, device=device, rank=rank, world_size=world_size)
     intensity = build_intensity(cfg.intensity, ts, sampler.scale)
     projector = Projector(field, poses, box, (ts.height, ts.width), samples_per_ray(cfg, box, ts),

@@ -349,7 +349,7 @@ def _summarize(cfg: Config, comps, trainer, steps_before: int, seconds: float, v
     hist = trainer.history
     val = trainer.val_history
     steps_done = trainer.step - steps_before
-    rays = steps_done * cfg.sampler.batch_size * comps.world_size
+    rays = steps_done * comps.cfg.sampler.batch_size * comps.world_size
     m = {
         "steps": trainer.step,
         "train_seconds": trainer.train_seconds,

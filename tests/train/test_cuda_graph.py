@@ -57,6 +57,12 @@ def _train(overrides: list[str], steps: int):
     return tr, c, losses
 
 
+@torch.no_grad()
+def _predictions(c) -> torch.Tensor:
+    """The projector's predictions of the whole validation set (fp32, no autocast)."""
+    return torch.cat([c.projector(b.tilt, b.row, b.col) for b in c.sampler.val_batches()])
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (CUDA-graph capture)")
 @pytest.mark.parametrize("extra", [[], ["precision=bf16"], ["pose=refine", "pose.start_step=0"],
@@ -73,11 +79,17 @@ def test_captured_step_trains_like_the_eager_step(extra):
     # and Adam's early sign-like updates that spread to whole learning-rate steps), plus rounding.
     spread = max(abs(a - b) for a, b in zip(le, la))
     assert max(abs(a - b) for a, b in zip(lg, le)) <= 4 * spread + 1e-4 * max(abs(v) for v in le) + 1e-7
-    for (name, pe), pa, pg in zip(ce.projector.named_parameters(), ca.projector.parameters(),
-                                  cg.projector.parameters()):
-        noise = (pa - pe).abs().max().item()
-        worst = (pg - pe).abs().max().item()
-        assert worst <= 4 * noise + 1e-4 * pe.abs().max().item() + 1e-5, (name, worst, noise)
+    # The trained fields must predict alike. (Not every parameter: with Adam's eps = 1e-15, a texel
+    # whose gradient is ~0 takes a full learning-rate step of whichever sign rounding gives it, so
+    # a 1e-9 difference between the graph's and the eager kernels' sums moves such texels by up to
+    # 2 x lr while no ray sees the difference; seen on the H200 with learned poses + background.)
+    pe_, pa_, pg_ = (_predictions(c) for c in (ce, ca, cg))
+    noise = (pa_ - pe_).abs().max().item()
+    worst = (pg_ - pe_).abs().max().item()
+    assert worst <= 4 * noise + 1e-3 * pe_.abs().max().item() + 1e-6, (worst, noise)
+    for (name, pe), pg in zip(ce.projector.named_parameters(), cg.projector.parameters()):
+        if name.startswith(("poses.", "intensity.")):  # the pose and intensity values themselves
+            assert (pg - pe).abs().max().item() <= 1e-3 * max(1.0, pe.abs().max().item()), name
     # the learning-rate schedule reaches the captured Adam step
     assert float(cg.optimizer.param_groups[0]["lr"]) == pytest.approx(ce.optimizer.param_groups[0]["lr"])
 

@@ -26,7 +26,8 @@ from fasttomo.geometry.so3 import rot_y, rot_z
 
 class Poses(torch.nn.Module):
     def __init__(self, angles_deg: np.ndarray, reference_index: int, learn_rotations: bool = False,
-                 learn_shifts: bool = False) -> None:
+                 learn_shifts: bool = False, learn_z1: bool = True) -> None:
+        """``learn_rotations`` learns z3 and, with ``learn_z1``, z1."""
         super().__init__()
         angles = np.asarray(angles_deg, dtype=np.float64)
         if angles.ndim not in (1, 2) or angles.shape[0] < 1:
@@ -42,7 +43,7 @@ class Poses(torch.nn.Module):
         mask = torch.ones(n)
         mask[reference_index] = 0.0
         self.register_buffer("free_mask", mask)
-        self.z1 = torch.nn.Parameter(torch.zeros(n), requires_grad=self.learn_rotations)
+        self.z1 = torch.nn.Parameter(torch.zeros(n), requires_grad=self.learn_rotations and bool(learn_z1))
         self.z3 = torch.nn.Parameter(torch.zeros(n), requires_grad=self.learn_rotations)
         self.shifts = torch.nn.Parameter(torch.zeros(n, 2), requires_grad=self.learn_shifts)
 

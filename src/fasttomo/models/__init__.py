@@ -13,9 +13,9 @@ from fasttomo.models.voxel import VoxelField
 
 
 def auto_resolutions(box: Box) -> list[int]:
-    """model.resolutions=None: [N/2, N], N the largest side of the box."""
+    """model.resolutions=None: [N/4, N/2, N], N the largest side of the box."""
     n = max(box.shape_zyx)
-    return [max(2, n // 2), n]
+    return [max(2, n // 4), max(2, n // 2), n]
 
 
 def build_field(model_cfg: ModelConfig, box: Box) -> nn.Module:

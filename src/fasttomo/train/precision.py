@@ -13,8 +13,18 @@ import torch
 _DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
+def resolve_dtype(dtype: str, device: torch.device) -> str:
+    """precision.dtype=auto: bf16 on a CUDA device that supports it, else fp32."""
+    if dtype != "auto":
+        return dtype
+    if device.type == "cuda" and torch.cuda.is_bf16_supported():
+        return "bf16"
+    return "fp32"
+
+
 class Precision:
     def __init__(self, dtype: str, device: torch.device):
+        dtype = resolve_dtype(dtype, device)
         self.name = dtype
         self.dtype = _DTYPES[dtype]
         self.device_type = device.type
