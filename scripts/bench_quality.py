@@ -115,15 +115,11 @@ def make_case(name: str, work: Path) -> dict:
     return files
 
 
-def run_method(case: str, files: dict, method: str, overrides: list[str], work: Path, eval_run: bool,
-               python: str, sirt_iterations: int = SIRT_ITERATIONS) -> dict:
-    """One fasttomo-reconstruct process; returns its metrics.json (plus the command)."""
+def cli_args(case: str, files: dict, method: str, overrides: list[str], work: Path, eval_run: bool,
+             sirt_iterations: int = SIRT_ITERATIONS) -> tuple[str, Path, list[str]]:
+    """(tag, run folder, fasttomo-reconstruct arguments) of one run."""
     tag = f"{case}-{method}" + ("-eval" if eval_run else "")
     out = work / "runs" / tag
-    if out.exists():
-        import shutil
-
-        shutil.rmtree(out)
     args = ["data=mrc", f"data.path={files['stack']}", f"data.angles={files['angles']}",
             f"data.thickness={files['thickness']}", *overrides, f"evaluation.truth={files['truth']}",
             *([f"evaluation.true_poses={files['poses']}"] if files.get("poses") else []),
@@ -135,6 +131,17 @@ def run_method(case: str, files: dict, method: str, overrides: list[str], work: 
     if eval_run:
         args += ["evaluation.half_sets=true", "evaluation.holdout_views=[" + ",".join(map(str, HOLDOUT)) + "]",
                  "evaluation.curve_every=0"]
+    return tag, out, args
+
+
+def run_method(case: str, files: dict, method: str, overrides: list[str], work: Path, eval_run: bool,
+               python: str, sirt_iterations: int = SIRT_ITERATIONS) -> dict:
+    """One fasttomo-reconstruct process; returns its metrics.json (plus the command)."""
+    tag, out, args = cli_args(case, files, method, overrides, work, eval_run, sirt_iterations)
+    if out.exists():
+        import shutil
+
+        shutil.rmtree(out)
     cmd = [python, "-m", "fasttomo.reconstruct", *args]
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=work)
@@ -149,7 +156,9 @@ def run_method(case: str, files: dict, method: str, overrides: list[str], work: 
 
 def row_of(case: str, method: str, m: dict, files: dict) -> dict:
     """The result row of one run (the best SIRT iteration for sirt)."""
-    row = {"method": method, "case": case, "command": m["_command"], "process_seconds": round(m["_process_seconds"], 2)}
+    row = {"method": method, "case": case, "command": m["_command"]}
+    if "_process_seconds" in m:
+        row["process_seconds"] = round(m["_process_seconds"], 2)
     if method.startswith("sirt"):
         best = max(m["curve"], key=lambda r: r.get("pearson_global", -1))
         row.update(method=f"sirt-{best['step']}", fit_seconds=best["fit_seconds"], pearson=best["pearson_global"],
@@ -248,7 +257,7 @@ def main() -> None:
     import torch
 
     device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
-    case = args.cases[0] if len(args.cases) == 1 else "suite"
+    case = "+".join(args.cases)  # one record per set of cases: a later run of other cases keeps this one
     path = write_result("bench_quality", case, device, rows, out_dir=Path(args.out_dir) if args.out_dir else None,
                         cases={k: CASES[k] for k in args.cases}, n_tilts=N_TILTS, recipes=recipes,
                         sirt_iterations=SIRT_ITERATIONS, work=str(work))
