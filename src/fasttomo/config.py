@@ -96,6 +96,10 @@ class DataConfig:
     """Drop views detected as dark or blank (they are always reported in the log)."""
     nonfinite: str = "reject"
     """NaN/Inf pixels: reject (error) or mask (ignored in the loss)."""
+    check_angle_units: bool = True
+    """Refuse a file series whose largest |tilt angle| is below 2 degrees: such angles are almost
+    certainly radians (fasttomo reads degrees). Set false for a series that really spans less
+    than +-2 degrees."""
 
     def __post_init__(self) -> None:
         _choice(self.source, ("phantom", "mrc", "hdf5", "tiff"), "data.source")
@@ -117,6 +121,8 @@ class DataConfig:
                  f"must be an integer >= 1, got {self.binning!r}.")
         _choice(self.normalize, ("quantile", "none"), "data.normalize")
         _choice(self.nonfinite, ("reject", "mask"), "data.nonfinite")
+        _require(isinstance(self.check_angle_units, bool), "data.check_angle_units",
+                 f"must be true or false, got {self.check_angle_units!r}.")
         if self.crop is not None:
             _require(len(self.crop) == 4 and all(isinstance(v, int) and v >= 0 for v in self.crop), "data.crop",
                      f"must be [y0, y1, x0, x1] of integers >= 0, got {self.crop!r}.")
