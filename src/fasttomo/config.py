@@ -373,6 +373,49 @@ class RuntimeConfig:
                      f"must be an integer >= 1, got {self.threads!r}.")
 
 
+# --------------------------------------------------------------------------------------- guard
+@dataclasses.dataclass
+class GuardConfig:
+    enabled: bool = True
+    """Check every step's loss and gradient norm on the device (no host sync): a step with a
+    non-finite or exploding loss or gradient is skipped (the parameters and optimizer state stay
+    as they were); see the other keys for what happens when that repeats."""
+    divergence_factor: float = 100.0
+    """A step counts as exploding when its loss exceeds this many times the running average
+    (EMA, decay 0.9) of the accepted steps' losses. 0 turns this test off (non-finite losses and
+    gradients are still skipped)."""
+    max_bad_steps: int = 5
+    """After this many skipped steps in a row the run rolls back to its last good state (an
+    in-memory snapshot) and lowers the learning rates by lr_factor."""
+    lr_factor: float = 0.5
+    """Learning rates are multiplied by this at each rollback (for the rest of the run)."""
+    max_rollbacks: int = 5
+    """Rollbacks allowed in one run; the next divergence ends the run with an error (exit code 3)
+    after saving the last good state as checkpoints/last.pt."""
+    check_every: int = 20
+    """The host reads the guard's counters (one tiny sync) every N steps and at the end, so a
+    rollback happens at most N steps after the bad streak reached max_bad_steps."""
+    snapshot_every: int = 100
+    """A snapshot of the parameters and optimizer state becomes the rollback target once it has
+    been followed by this many steps without a skipped one (two snapshots are kept in device
+    memory: 2 x (parameters + Adam moments))."""
+
+    def __post_init__(self) -> None:
+        _require(isinstance(self.enabled, bool), "guard.enabled", f"must be true or false, got {self.enabled!r}.")
+        _nonneg(self.divergence_factor, "guard.divergence_factor")
+        _require(self.divergence_factor == 0 or self.divergence_factor > 1, "guard.divergence_factor",
+                 f"must be 0 (off) or > 1, got {self.divergence_factor!r}.")
+        for name in ("max_bad_steps", "check_every", "snapshot_every"):
+            v = getattr(self, name)
+            _require(isinstance(v, int) and not isinstance(v, bool) and v >= 1, f"guard.{name}",
+                     f"must be an integer >= 1, got {v!r}.")
+        _require(isinstance(self.max_rollbacks, int) and not isinstance(self.max_rollbacks, bool)
+                 and self.max_rollbacks >= 0, "guard.max_rollbacks",
+                 f"must be an integer >= 0, got {self.max_rollbacks!r}.")
+        _require(isinstance(self.lr_factor, (int, float)) and 0 < self.lr_factor < 1, "guard.lr_factor",
+                 f"must be in (0, 1), got {self.lr_factor!r}.")
+
+
 # --------------------------------------------------------------------------------------- logging
 @dataclasses.dataclass
 class LoggingConfig:
@@ -431,6 +474,7 @@ class Config:
     kernels: KernelsConfig = dataclasses.field(default_factory=KernelsConfig)
     runtime: RuntimeConfig = dataclasses.field(default_factory=RuntimeConfig)
     logging: LoggingConfig = dataclasses.field(default_factory=LoggingConfig)
+    guard: GuardConfig = dataclasses.field(default_factory=GuardConfig)
     output: OutputConfig = dataclasses.field(default_factory=OutputConfig)
     resume: Optional[str] = None
     """Checkpoint file to continue from (exact resume)."""

@@ -2,7 +2,8 @@
 checkpoints. It is built from ``build.Components`` and knows nothing about config files.
 
 The step is sync-free: no ``.item()``, printing or host branching on device values except at log,
-validation, image and checkpoint steps.
+validation, image and checkpoint steps, and the divergence guard's check every guard.check_every
+steps (train/guard.py: bad steps are skipped on the device, rollbacks happen at those checks).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from fasttomo.logging import RunLogger
 from fasttomo.models.regularizers import SUBGRID_NOISE, needs_noise, regularization
 from fasttomo.train import checkpoint as ckpt
 from fasttomo.train.distributed import all_reduce_mean
+from fasttomo.train.guard import Guard
 
 log = logging.getLogger("fasttomo.train")
 
@@ -37,6 +39,10 @@ class Trainer:
         self.graphed = None  # GraphedStep, made at the first step when c.cuda_graph
         self._slices: dict[str, torch.Tensor] | None = None  # central-plane points, see _slice_points
         self._noise = needs_noise(c.projector.field, self.cfg.loss)
+        self.guard = Guard(self.cfg.guard, c.optimizer, c.device, c.world_size,
+                           check_grads=not c.precision.scaler.is_enabled(),
+                           base_lrs={g["name"]: b for g, b in zip(c.optimizer.param_groups, c.base_lrs)})
+        self.stop = None  # an object with should_stop(step) -> bool (fasttomo.stop.StopRequests), checked per step
 
     # ------------------------------------------------------------------ one step
     def _weighted_errors(self, pred: torch.Tensor, batch) -> torch.Tensor:
@@ -48,7 +54,7 @@ class Trainer:
         return self._weighted_errors(pred, batch).sum() / batch.weight.sum().clamp_min(1.0)
 
     def _set_lr(self, step: int) -> None:
-        f = self.c.schedule.factor(step, self.c.plateau)
+        f = self.c.schedule.factor(step, self.c.plateau) * self.guard.lr_scale  # lowered by guard rollbacks
         for group, base in zip(self.c.optimizer.param_groups, self.c.base_lrs):
             g = f
             if group["name"] == "poses" and step < self.cfg.pose.start_step:
@@ -82,8 +88,10 @@ class Trainer:
             reg, parts = regularization(c.projector.field, self.cfg.loss, c.reg_generator, noise)
         loss = data + reg.float()
         c.precision.backward(loss)
-        c.precision.step(c.optimizer, [p for g in c.optimizer.param_groups for p in g["params"]],
-                         self.cfg.optim.grad_clip)
+        params = [p for g in c.optimizer.param_groups for p in g["params"]]
+        skip = self.guard.inspect(loss, params)  # device flag: a non-finite or exploding step changes nothing
+        c.precision.step(c.optimizer, params, self.cfg.optim.grad_clip, skip=skip,
+                         grad_norm=self.guard.grad_norm if skip is not None and self.guard.check_grads else None)
         return loss.detach(), {"data": data.detach(), **{k: v.detach() for k, v in parts.items()}}
 
     # ------------------------------------------------------------------ evaluation
@@ -166,6 +174,7 @@ class Trainer:
             "history": self.history,
             "val_history": self.val_history,
             "train_seconds": self.train_seconds,
+            "guard": self.guard.state_dict(),
             "config": to_dict(self.cfg),
         }
 
@@ -187,7 +196,7 @@ class Trainer:
         self._warn_config_changes(state.get("config") or {}, source)
         try:
             c.projector.load_state_dict(state["model"])
-            c.optimizer.load_state_dict(state["optimizer"])
+            ckpt.load_optimizer_state(c.optimizer, state["optimizer"])
             c.sampler.load_state_dict(state["sampler"])
         except (RuntimeError, ValueError, KeyError) as exc:
             raise ckpt.CheckpointError(
@@ -202,6 +211,7 @@ class Trainer:
         self.history = [list(h) for h in state.get("history", [])]
         self.val_history = [list(h) for h in state.get("val_history", [])]
         self.train_seconds = float(state.get("train_seconds", 0.0))
+        self.guard.load_state_dict(state.get("guard"))
 
     _FREE_ON_RESUME = ("resume", "name", "output", "logging", "optim.steps", "runtime.threads",
                        "runtime.cuda_graph")  # captured or eager: the same step
@@ -245,6 +255,7 @@ class Trainer:
         self.run_logger = run_log
         t_start = time.perf_counter()
         t_mark, step_mark = t_start, self.step
+        self.guard.start(self.step)
         try:
             while self.step < end:
                 step = self.step
@@ -264,6 +275,7 @@ class Trainer:
                     t_mark, step_mark = now, self.step
                     for g in c.optimizer.param_groups:
                         vals[f"lr/{g['name']}"] = float(g["lr"])
+                    vals.update(self.guard.scalars())
                     self.history.append([self.step, vals["loss/train"]])
                     run_log.scalars(self.step, vals)
                     if run_log.bar is not None:
@@ -278,6 +290,8 @@ class Trainer:
                 if (image_step or last) and self.main and lg.tensorboard:
                     for name, img in self.central_slices().items():
                         run_log.image(self.step, f"slices/{name}", img)
+                if self.guard.due(self.step) or self.step == end:
+                    self.guard.check(self.step, final=last)  # may roll back, or raise DivergenceError
                 if lg.checkpoint_every and self.step % lg.checkpoint_every == 0 and not last:
                     self.save(f"step{self.step:07d}.pt")
         finally:
