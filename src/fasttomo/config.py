@@ -477,7 +477,10 @@ class Config:
     guard: GuardConfig = dataclasses.field(default_factory=GuardConfig)
     output: OutputConfig = dataclasses.field(default_factory=OutputConfig)
     resume: Optional[str] = None
-    """Checkpoint file to continue from (exact resume)."""
+    """Checkpoint file to continue from (exact resume), or a run folder (its newest intact
+    checkpoint). The run's settings come from the checkpoint; settings given on the command line
+    replace only what they name, and those that cannot change (data, model, sampler split and
+    batch, pose switches) are refused."""
     name: str = "fasttomo"
     """Run name (written in the MRC label and metadata)."""
 

@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 import hydra
+import yaml
 from hydra.core.config_store import ConfigStore
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
@@ -41,14 +42,60 @@ def config_dir() -> str:
     raise FileNotFoundError(f"fasttomo: no configs folder found next to {here}; reinstall the package.")
 
 
-def to_config(cfg: DictConfig) -> Config:
-    """Hydra/omegaconf config -> typed Config (errors name the field and the fix)."""
+def _option_values(group: str, option: str) -> dict | None:
+    """The flattened, fully prefixed keys a group option's file sets (resume.named_keys); None
+    when ``group`` is not a config group."""
+    from fasttomo.resume import flatten
+
+    root = Path(config_dir())
+    if group == "hydra" or not (root / group).is_dir():
+        return None
+    if option in ("null", "None", ""):
+        return {}
+    path = root / group / f"{option}.yaml"
+    if not path.is_file():
+        return {}
+    data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    data.pop("defaults", None)
+    return flatten(data) if group == "experiment" else flatten(data, f"{group}.")
+
+
+def _resumed(data: dict, overrides: list[str]) -> dict:
+    """The config of a resumed run: the checkpoint's, changed only where ``overrides`` name keys
+    (see fasttomo/resume.py)."""
+    from fasttomo import resume as rs
+    from fasttomo.train.checkpoint import find_checkpoint, read_config
+
+    path = find_checkpoint(data["resume"])
+    saved = read_config(path)
+    if saved is None:  # a checkpoint without its config: the command line is the config
+        return {**data, "resume": str(path)}
+    named = rs.named_keys(overrides, saved, _option_values)
+    merged = rs.merge(saved, data, named)
+    merged["resume"] = str(path)
+    rs.refuse_immutable(saved, merged, str(path), named)
+    return merged
+
+
+def to_config(cfg: DictConfig, overrides: list[str] | None = None) -> Config:
+    """Hydra/omegaconf config -> typed Config (errors name the field and the fix). With
+    ``resume=...`` the settings come from the checkpoint, changed only by what ``overrides`` (the
+    command line) name."""
+    resume = OmegaConf.select(cfg, "resume", default=None)
     try:
-        data = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
+        data = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=not resume)
     except MissingMandatoryValue as exc:
         key = getattr(exc, "full_key", None) or str(exc)
         raise ConfigError(f"{key}: this value is required and was not given; set {key}=<value> on the command line.") from exc
     data.pop("hydra", None)
+    if resume:
+        data = _resumed(data, list(overrides or []))
+        from fasttomo.resume import flatten
+
+        missing = [k for k, v in flatten(data).items() if v == "???"]
+        if missing:
+            raise ConfigError(f"{missing[0]}: this value is required and was not given; set {missing[0]}=<value> on "
+                              "the command line.")
     return from_dict(Config, data)
 
 
@@ -58,7 +105,7 @@ def compose_config(overrides: list[str] | None = None) -> Config:
 
     with initialize_config_dir(config_dir=config_dir(), version_base="1.3", job_name="fasttomo"):
         cfg = compose(config_name="reconstruct", overrides=list(overrides or []))
-    return to_config(cfg)
+    return to_config(cfg, list(overrides or []))
 
 
 def run(cfg: Config) -> dict:
@@ -82,7 +129,7 @@ def user_errors() -> tuple[type[BaseException], ...]:
 @hydra.main(version_base="1.3", config_path=config_dir(), config_name="reconstruct")
 def _app(cfg: DictConfig) -> float | None:
     try:
-        config = to_config(cfg)
+        config = to_config(cfg, list(HydraConfig.get().overrides.task))
         if not config.output.dir:
             config.output.dir = HydraConfig.get().runtime.output_dir
         metrics = run(config)
