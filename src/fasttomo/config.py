@@ -445,8 +445,8 @@ class LoggingConfig:
 @dataclasses.dataclass
 class OutputConfig:
     dir: Optional[str] = None
-    """Run folder. Set by the entry point from Hydra's run dir; an existing non-empty folder is
-    never overwritten."""
+    """Run folder. Set by the entry point from Hydra's run dir. A folder holding another run's
+    results is refused (see overwrite); one holding only a failed run's files is reused."""
     volume_shape: Optional[list] = None
     """[Z, Y, X] of the exported volume; None: the reconstruction box at pixel sampling."""
     formats: list = dataclasses.field(default_factory=lambda: ["mrc", "h5"])
@@ -454,7 +454,8 @@ class OutputConfig:
     imod_xzy: bool = False
     """Also write the volume in IMOD's un-rotated XZY orientation (as before trimvol -rx)."""
     overwrite: bool = False
-    """Allow writing into a folder that already holds results."""
+    """Replace the results of an earlier run in the folder: every file that run wrote (listed in
+    its manifest.json) is removed before anything is written. Other files are kept."""
 
     def __post_init__(self) -> None:
         for f in self.formats:
@@ -481,6 +482,9 @@ class Config:
     checkpoint). The run's settings come from the checkpoint; settings given on the command line
     replace only what they name, and those that cannot change (data, model, sampler split and
     batch, pose switches) are refused."""
+    dry_run: bool = False
+    """Check the config and the data, build the model, print the memory and disk estimates and
+    whether the run folder can be used, then exit without training or writing anything."""
     name: str = "fasttomo"
     """Run name (written in the MRC label and metadata)."""
 

@@ -4,13 +4,17 @@ a clear error, and nothing non-finite reaches the parameters, a volume file or m
 
 from __future__ import annotations
 
+import json
+import math
+from pathlib import Path
+
 import pytest
 import torch
 
 from fasttomo.build import build
 from fasttomo.config import GuardConfig
 from fasttomo.data.load import load_tiltseries
-from fasttomo.reconstruct import compose_config
+from fasttomo.reconstruct import compose_config, run
 from fasttomo.train.guard import DivergenceError, Guard
 from fasttomo.train.precision import Precision
 from fasttomo.train.trainer import Trainer
@@ -18,6 +22,12 @@ from fasttomo.train.trainer import Trainer
 TINY = ["experiment=quick", "logging=quiet", "runtime=cpu", "runtime.threads=1", "data.width=16", "data.height=16",
         "data.n_tilts=9", "model.resolutions=[8]", "sampler.batch_size=128", "sampler.samples_per_ray=16",
         "guard.check_every=5"]
+
+
+def _strict(path: Path):
+    def bad(token):
+        raise ValueError(f"{token} is not JSON")
+    return json.loads(path.read_text(), parse_constant=bad)
 
 
 def _params(model):
@@ -137,3 +147,37 @@ def test_one_nan_step_in_a_run_is_skipped_and_the_run_finishes(tmp_path):
     trainer.fit()
     assert trainer.step == 12 and trainer.guard.summary()["skipped_steps"] == 1
     assert all(torch.isfinite(p).all() for p in comps.projector.parameters())
+
+
+@pytest.mark.parametrize("override", ["model=kplanes", "model=kplanes_tilted"])
+def test_divergent_decoder_rate_is_a_clear_error_and_writes_no_nan(tmp_path, override):
+    """optim.lr_decoder=1e6 used to end in a segfault (NaN rotations -> NaN sampling coordinates ->
+    grid_sample) or, with plain K-Planes, in exit 0 with an all-NaN volume and NaN in metrics.json."""
+    out = tmp_path / "run"
+    cfg = compose_config([*TINY, override, "optim.lr_decoder=1e6", "optim.steps=40", "guard.max_rollbacks=1",
+                          f"output.dir={out}"])
+    with pytest.raises(DivergenceError, match=r"training diverged.*optim.lr_decoder=1e\+06 \(2e\+08 x its default"):
+        run(cfg)
+    assert not list(out.glob("volume*"))
+    assert not (out / "metrics.json").exists() or _strict(out / "metrics.json")
+    manifest = _strict(out / "manifest.json")
+    assert manifest["status"] == "diverged" and "training diverged" in manifest["error"]
+    assert "[ERROR] training diverged" in (out / "reconstruct.log").read_text()
+
+
+def test_exploding_grid_rate_is_caught_not_reported_as_success(tmp_path):
+    """optim.lr_grids=1e6 used to exit 0 with loss 1e34 and a volume max of 1.5e16."""
+    cfg = compose_config([*TINY, "optim.lr_grids=1e6", "optim.steps=40", "guard.max_rollbacks=1",
+                          f"output.dir={tmp_path / 'run'}"])
+    with pytest.raises(DivergenceError, match="optim.lr_grids=1e\\+06"):
+        run(cfg)
+    assert not list((tmp_path / "run").glob("volume*"))
+
+
+def test_metrics_json_is_strict_json_even_without_validation(tmp_path):
+    """No validation pixels: the validation loss is NaN, which used to be written as a bare NaN."""
+    out = tmp_path / "run"
+    metrics = run(compose_config([*TINY, "optim.steps=4", "sampler.val_fraction=0.0", f"output.dir={out}"]))
+    saved = _strict(out / "metrics.json")
+    assert saved["val_loss"]["last"] is None and math.isnan(metrics["val_loss"]["last"])
+    assert saved["status"] == "finished" and saved["guard"]["skipped_steps"] == 0

@@ -294,6 +294,8 @@ class Trainer:
                     self.guard.check(self.step, final=last)  # may roll back, or raise DivergenceError
                 if lg.checkpoint_every and self.step % lg.checkpoint_every == 0 and not last:
                     self.save(f"step{self.step:07d}.pt")
+                if self.stop is not None and self.stop.should_stop(self.step):
+                    break
         finally:
             if c.device.type == "cuda":
                 torch.cuda.synchronize(c.device)
