@@ -13,6 +13,7 @@ import os
 import re
 import signal
 import shutil
+import time
 from collections import namedtuple
 from pathlib import Path
 
@@ -107,6 +108,26 @@ def test_volume_write_failure_keeps_the_checkpoint(tmp_path, monkeypatch):
     shutil.rmtree(rescued.parent)
 
 
+def test_a_failing_periodic_checkpoint_does_not_end_the_training(tmp_path, monkeypatch):
+    import errno
+
+    import fasttomo.train.checkpoint as ckpt
+
+    original = ckpt.save_checkpoint
+
+    def full_disk(path, state):
+        if Path(path).name.startswith("step"):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return original(path, state)
+
+    monkeypatch.setattr(ckpt, "save_checkpoint", full_disk)
+    out = tmp_path / "run"
+    metrics = run(compose_config([*TINY, "optim.steps=4", "logging.checkpoint_every=2", f"output.dir={out}"]))
+    assert metrics["steps"] == 4 and (out / "checkpoints" / "last.pt").is_file()
+    assert "could not write the checkpoint of step 2 (No space left on device); training goes on" in \
+        (out / "reconstruct.log").read_text()
+
+
 def test_unwritable_output_folder_is_one_line_error(tmp_path):
     (tmp_path / "afile").write_text("x")
     res = cli([*TINY, "optim.steps=2", f"output.dir={tmp_path / 'afile' / 'run'}", f"hydra.run.dir={tmp_path / 'h'}"],
@@ -157,18 +178,31 @@ def test_overwrite_removes_every_file_of_the_previous_run_and_nothing_else(tmp_p
     assert "removed the" in (out / "reconstruct.log").read_text()
 
 
-def test_a_second_run_into_a_busy_folder_is_refused_even_with_overwrite(tmp_path):
+def test_two_runs_started_at_once_into_one_folder_one_is_refused_even_with_overwrite(tmp_path):
     out = tmp_path / "run"
-    first = start([*LONG, f"hydra.run.dir={out}"], tmp_path, tmp_path / "first.txt")
+    args = [*LONG, "output.overwrite=true", f"hydra.run.dir={out}"]
+    procs = [start(args, tmp_path, tmp_path / f"p{i}.txt") for i in range(2)]
     try:
-        wait_for_text(out / "reconstruct.log", TRAINING, first)
-        second = cli([*TINY, "optim.steps=2", "output.overwrite=true", f"hydra.run.dir={out}"], tmp_path)
-        assert second.returncode == 2
-        _one_line_error(second, "in use by another fasttomo run", f"pid {first.pid}")
+        refused = None
+        while refused is None:
+            for i, p in enumerate(procs):
+                if p.poll() is not None:
+                    refused = i
+                    break
+            else:
+                time.sleep(0.05)
+        assert procs[refused].returncode == 2
+        text = (tmp_path / f"p{refused}.txt").read_text()
+        assert "in use by another fasttomo run" in text and f"pid {procs[1 - refused].pid}" in text
+        assert "Traceback" not in text
+        wait_for_text(out / "reconstruct.log", TRAINING, procs[1 - refused])
     finally:
-        first.send_signal(signal.SIGTERM)
-        assert first.wait(120) == 143
-    assert strict_json(out / "manifest.json")["status"] == "interrupted"  # the first run's files, untouched
+        for p in procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+                assert p.wait(120) == 143
+    manifest = strict_json(out / "manifest.json")
+    assert manifest["status"] == "interrupted" and manifest["pid"] == procs[1 - refused].pid
 
 
 # ----------------------------------------------------------------------------------- case 5

@@ -293,7 +293,11 @@ class Trainer:
                 if self.guard.due(self.step) or self.step == end:
                     self.guard.check(self.step, final=last)  # may roll back, or raise DivergenceError
                 if lg.checkpoint_every and self.step % lg.checkpoint_every == 0 and not last:
-                    self.save(f"step{self.step:07d}.pt")
+                    try:
+                        self.save(f"step{self.step:07d}.pt")
+                    except OSError as exc:  # a full disk must not end the training: the end still tries
+                        log.error("could not write the checkpoint of step %d (%s); training goes on", self.step,
+                                  exc.strerror or exc)
                 if self.stop is not None and self.stop.should_stop(self.step):
                     break
         finally:
