@@ -149,7 +149,8 @@ def dry_run(cfg: Config) -> dict:
              f"  data: {ts.n_tilts} tilts of {ts.height} x {ts.width} pixels, {ts.pixel_size:.4g} A/pixel, angles "
              f"{ts.angles.min():.2f}..{ts.angles.max():.2f} degrees",
              f"  model: {report['n_parameters']} parameters, box (Z, Y, X) = {tuple(comps.box.shape_zyx)}, "
-             f"{cfg.optim.steps - start} steps of {cfg.sampler.batch_size} rays x {cfg.sampler.samples_per_ray} samples",
+             f"{cfg.optim.steps - start} steps of {cfg.sampler.batch_size} rays x "
+             f"{cfg.sampler.samples_per_ray} samples",
              f"  memory on {comps.device} (estimate): {human(sum(mem.values()))} = "
              + ", ".join(f"{k} {human(v)}" for k, v in mem.items())]
     peak = _measured_step_peak(comps)
@@ -162,7 +163,8 @@ def dry_run(cfg: Config) -> dict:
         if peak + mem.get("guard snapshots", 0) + mem["optimizer"] > free:
             lines.append("  WARNING: this may not fit in the free device memory; lower sampler.batch_size or "
                          "sampler.samples_per_ray, or use precision=bf16.")
-    lines.append(f"  files: about {human(sum(files.values()))} = " + ", ".join(f"{k} {human(v)}" for k, v in files.items() if v))
+    lines.append(f"  files: about {human(sum(files.values()))} = "
+                 + ", ".join(f"{k} {human(v)}" for k, v in files.items() if v))
     if cfg.output.dir:
         folder = Path(cfg.output.dir)
         state = inspect_folder(folder, overwrite=cfg.output.overwrite, resume=cfg.resume)

@@ -45,7 +45,7 @@ FORMAT = "fasttomo-run-v1"
 LEGACY_RESULTS = ("metrics.json", "volume.mrc", "volume.h5", "volume.tif", "volume_xzy.mrc", "config.yaml",
                   "slices.png", "reconstruct.log", "checkpoints/last.pt", "checkpoints/step*.pt",
                   "tb/events.out.tfevents.*")
-WORK = ("checkpoints/*.pt", "volume.*", "volume_xzy.mrc")  # outputs worth keeping: a run that wrote one is not "just failed"
+WORK = ("checkpoints/*.pt", "volume.*", "volume_xzy.mrc")  # worth keeping: a run that wrote one did not "just fail"
 
 
 class OutputExistsError(FileExistsError):
@@ -209,7 +209,8 @@ def _matches(folder: Path, pattern: str) -> list[Path]:
     if not any(ch in rel.name for ch in "*?["):
         p = parent / rel.name
         return [p] if p.is_file() or p.is_symlink() else []
-    return sorted(p for p in parent.iterdir() if fnmatch.fnmatchcase(p.name, rel.name) and (p.is_file() or p.is_symlink()))
+    return sorted(p for p in parent.iterdir()
+                  if fnmatch.fnmatchcase(p.name, rel.name) and (p.is_file() or p.is_symlink()))
 
 
 def _temp_leftovers(folder: Path, pattern: str) -> list[Path]:
@@ -245,8 +246,9 @@ class RunFolder:
         try:
             self.path.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
-            raise OutputFolderError(f"cannot create output folder {self.path} ({exc.strerror or exc}); choose a "
-                                    "folder you can write to (hydra.run.dir=<folder> or output.dir=<folder>).") from None
+            raise OutputFolderError(
+                f"cannot create output folder {self.path} ({exc.strerror or exc}); choose a folder you can write to "
+                "(hydra.run.dir=<folder> or output.dir=<folder>).") from None
         try:
             stale = self.lock.acquire()
         except OutputFolderError:

@@ -33,7 +33,8 @@ log = logging.getLogger("fasttomo.train")
 FORMAT = "fasttomo-checkpoint-v2"
 OLD_FORMATS = ("fasttomo-checkpoint-v1",)  # no checksum: loaded with a warning
 CHECKSUM_ALGORITHM = "sha256"
-_OTHER = "resume from another checkpoint (an earlier checkpoints/step*.pt, or resume=<run folder> for the newest intact one)"
+_OTHER = ("resume from another checkpoint (an earlier checkpoints/step*.pt, or resume=<run folder> for the newest "
+          "intact one)")
 
 
 class CheckpointError(RuntimeError):

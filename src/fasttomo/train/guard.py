@@ -115,7 +115,8 @@ class Guard:
         if new > 0:
             self.skipped_reported = bad_total
             log.warning("step %d: skipped %d step(s) with a non-finite or exploding loss or gradient (%d in a row; "
-                        "last loss %.4g, gradient norm %.4g, running loss %.4g); the parameters were left as they were.",
+                        "last loss %.4g, gradient norm %.4g, running loss %.4g); the parameters were left as they "
+                        "were.",
                         step, new, bad_run, loss, gnorm, ema)
         if bad_run >= self.cfg.max_bad_steps:
             self._rollback(step, bad_run, loss, gnorm, final)

@@ -213,7 +213,7 @@ class Trainer:
         self.train_seconds = float(state.get("train_seconds", 0.0))
         self.guard.load_state_dict(state.get("guard"))
 
-    _FREE_ON_RESUME = ("resume", "name", "output", "logging", "optim.steps", "runtime.threads",
+    _FREE_ON_RESUME = ("resume", "name", "output", "logging", "optim.steps", "runtime.threads", "guard", "dry_run",
                        "runtime.cuda_graph")  # captured or eager: the same step
 
     def _warn_config_changes(self, saved: dict, source: str) -> None:
