@@ -41,6 +41,17 @@ def _one_line_error(res, *needles: str) -> str:
     return errors[0]
 
 
+# ----------------------------------------------------------------------------------- case 1
+def test_cli_divergence_is_exit_3_with_one_line_not_a_segfault(tmp_path):
+    """optim.lr_decoder=1e6 used to end in a segmentation fault (exit 139)."""
+    out = tmp_path / "run"
+    res = cli([*TINY, "optim.steps=40", "optim.lr_decoder=1e6", "guard.check_every=5", "guard.max_rollbacks=1",
+               f"hydra.run.dir={out}"], tmp_path)
+    assert res.returncode == 3, res.stdout + res.stderr
+    _one_line_error(res, "training diverged", "optim.lr_decoder=1e+06")
+    assert not list(out.glob("volume*")) and strict_json(out / "manifest.json")["status"] == "diverged"
+
+
 # ----------------------------------------------------------------------------------- case 2
 def test_cli_resume_from_a_damaged_checkpoint_is_one_line_and_leaves_nothing(tmp_path):
     good = tmp_path / "first"
