@@ -118,8 +118,12 @@ def build_optimizer(cfg: OptimConfig, projector: Projector, capturable: bool = F
             continue
         param_groups.append({"params": params, "lr": lrs[name], "name": name})
         base.append(lrs[name])
+    # fused: one kernel per step, and it takes the divergence guard's skip flag on the device
+    # (found_inf), so a bad step is cancelled without a host sync (see train/guard.py)
+    fused = all(p.device.type in ("cpu", "cuda") and p.dtype in (torch.float32, torch.float16, torch.bfloat16)
+                for g in param_groups for p in g["params"])
     opt = torch.optim.Adam(param_groups, betas=tuple(cfg.betas), eps=cfg.eps, weight_decay=cfg.weight_decay,
-                           capturable=capturable)
+                           capturable=capturable, fused=fused or None)
     return opt, base
 
 

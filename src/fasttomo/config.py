@@ -122,6 +122,10 @@ class DataConfig:
     """Drop views detected as dark or blank (they are always reported in the log)."""
     nonfinite: str = "reject"
     """NaN/Inf pixels: reject (error) or mask (ignored in the loss)."""
+    check_angle_units: bool = True
+    """Refuse a file series whose largest |tilt angle| is below 2 degrees: such angles are almost
+    certainly radians (fasttomo reads degrees). Set false for a series that really spans less
+    than +-2 degrees."""
 
     def __post_init__(self) -> None:
         _choice(self.source, ("phantom", "mrc", "hdf5", "tiff"), "data.source")
@@ -156,6 +160,8 @@ class DataConfig:
                  f"must be an integer >= 1, got {self.binning!r}.")
         _choice(self.normalize, ("quantile", "none"), "data.normalize")
         _choice(self.nonfinite, ("reject", "mask"), "data.nonfinite")
+        _require(isinstance(self.check_angle_units, bool), "data.check_angle_units",
+                 f"must be true or false, got {self.check_angle_units!r}.")
         if self.crop is not None:
             _require(len(self.crop) == 4 and all(isinstance(v, int) and v >= 0 for v in self.crop), "data.crop",
                      f"must be [y0, y1, x0, x1] of integers >= 0, got {self.crop!r}.")
@@ -483,6 +489,49 @@ class RuntimeConfig:
                      f"must be an integer >= 1, got {self.threads!r}.")
 
 
+# --------------------------------------------------------------------------------------- guard
+@dataclasses.dataclass
+class GuardConfig:
+    enabled: bool = True
+    """Check every step's loss and gradient norm on the device (no host sync): a step with a
+    non-finite or exploding loss or gradient is skipped (the parameters and optimizer state stay
+    as they were); see the other keys for what happens when that repeats."""
+    divergence_factor: float = 100.0
+    """A step counts as exploding when its loss exceeds this many times the running average
+    (EMA, decay 0.9) of the accepted steps' losses. 0 turns this test off (non-finite losses and
+    gradients are still skipped)."""
+    max_bad_steps: int = 5
+    """After this many skipped steps in a row the run rolls back to its last good state (an
+    in-memory snapshot) and lowers the learning rates by lr_factor."""
+    lr_factor: float = 0.5
+    """Learning rates are multiplied by this at each rollback (for the rest of the run)."""
+    max_rollbacks: int = 5
+    """Rollbacks allowed in one run; the next divergence ends the run with an error (exit code 3)
+    after saving the last good state as checkpoints/last.pt."""
+    check_every: int = 20
+    """The host reads the guard's counters (one tiny sync) every N steps and at the end, so a
+    rollback happens at most N steps after the bad streak reached max_bad_steps."""
+    snapshot_every: int = 100
+    """A snapshot of the parameters and optimizer state becomes the rollback target once it has
+    been followed by this many steps without a skipped one (two snapshots are kept in device
+    memory: 2 x (parameters + Adam moments))."""
+
+    def __post_init__(self) -> None:
+        _require(isinstance(self.enabled, bool), "guard.enabled", f"must be true or false, got {self.enabled!r}.")
+        _nonneg(self.divergence_factor, "guard.divergence_factor")
+        _require(self.divergence_factor == 0 or self.divergence_factor > 1, "guard.divergence_factor",
+                 f"must be 0 (off) or > 1, got {self.divergence_factor!r}.")
+        for name in ("max_bad_steps", "check_every", "snapshot_every"):
+            v = getattr(self, name)
+            _require(isinstance(v, int) and not isinstance(v, bool) and v >= 1, f"guard.{name}",
+                     f"must be an integer >= 1, got {v!r}.")
+        _require(isinstance(self.max_rollbacks, int) and not isinstance(self.max_rollbacks, bool)
+                 and self.max_rollbacks >= 0, "guard.max_rollbacks",
+                 f"must be an integer >= 0, got {self.max_rollbacks!r}.")
+        _require(isinstance(self.lr_factor, (int, float)) and 0 < self.lr_factor < 1, "guard.lr_factor",
+                 f"must be in (0, 1), got {self.lr_factor!r}.")
+
+
 # --------------------------------------------------------------------------------------- logging
 @dataclasses.dataclass
 class LoggingConfig:
@@ -544,8 +593,8 @@ class EvaluationConfig:
 @dataclasses.dataclass
 class OutputConfig:
     dir: Optional[str] = None
-    """Run folder. Set by the entry point from Hydra's run dir; an existing non-empty folder is
-    never overwritten."""
+    """Run folder. Set by the entry point from Hydra's run dir. A folder holding another run's
+    results is refused (see overwrite); one holding only a failed run's files is reused."""
     volume_shape: Optional[list] = None
     """[Z, Y, X] of the exported volume; None: the reconstruction box at pixel sampling."""
     formats: list = dataclasses.field(default_factory=lambda: ["mrc", "h5"])
@@ -553,7 +602,8 @@ class OutputConfig:
     imod_xzy: bool = False
     """Also write the volume in IMOD's un-rotated XZY orientation (as before trimvol -rx)."""
     overwrite: bool = False
-    """Allow writing into a folder that already holds results."""
+    """Replace the results of an earlier run in the folder: every file that run wrote (listed in
+    its manifest.json) is removed before anything is written. Other files are kept."""
 
     def __post_init__(self) -> None:
         for f in self.formats:
@@ -575,9 +625,16 @@ class Config:
     runtime: RuntimeConfig = dataclasses.field(default_factory=RuntimeConfig)
     logging: LoggingConfig = dataclasses.field(default_factory=LoggingConfig)
     evaluation: EvaluationConfig = dataclasses.field(default_factory=EvaluationConfig)
+    guard: GuardConfig = dataclasses.field(default_factory=GuardConfig)
     output: OutputConfig = dataclasses.field(default_factory=OutputConfig)
     resume: Optional[str] = None
-    """Checkpoint file to continue from (exact resume)."""
+    """Checkpoint file to continue from (exact resume), or a run folder (its newest intact
+    checkpoint). The run's settings come from the checkpoint; settings given on the command line
+    replace only what they name, and those that cannot change (data, model, sampler split and
+    batch, pose switches) are refused."""
+    dry_run: bool = False
+    """Check the config and the data, build the model, print the memory and disk estimates and
+    whether the run folder can be used, then exit without training or writing anything."""
     name: str = "fasttomo"
     """Run name (written in the MRC label and metadata)."""
 

@@ -14,10 +14,11 @@ import numpy as np
 log = logging.getLogger("fasttomo")
 
 
-def add_file_log(path: Path, overwrite: bool = False) -> logging.Handler:
+def add_file_log(path: Path, overwrite: bool = False, append: bool = False) -> logging.Handler:
     """Send the 'fasttomo' loggers to ``path`` too (opened after the output folder was checked;
-    an existing log is replaced only when the user asked to overwrite)."""
-    handler = logging.FileHandler(path, mode="w" if overwrite else "x", encoding="utf-8")
+    an existing log is replaced only when the user asked to overwrite, and appended to when a
+    run continues in its own folder)."""
+    handler = logging.FileHandler(path, mode="a" if append else "w" if overwrite else "x", encoding="utf-8")
     handler.setFormatter(logging.Formatter("[%(asctime)s][%(name)s][%(levelname)s] %(message)s"))
     logging.getLogger("fasttomo").addHandler(handler)
     logging.getLogger("fasttomo").setLevel(logging.INFO)

@@ -1,25 +1,33 @@
 """One reconstruction, start to finish, from a typed Config (no Hydra here).
 
-Order: join the process group (torchrun) -> check the output folder holds no earlier results ->
-log file -> read/simulate the tilt series -> build -> (resume) -> train -> export volume (sharded
-over ranks, gathered on rank 0) -> final checkpoint -> volume files, slices.png, metrics.json,
-config.yaml (rank 0 only; the other ranks write nothing).
+Order: join the process group (torchrun) -> (resume) read and verify the checkpoint, refuse
+changes a continuation cannot make -> open the run folder (rank 0: lock, decide whether the folder
+can be used, remove an earlier run's files when allowed, manifest; see runfolder.py) -> log file ->
+read/simulate the tilt series (evaluation.truth attached, evaluation.holdout_views set aside) ->
+build -> check the free disk space -> train (SIGINT/SIGTERM stop after the current step, see
+stop.py) -> export the volume (the best-validation field with optim.keep_best; sharded over ranks,
+gathered on rank 0) -> volume files -> checkpoint -> (evaluation.half_sets: the even and the odd
+views fitted apart, their volumes and FSC) -> slices.png, loss.png, fsc_*.png -> metrics.json,
+last (rank 0 only; the other ranks write nothing). model=sirt replaces build/train/checkpoint by
+the SIRT baseline (conventional/baseline.py). Every file is written atomically. A failure to write one result keeps the others
+and the error says what was saved where (outputs.py). An error at any point goes into
+reconstruct.log and manifest.json (status failed, diverged or interrupted) before it propagates.
 
-Resume (``resume=<checkpoint>``) continues the saved run exactly (same batches, RNG streams,
-schedules and optimizer state) INTO A NEW RUN FOLDER: the output folder is checked like any
-other (Hydra gives a fresh time-stamped one), so the old run's files are never touched. The new
-folder holds the whole run: its metrics, loss curves and checkpoints include the steps before the
+Resume (``resume=<checkpoint or run folder>``) continues the saved run exactly (same batches, RNG
+streams, schedules and optimizer state), into a new run folder, or in place when the checkpoint
+lies in the output folder of an unfinished (interrupted, killed, failed) run. The new folder
+holds the whole run: its metrics, loss curves and checkpoints include the steps before the
 resume, and metrics.json names the checkpoint it resumed from. ``optim.steps`` is the TOTAL step
 count, so resuming a run stopped at step N of optim.steps=T trains T-N more steps; raising
 optim.steps extends a finished run (not bit-identical to a longer run from the start, since the
-learning-rate schedule of the first part was laid out for the smaller total). Settings that differ
-from the checkpoint's config are logged as a warning; the process count, data, sampler and model
-must match (refused otherwise).
+learning-rate schedule of the first part was laid out for the smaller total). The entry point
+takes the settings from the checkpoint (resume.py); here, settings that differ from the
+checkpoint's config are logged as a warning, and the process count, data, sampler and model must
+match (refused otherwise).
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from pathlib import Path
@@ -30,29 +38,24 @@ import yaml
 
 from fasttomo.config import Config, ConfigError, to_dict
 from fasttomo.logging import add_file_log, to_uint8
-from fasttomo.scoring import holdout_scores, predict_views
+from fasttomo.runfolder import OutputExistsError, OutputFolderError  # noqa: F401 - OutputExistsError: public here
 
 log = logging.getLogger("fasttomo")
 
-RESULT_NAMES = ("metrics.json", "volume.mrc", "volume.h5", "volume.tif", "volume_xzy.mrc", "config.yaml",
-                "slices.png", "loss.png", "fsc_truth.png", "fsc_halfsets.png", "volume_even.mrc", "volume_odd.mrc",
-                "volume_even.h5", "volume_odd.h5", "volume_even.tif", "volume_odd.tif", "reconstruct.log",
-                "checkpoints", "tb")
 
+def planned_outputs(cfg: Config) -> list[str]:
+    """What a run of ``cfg`` may write into its folder (names or glob patterns), recorded in the
+    manifest before anything is written."""
+    from fasttomo.outputs import volume_names
 
-class OutputExistsError(FileExistsError):
-    """The output folder already holds results of an earlier run."""
-
-
-def check_output_dir(out_dir: Path, overwrite: bool) -> None:
-    """Refuse a folder that already holds results (nothing a user made is silently overwritten)."""
-    found = [n for n in RESULT_NAMES if (out_dir / n).exists()]
-    if found and not overwrite:
-        raise OutputExistsError(
-            f"output folder {out_dir} already holds results of an earlier run ({', '.join(found)}); "
-            "choose a new folder (e.g. hydra.run.dir=outputs/my_run2) or set output.overwrite=true to replace them."
-        )
-    out_dir.mkdir(parents=True, exist_ok=True)
+    names = ["reconstruct.log", "config.yaml", *volume_names(cfg), "checkpoints/last.pt", "checkpoints/step*.pt",
+             "slices.png", "loss.png", "fsc_truth.png", "metrics.json"]
+    if cfg.evaluation.half_sets:
+        names += [*volume_names(cfg, "volume_even", xzy=False), *volume_names(cfg, "volume_odd", xzy=False),
+                  "fsc_halfsets.png"]
+    if cfg.logging.tensorboard:
+        names.append("tb/events.out.tfevents.*")
+    return names
 
 
 def slices_png(path: Path, slices: dict[str, np.ndarray], truth: np.ndarray | None, overwrite: bool) -> None:
@@ -85,10 +88,16 @@ def _write_text(path: Path, text: str, overwrite: bool) -> None:
 def run_reconstruction(cfg: Config) -> dict:
     """Run one reconstruction described by ``cfg`` (cfg.output.dir must be set); returns metrics."""
     from fasttomo.data.load import load_tiltseries
-    from fasttomo.evaluate import fsc_plot
-    from fasttomo.scoring import attach_truth, split_holdout, truth_scores
+    from fasttomo.outputs import dumps, save_checkpoint_file, write_volumes
+    from fasttomo.scoring import attach_truth, split_holdout
+    from fasttomo.preflight import check_free_space
+    from fasttomo.resume import refuse_immutable
+    from fasttomo.runfolder import RunFolder
+    from fasttomo.stop import RunInterrupted, StopRequests, signal_name
+    from fasttomo.train.checkpoint import find_checkpoint, load_checkpoint
     from fasttomo.train.distributed import (broadcast_object, destroy_distributed, dist_info, init_distributed,
                                             is_distributed)
+    from fasttomo.train.guard import DivergenceError
 
     t0 = time.perf_counter()
     if not cfg.output.dir:
@@ -102,95 +111,224 @@ def run_reconstruction(cfg: Config) -> dict:
     rank, world, local_rank = dist_info()
     out_dir = Path(broadcast_object(str(Path(cfg.output.dir).resolve())))
     main = rank == 0
-    handler = None
-    problem = None
+
+    # a resumed run: read and verify the checkpoint before the folder is touched (every rank reads it)
+    resume_path, resume_state = None, None
+    if cfg.resume:
+        resume_path = find_checkpoint(cfg.resume)
+        resume_state = load_checkpoint(resume_path, map_location="cpu")
+        if isinstance(resume_state.get("config"), dict):
+            refuse_immutable(resume_state["config"], to_dict(cfg), str(resume_path))
+
+    folder, problem = None, None
     if main:
         try:
-            check_output_dir(out_dir, cfg.output.overwrite)
-        except OutputExistsError as exc:
-            problem = str(exc)
+            folder = RunFolder(out_dir, overwrite=cfg.output.overwrite, resume=resume_path,
+                               outputs=planned_outputs(cfg)).open()
+        except (OutputExistsError, OutputFolderError) as exc:
+            problem = (isinstance(exc, OutputExistsError), str(exc))
     problem = broadcast_object(problem)
     if problem:
-        raise OutputExistsError(problem)
+        raise (OutputExistsError if problem[0] else OutputFolderError)(problem[1])
+    handler = None
     if main:
-        handler = add_file_log(out_dir / "reconstruct.log", cfg.output.overwrite)
+        try:
+            handler = add_file_log(out_dir / "reconstruct.log", overwrite=True, append=folder.continuing)
+        except OSError as exc:
+            folder.finish("failed", error=f"cannot write the log: {exc}")
+            raise OutputFolderError(f"cannot write {out_dir / 'reconstruct.log'} ({exc.strerror or exc}); choose a "
+                                    "folder you can write to.") from None
+        for note in folder.notes:
+            log.info("%s", note)
+    resume_cmd = f"fasttomo-reconstruct resume={out_dir} hydra.run.dir={out_dir}"
+    stop = StopRequests(world_size=world)
+    trainer = None
     try:
-        ts = load_tiltseries(cfg.data)
-        if cfg.evaluation.truth:
-            attach_truth(ts, cfg.evaluation.truth, cfg.data.thickness)
-        ts, hold = split_holdout(ts, cfg.evaluation.holdout_views)
-        if cfg.model.kind == "sirt":
-            metrics, volume = _run_sirt(cfg, ts, hold, out_dir, main, local_rank)
-        else:
-            metrics, volume = _run_field(cfg, ts, hold, out_dir, main, rank, world, local_rank)
-        if cfg.evaluation.half_sets:
-            halves = _half_sets(cfg, ts, out_dir if main else None, rank, world, local_rank)
+        with stop:
+            ts = load_tiltseries(cfg.data)
+            if cfg.evaluation.truth:
+                attach_truth(ts, cfg.evaluation.truth, cfg.data.thickness)
+            ts, hold = split_holdout(ts, cfg.evaluation.holdout_views)
+            if cfg.model.kind == "sirt":
+                return _sirt_run(cfg, ts, hold, out_dir, folder, main, rank, world, local_rank, t0, joined)
+            comps, trainer = _build_trainer(cfg, ts, out_dir, rank, world, local_rank)
+            stop.device = comps.device
+            trainer.stop = stop
+            if resume_state is not None:
+                # every rank reads the file (to the CPU: RNG states must stay CPU tensors)
+                trainer.load_state_dict(resume_state, source=str(resume_path))
+                resume_state = None  # free the host copy
+                log.info("resumed from %s at step %d of %d", resume_path, trainer.step, cfg.optim.steps)
+            problem = None
             if main:
-                metrics["half_sets"] = halves
+                try:
+                    check_free_space(out_dir, cfg, comps, trainer.step)
+                except OutputFolderError as exc:
+                    problem = str(exc)
+            problem = broadcast_object(problem)
+            if problem:
+                raise OutputFolderError(problem)
+            if main:
+                _write_text(out_dir / "config.yaml", yaml.safe_dump(to_dict(cfg), sort_keys=False), True)
+            steps_before, seconds_before = trainer.step, trainer.train_seconds
+            stop.phase = "training"
+            log.info("training from step %d to %d (Ctrl-C or SIGTERM: stop after the current step and save)",
+                     trainer.step, cfg.optim.steps)
+            try:
+                trainer.fit()
+            except DivergenceError as exc:  # the guard rolled back to the last good state: keep it if it is new
+                stop.phase = "saving"
+                good = trainer.guard.rolled_back_to
+                hint = " Nothing was learned before the divergence: run again with lower learning rates."
+                if good is not None and good > steps_before:
+                    state = trainer.state_dict()  # collective
+                    saved = save_checkpoint_file(out_dir / "checkpoints" / "last.pt", state)[0] if main else None
+                    if saved:
+                        hint = (f" The last good state (step {good}) was saved to {saved}; continue from it with lower "
+                                f"learning rates, e.g. fasttomo-reconstruct resume={saved} optim.lr_grids=<lower> "
+                                "optim.steps=<more>.")
+                raise DivergenceError(f"{exc}{hint}") from None
+            stop.phase = "saving"
+            interrupted = stop.signum is not None and trainer.step < cfg.optim.steps
+            with trainer.exported_field() as exported_step:
+                volume = trainer.export_volume(cfg.output.volume_shape)  # collective
+            written, failed = {}, {}
+            finite = True
+            if main:
+                finite = bool(np.isfinite(volume).all())
+                attrs = {"run": cfg.name, "config": to_dict(cfg), "units": "input stack units per voxel"}
+                if finite:
+                    written, failed = write_volumes(out_dir, volume, cfg, ts.pixel_size, attrs)
+                else:
+                    log.error("the volume holds %d non-finite voxels (of %d); no volume file was written",
+                              int((~np.isfinite(volume)).sum()), volume.size)
+            finite = broadcast_object(finite)  # every rank takes the same branches (half sets are collective)
+            state = trainer.state_dict()  # collective (gathers every rank's RNG states); rank 0 writes
+            metrics: dict = {}
+            if main:
+                ckpt_path, ckpt_err = save_checkpoint_file(out_dir / "checkpoints" / "last.pt", state)
+                if ckpt_err:
+                    failed["checkpoints/last.pt"] = ckpt_err
+                else:
+                    written["checkpoints/last.pt"] = ckpt_path
+                metrics = _summarize(cfg, comps, trainer, steps_before, trainer.train_seconds - seconds_before, volume)
+                metrics["status"] = ("interrupted" if interrupted else "finished") if finite else "diverged"
+                metrics["guard"] = trainer.guard.summary()
+                if cfg.resume:
+                    metrics["resumed_from"] = {"checkpoint": str(resume_path), "step": steps_before}
+                _field_scores(cfg, comps, trainer, ts, hold, exported_step, metrics)
+            if finite and not interrupted and cfg.evaluation.half_sets:
+                halves = _half_sets(cfg, ts, out_dir, rank, world, local_rank, written, failed)
+                if main:
+                    metrics["half_sets"] = halves
+            if main:
+                if finite:
+                    _pictures(cfg, out_dir, volume, ts, metrics, failed)
+                metrics["wall_seconds"] = time.perf_counter() - t0
+                try:
+                    _write_text(out_dir / "metrics.json", dumps(metrics), True)
+                except OSError as exc:
+                    failed["metrics.json"] = exc.strerror or str(exc)
+            problem = broadcast_object(_write_problem(out_dir, cfg, failed, written, volume, state, ts, finite,
+                                                      resume_cmd) if main else None)
+            if problem:
+                raise problem[0](problem[1])
+            if main and not interrupted:
+                log.info("done in %.1f s: %s", metrics["wall_seconds"],
+                         ", ".join(f"{k}={metrics[k]:.4f}" for k in ("pearson_global", "pearson_foreground")
+                                   if isinstance(metrics.get(k), float)))
+        if interrupted:
+            name = signal_name(stop.signum)
+            raise RunInterrupted(stop.signum, f"stopped at step {trainer.step} of {cfg.optim.steps} ({name}); the "
+                                 f"volume so far and a checkpoint are in {out_dir}; resume with: {resume_cmd}")
+        if stop.signum is not None:
+            log.info("%s arrived after the last step; the run finished", signal_name(stop.signum))
         if main:
-            if ts.ground_truth is not None and volume.shape == ts.ground_truth.shape:
-                report, curves = truth_scores(volume, ts.ground_truth, ts.pixel_size, _tilt_range(ts))
-                metrics.update(report)
-                fsc_plot(out_dir / "fsc_truth.png", curves, "FSC of the reconstruction against the ground truth",
-                         _tilt_range(ts), overwrite=cfg.output.overwrite)
-            _loss_plot(out_dir / "loss.png", metrics, cfg.output.overwrite)
-            _write_volumes(cfg, out_dir, "volume", volume, ts.pixel_size)
-            z, y, x = volume.shape
-            slices = {"xy": volume[z // 2], "xz": volume[:, y // 2], "yz": volume[:, :, x // 2]}
-            slices_png(out_dir / "slices.png", slices, ts.ground_truth if metrics.get("pearson_global") else None,
-                       cfg.output.overwrite)
-            metrics["wall_seconds"] = time.perf_counter() - t0
-            _write_text(out_dir / "metrics.json", json.dumps(metrics, indent=2), True)
-            log.info("done in %.1f s: %s", metrics["wall_seconds"],
-                     ", ".join(f"{k}={metrics[k]:.4f}" for k in ("pearson_global", "pearson_foreground") if k in metrics))
+            folder.finish("finished", step=trainer.step)
         if joined:  # leave the process group we joined (after a successful run; on errors the process exits)
             destroy_distributed()
         return metrics
+    except BaseException as exc:
+        if main:
+            status = ("interrupted" if isinstance(exc, (RunInterrupted, KeyboardInterrupt))
+                      else "diverged" if isinstance(exc, DivergenceError) else "failed")
+            _log_failure(exc, handler)
+            folder.finish(status, error=_one_line(exc), step=trainer.step if trainer is not None else None)
+        raise
     finally:
         if handler is not None:
             logging.getLogger("fasttomo").removeHandler(handler)
             handler.close()
 
 
-def _loss_plot(path: Path, metrics: dict, overwrite: bool) -> None:
-    """loss.png: the training loss and the validation loss (held-out pixels) against the step."""
-    from fasttomo.plots import Series, line_plot
-
-    series = []
-    for key, label in (("loss", "training loss (batch, with regularizers)"), ("val_loss", "validation loss (held-out pixels)")):
-        curve = (metrics.get(key) or {}).get("curve") or []
-        if curve:
-            series.append(Series(label, [c[0] for c in curve], [c[1] for c in curve]))
-    if "best_val" in metrics:
-        series.append(Series(f"exported: step {metrics['best_val']['step']}", [metrics["best_val"]["step"]],
-                             [metrics["best_val"]["loss"]], width=0, markers=True))
-    if series:
-        line_plot(path, series, "Loss curves", "step", "loss", log_y=True, legend="below", overwrite=overwrite)
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    return f"{type(exc).__name__}: {text}" if not text or type(exc).__module__ == "builtins" else text
 
 
-def _tilt_range(ts) -> tuple[float, float]:
-    a = np.asarray(ts.angles, dtype=np.float64)
-    return float(a.min()), float(a.max())
+def _log_failure(exc: BaseException, handler: logging.Handler | None) -> None:
+    """The run's error into reconstruct.log (and the console): one line for the errors fasttomo
+    explains (the entry point then does not repeat it), the traceback -- into the file only, the
+    entry point prints it -- for anything else."""
+    from fasttomo.outputs import OutputWriteError
+    from fasttomo.stop import RunInterrupted
+    from fasttomo.train.guard import DivergenceError
+
+    try:
+        from fasttomo.reconstruct import user_errors
+
+        known = (*user_errors(), DivergenceError, OutputWriteError, RunInterrupted)
+    except ImportError:  # pragma: no cover - hydra missing: the API is used without the CLI
+        known = (ConfigError, DivergenceError, OutputWriteError, RunInterrupted)
+    if isinstance(exc, known):
+        (log.warning if isinstance(exc, RunInterrupted) else log.error)("%s", exc)
+        exc.fasttomo_logged = True
+    elif isinstance(exc, KeyboardInterrupt):
+        log.warning("interrupted")
+    elif handler is not None:
+        record = log.makeRecord(log.name, logging.ERROR, __file__, 0, "run failed with an unexpected error: %s",
+                                (_one_line(exc),), (type(exc), exc, exc.__traceback__))
+        handler.handle(record)
 
 
-def _write_volumes(cfg: Config, out_dir: Path, stem: str, volume: np.ndarray, pixel_size: float,
-                   imod: bool | None = None) -> None:
-    """``<stem>.<fmt>`` for every output.formats (and the XZY copy with output.imod_xzy)."""
-    from fasttomo.data.io.volume import write_volume
+def _write_problem(out_dir: Path, cfg: Config, failed: dict, written: dict, volume, state, ts, finite: bool,
+                   resume_cmd: str):
+    """(error class, message) when results are missing (rank 0), else None: a non-finite volume is a
+    divergence; failed writes are rescued where possible and reported with what was saved where."""
+    from fasttomo.outputs import OutputWriteError, rescue, write_failure_message
+    from fasttomo.train.guard import DivergenceError
 
-    attrs = {"run": cfg.name, "config": to_dict(cfg), "units": "input stack units per voxel"}
-    for fmt in cfg.output.formats:
-        suffix = {"mrc": "mrc", "h5": "h5", "tiff": "tif"}[fmt]
-        write_volume(out_dir / f"{stem}.{suffix}", volume, pixel_size, label=f"fasttomo run {cfg.name}",
-                     attrs=attrs, fmt=fmt, overwrite=cfg.output.overwrite)
-    if cfg.output.imod_xzy if imod is None else imod:
-        write_volume(out_dir / f"{stem}_xzy.mrc", volume, pixel_size, label=f"fasttomo run {cfg.name}",
-                     attrs=attrs, fmt="mrc", overwrite=cfg.output.overwrite, imod_xzy=True)
+    if not finite:
+        where = written.get("checkpoints/last.pt")
+        return (DivergenceError, "the reconstructed volume holds non-finite values (the field diverged); no volume "
+                "file was written" + (f"; the checkpoint is {where}" if where else "") + ". Lower the learning rates "
+                "(optim.lr_*) and run again.")
+    if not failed:
+        return None
+    no_volume = not any(k.startswith("volume") for k in written) and any(k.startswith("volume") for k in failed)
+    rescued = rescue(volume, state, cfg, ts.pixel_size, no_volume, "checkpoints/last.pt" in failed)
+    ckpt = written.get("checkpoints/last.pt") or rescued.get("checkpoint")
+    hint = f"fasttomo-reconstruct resume={ckpt} hydra.run.dir=<a writable folder>" if ckpt else None
+    return (OutputWriteError, write_failure_message(out_dir, failed, written, rescued, hint))
+
+
+# --------------------------------------------------------------------------------------- field
+def _build_trainer(cfg: Config, ts, out_dir: Path | None, rank: int, world: int, local_rank: int):
+    """(Components, Trainer) for a field on ``ts``; with a ground truth and evaluation.curve_every
+    the trainer scores the field against it along the way (the quality-against-fit-time curve)."""
+    from fasttomo.build import build
+    from fasttomo.train.trainer import Trainer
+
+    comps = build(cfg, ts, rank=rank, world_size=world, local_rank=local_rank)
+    trainer = Trainer(comps, out_dir)
+    if ts.ground_truth is not None and cfg.evaluation.curve_every:
+        trainer.probe = _truth_probe(trainer, ts)
+    return comps, trainer
 
 
 def _truth_probe(trainer, ts):
-    """The quality-against-fit-time probe: the current field against the ground truth (Pearson
-    only; collective under DDP, scores on rank 0)."""
+    """The current field against the ground truth (Pearson only; collective under DDP, scores on
+    rank 0)."""
     from fasttomo.metrics import volume_metrics
 
     def probe() -> dict:
@@ -201,38 +339,11 @@ def _truth_probe(trainer, ts):
     return probe
 
 
-def _fit(cfg: Config, ts, out_dir: Path | None, rank: int, world: int, local_rank: int, resume: bool):
-    """Build and train a field on ``ts``; returns (comps, trainer, volume, exported step, steps
-    and seconds before the resume). ``out_dir`` None: no checkpoints, no TensorBoard."""
-    from fasttomo.build import build
-    from fasttomo.train.checkpoint import load_checkpoint
-    from fasttomo.train.trainer import Trainer
+def _field_scores(cfg: Config, comps, trainer, ts, hold, exported_step: int, metrics: dict) -> None:
+    """The field's evaluation entries of metrics.json (rank 0): exported step, best validation,
+    early stop, the quality curve, learned poses against a truth file, held-out views."""
+    from fasttomo.scoring import holdout_scores, predict_views
 
-    comps = build(cfg, ts, rank=rank, world_size=world, local_rank=local_rank)
-    trainer = Trainer(comps, out_dir)
-    if resume and cfg.resume:
-        # every rank reads the file (to the CPU: RNG states must stay CPU tensors)
-        trainer.load_state_dict(load_checkpoint(cfg.resume, map_location="cpu"), source=str(cfg.resume))
-        log.info("resumed from %s at step %d of %d", cfg.resume, trainer.step, cfg.optim.steps)
-    if ts.ground_truth is not None and cfg.evaluation.curve_every:
-        trainer.probe = _truth_probe(trainer, ts)
-    if out_dir is not None and rank == 0:
-        _write_text(out_dir / "config.yaml", yaml.safe_dump(to_dict(cfg), sort_keys=False), cfg.output.overwrite)
-    before = (trainer.step, trainer.train_seconds)
-    trainer.fit()
-    with trainer.exported_field() as exported_step:
-        volume = trainer.export_volume(cfg.output.volume_shape)  # collective
-    return comps, trainer, volume, exported_step, before
-
-
-def _run_field(cfg: Config, ts, hold, out_dir: Path, main: bool, rank: int, world: int, local_rank: int):
-    """Fit the field; (metrics, volume) on rank 0, ({}, None) elsewhere."""
-    comps, trainer, volume, exported_step, (steps_before, seconds_before) = _fit(
-        cfg, ts, out_dir, rank, world, local_rank, resume=True)
-    trainer.save("last.pt")  # collective (gathers every rank's RNG states); rank 0 writes
-    if not main:
-        return {}, None
-    metrics = _summarize(cfg, comps, trainer, steps_before, trainer.train_seconds - seconds_before, volume)
     metrics["exported_step"] = exported_step
     if trainer.best is not None:
         metrics["best_val"] = {"step": trainer.best["step"], "loss": trainer.best["val"]}
@@ -240,8 +351,6 @@ def _run_field(cfg: Config, ts, hold, out_dir: Path, main: bool, rank: int, worl
         metrics["stopped_early_at"] = trainer.step
     if trainer.curve:
         metrics["curve"] = trainer.curve
-    if cfg.resume:
-        metrics["resumed_from"] = {"checkpoint": str(Path(cfg.resume).resolve()), "step": steps_before}
     if cfg.evaluation.true_poses and "poses" in metrics:
         metrics["pose_errors"] = _pose_errors(metrics["poses"], cfg.evaluation.true_poses, ts)
         log.info("poses against %s: shifts %.3f px RMS (%.3f without the z-translation gauge), rotations %.4f "
@@ -254,7 +363,6 @@ def _run_field(cfg: Config, ts, hold, out_dir: Path, main: bool, rank: int, worl
         metrics["holdout"] = holdout_scores(hold, pred * comps.sampler.scale + bg)
         log.info("held-out views %s: reprojection Pearson %s", hold.view_numbers,
                  ", ".join(f"{v:.4f}" for v in metrics["holdout"]["pearson"]))
-    return metrics, volume
 
 
 def _pose_errors(learned: dict, path: str, ts) -> dict:
@@ -274,27 +382,106 @@ def _pose_errors(learned: dict, path: str, ts) -> dict:
     return pose_errors(learned, sub)
 
 
-def _run_sirt(cfg: Config, ts, hold, out_dir: Path, main: bool, local_rank: int):
-    """The conventional baseline (model=sirt): SIRT on the background-subtracted stack."""
+# --------------------------------------------------------------------------------------- pictures
+def _pictures(cfg: Config, out_dir: Path, volume: np.ndarray, ts, metrics: dict, failed: dict) -> None:
+    """Scores against a ground truth (into ``metrics``), slices.png, fsc_truth.png and loss.png
+    (rank 0); a picture that cannot be written is recorded in ``failed``."""
+    from fasttomo.evaluate import fsc_plot
+    from fasttomo.scoring import truth_scores
+
+    curves = None
+    if ts.ground_truth is not None and volume.shape == ts.ground_truth.shape:
+        report, curves = truth_scores(volume, ts.ground_truth, ts.pixel_size, _tilt_range(ts))
+        metrics.update(report)
+    z, y, x = volume.shape
+    slices = {"xy": volume[z // 2], "xz": volume[:, y // 2], "yz": volume[:, :, x // 2]}
+    jobs = [("slices.png", lambda: slices_png(out_dir / "slices.png", slices,
+                                               ts.ground_truth if metrics.get("pearson_global") else None, True)),
+            ("loss.png", lambda: _loss_plot(out_dir / "loss.png", metrics, True))]
+    if curves is not None:
+        jobs.append(("fsc_truth.png", lambda: fsc_plot(out_dir / "fsc_truth.png", curves, "FSC of the reconstruction "
+                                                       "against the ground truth", _tilt_range(ts), overwrite=True)))
+    for name, job in jobs:
+        try:
+            job()
+        except OSError as exc:
+            failed[name] = exc.strerror or str(exc)
+
+
+def _loss_plot(path: Path, metrics: dict, overwrite: bool) -> None:
+    """loss.png: the training loss and the validation loss (held-out pixels) against the step."""
+    from fasttomo.plots import Series, line_plot
+
+    series = []
+    for key, label in (("loss", "training loss (batch, with regularizers)"), ("val_loss", "validation loss (held-out pixels)")):
+        curve = [c for c in ((metrics.get(key) or {}).get("curve") or []) if c[1] is not None and np.isfinite(c[1])]
+        if curve:
+            series.append(Series(label, [c[0] for c in curve], [c[1] for c in curve]))
+    if "best_val" in metrics:
+        series.append(Series(f"exported: step {metrics['best_val']['step']}", [metrics["best_val"]["step"]],
+                             [metrics["best_val"]["loss"]], width=0, markers=True))
+    if series:
+        line_plot(path, series, "Loss curves", "step", "loss", log_y=True, legend="below", overwrite=overwrite)
+
+
+def _tilt_range(ts) -> tuple[float, float]:
+    a = np.asarray(ts.angles, dtype=np.float64)
+    return float(a.min()), float(a.max())
+
+
+# --------------------------------------------------------------------------------------- SIRT
+def _sirt_run(cfg: Config, ts, hold, out_dir: Path, folder, main: bool, rank: int, world: int, local_rank: int,
+              t0: float, joined: bool) -> dict:
+    """model=sirt: the conventional baseline on rank 0 (the other ranks wait), then the same
+    files as a field's run, without a checkpoint."""
     from fasttomo.build import reconstruction_box, resolve_device
     from fasttomo.conventional.baseline import run_sirt
+    from fasttomo.outputs import OutputWriteError, dumps, write_volumes
+    from fasttomo.train.distributed import broadcast_object, destroy_distributed
 
-    device = resolve_device(cfg.runtime.device, local_rank)
-    if not main:  # SIRT runs on rank 0 only; the other ranks wait at the end
-        return {}, None
-    if out_dir is not None:
-        _write_text(out_dir / "config.yaml", yaml.safe_dump(to_dict(cfg), sort_keys=False), cfg.output.overwrite)
-    box = reconstruction_box(cfg, ts)
-    metrics, volume = run_sirt(cfg, ts, box, device, hold)
-    return metrics, volume
+    metrics, volume, written, failed = {}, None, {}, {}
+    if main:
+        _write_text(out_dir / "config.yaml", yaml.safe_dump(to_dict(cfg), sort_keys=False), True)
+        metrics, volume = run_sirt(cfg, ts, reconstruction_box(cfg, ts), resolve_device(cfg.runtime.device, local_rank),
+                                   hold)
+        attrs = {"run": cfg.name, "config": to_dict(cfg), "units": "input stack units per voxel"}
+        written, failed = write_volumes(out_dir, volume, cfg, ts.pixel_size, attrs)
+        metrics["status"] = "finished"
+    if cfg.evaluation.half_sets:
+        halves = _half_sets(cfg, ts, out_dir, rank, world, local_rank, written, failed)
+        if main:
+            metrics["half_sets"] = halves
+    if main:
+        _pictures(cfg, out_dir, volume, ts, metrics, failed)
+        metrics["wall_seconds"] = time.perf_counter() - t0
+        try:
+            _write_text(out_dir / "metrics.json", dumps(metrics), True)
+        except OSError as exc:
+            failed["metrics.json"] = exc.strerror or str(exc)
+    problem = broadcast_object(f"could not write {', '.join(f'{k} ({v})' for k, v in failed.items())} in {out_dir}; "
+                               f"written: {', '.join(written) or 'nothing'}" if main and failed else None)
+    if problem:
+        raise OutputWriteError(problem)
+    if main:
+        log.info("done in %.1f s: %s", metrics["wall_seconds"],
+                 ", ".join(f"{k}={metrics[k]:.4f}" for k in ("pearson_global", "pearson_foreground")
+                           if isinstance(metrics.get(k), float)))
+        folder.finish("finished", step=cfg.model.iterations)
+    if joined:
+        destroy_distributed()
+    return metrics
 
 
-def _half_sets(cfg: Config, ts, out_dir: Path | None, rank: int, world: int, local_rank: int) -> dict | None:
-    """Even and odd views (in tilt order) reconstructed apart; their FSC. Each half gets its own
-    seed, so the two fields share no initial noise that the data does not overwrite."""
+# --------------------------------------------------------------------------------------- half sets
+def _half_sets(cfg: Config, ts, out_dir: Path, rank: int, world: int, local_rank: int, written: dict,
+               failed: dict) -> dict | None:
+    """The even and the odd views (in tilt order) reconstructed apart, their volumes written as
+    volume_even.* / volume_odd.*, and their FSC (rank 0). Each half gets its own seed, so the two
+    share no initial noise that the data does not overwrite. Collective under DDP."""
     import dataclasses as dc
 
     from fasttomo.evaluate import fsc_plot
+    from fasttomo.outputs import write_volumes
     from fasttomo.scoring import pair_fsc
 
     vols = {}
@@ -313,15 +500,23 @@ def _half_sets(cfg: Config, ts, out_dir: Path | None, rank: int, world: int, loc
                 _, vols[name] = run_sirt(hcfg, half, reconstruction_box(hcfg, half),
                                          resolve_device(cfg.runtime.device, local_rank), None)
         else:
-            _, _, vols[name], _, _ = _fit(hcfg, half, None, rank, world, local_rank, resume=False)
-        if out_dir is not None and vols.get(name) is not None:
-            _write_volumes(cfg, out_dir, f"volume_{name}", vols[name], ts.pixel_size, imod=False)
+            _, trainer = _build_trainer(hcfg, half, None, rank, world, local_rank)
+            trainer.fit()
+            with trainer.exported_field():
+                vols[name] = trainer.export_volume(cfg.output.volume_shape)  # collective
+        if rank == 0:
+            w, f = write_volumes(out_dir, vols[name], cfg, ts.pixel_size, {"run": cfg.name, "half_set": name},
+                                 stem=f"volume_{name}", xzy=False)
+            written.update(w)
+            failed.update(f)
     if rank != 0:
         return None
     res, curves = pair_fsc(vols["even"], vols["odd"], ts.pixel_size, _tilt_range(ts))
-    if out_dir is not None:
+    try:
         fsc_plot(out_dir / "fsc_halfsets.png", curves, "FSC of the even-view and odd-view reconstructions",
-                 _tilt_range(ts), overwrite=cfg.output.overwrite)
+                 _tilt_range(ts), overwrite=True)
+    except OSError as exc:
+        failed["fsc_halfsets.png"] = exc.strerror or str(exc)
     log.info("half sets: FSC 0.143 at %s, 0.5 at %s", _res(res, "fsc0143"), _res(res, "fsc05"))
     return res
 

@@ -6,16 +6,26 @@
     torchrun --standalone --nproc-per-node=2 -m fasttomo.reconstruct hydra.run.dir=outputs/ddp1
 
 Hydra composes configs/reconstruct.yaml with the chosen group options and overrides; the result is
-converted to the typed, validated ``fasttomo.config.Config`` and handed to the pipeline.
+converted to the typed, validated ``fasttomo.config.Config`` and handed to the pipeline. With
+``resume=...`` the settings come from the checkpoint instead, changed only where the command line
+names keys (resume.py). ``dry_run=true`` checks everything and exits (preflight.py).
+
+Exit codes: 0 done; 1 results could not be written (one line: what was saved where) or an
+unexpected error (traceback); 2 config, data, output folder or checkpoint problem (one line);
+3 training diverged; 130 / 143 stopped by SIGINT / SIGTERM (stop.py). A folder Hydra created for a
+run that wrote nothing (a config error, a dry run, output.dir elsewhere) is removed again.
 """
 
 from __future__ import annotations
 
+import datetime
 import logging
 import sys
+import time
 from pathlib import Path
 
 import hydra
+import yaml
 from hydra.core.config_store import ConfigStore
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
@@ -30,6 +40,10 @@ log = logging.getLogger("fasttomo")
 # can be overridden from the command line and a misspelled key is rejected by Hydra at once.
 ConfigStore.instance().store(name="fasttomo_schema", node=Config)
 
+EXIT_USER_ERROR = 2   # config, input data, output folder, checkpoint: one line, no traceback
+EXIT_DIVERGED = 3     # training diverged and could not be recovered
+EXIT_WRITE_FAILED = 1  # results could not be written (the line says what was saved where)
+
 
 def config_dir() -> str:
     """The configs folder: shipped inside the package (wheel install) or at the repository top
@@ -41,14 +55,60 @@ def config_dir() -> str:
     raise FileNotFoundError(f"fasttomo: no configs folder found next to {here}; reinstall the package.")
 
 
-def to_config(cfg: DictConfig) -> Config:
-    """Hydra/omegaconf config -> typed Config (errors name the field and the fix)."""
+def _option_values(group: str, option: str) -> dict | None:
+    """The flattened, fully prefixed keys a group option's file sets (resume.named_keys); None
+    when ``group`` is not a config group."""
+    from fasttomo.resume import flatten
+
+    root = Path(config_dir())
+    if group == "hydra" or not (root / group).is_dir():
+        return None
+    if option in ("null", "None", ""):
+        return {}
+    path = root / group / f"{option}.yaml"
+    if not path.is_file():
+        return {}
+    data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    data.pop("defaults", None)
+    return flatten(data) if group == "experiment" else flatten(data, f"{group}.")
+
+
+def _resumed(data: dict, overrides: list[str]) -> dict:
+    """The config of a resumed run: the checkpoint's, changed only where ``overrides`` name keys
+    (see fasttomo/resume.py)."""
+    from fasttomo import resume as rs
+    from fasttomo.train.checkpoint import find_checkpoint, read_config
+
+    path = find_checkpoint(data["resume"])
+    saved = read_config(path)
+    if saved is None:  # a checkpoint without its config: the command line is the config
+        return {**data, "resume": str(path)}
+    named = rs.named_keys(overrides, saved, _option_values)
+    merged = rs.merge(saved, data, named)
+    merged["resume"] = str(path)
+    rs.refuse_immutable(saved, merged, str(path), named)
+    return merged
+
+
+def to_config(cfg: DictConfig, overrides: list[str] | None = None) -> Config:
+    """Hydra/omegaconf config -> typed Config (errors name the field and the fix). With
+    ``resume=...`` the settings come from the checkpoint, changed only by what ``overrides`` (the
+    command line) name."""
+    resume = OmegaConf.select(cfg, "resume", default=None)
     try:
-        data = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
+        data = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=not resume)
     except MissingMandatoryValue as exc:
         key = getattr(exc, "full_key", None) or str(exc)
         raise ConfigError(f"{key}: this value is required and was not given; set {key}=<value> on the command line.") from exc
     data.pop("hydra", None)
+    if resume:
+        data = _resumed(data, list(overrides or []))
+        from fasttomo.resume import flatten
+
+        missing = [k for k, v in flatten(data).items() if v == "???"]
+        if missing:
+            raise ConfigError(f"{missing[0]}: this value is required and was not given; set {missing[0]}=<value> on "
+                              "the command line.")
     return from_dict(Config, data)
 
 
@@ -58,41 +118,119 @@ def compose_config(overrides: list[str] | None = None) -> Config:
 
     with initialize_config_dir(config_dir=config_dir(), version_base="1.3", job_name="fasttomo"):
         cfg = compose(config_name="reconstruct", overrides=list(overrides or []))
-    return to_config(cfg)
+    return to_config(cfg, list(overrides or []))
 
 
 def run(cfg: Config) -> dict:
-    """Run one reconstruction (cfg.output.dir must be set). Returns the metrics dict."""
+    """Run one reconstruction (cfg.output.dir must be set), or the dry run when cfg.dry_run.
+    Returns the metrics dict (the dry run's report)."""
+    if cfg.dry_run:
+        from fasttomo.preflight import dry_run
+
+        return dry_run(cfg)
     from fasttomo.pipeline import run_reconstruction
 
     return run_reconstruction(cfg)
 
 
 def user_errors() -> tuple[type[BaseException], ...]:
-    """Errors caused by input or config: reported as one clear line (exit code 2), no traceback."""
+    """Errors caused by input, config, the output folder or a checkpoint: reported as one clear
+    line (exit code 2), no traceback."""
     from fasttomo.data.tiltseries import TiltSeriesError
     from fasttomo.kernels.dispatch import KernelUnavailableError
-    from fasttomo.pipeline import OutputExistsError
+    from fasttomo.runfolder import OutputExistsError, OutputFolderError
     from fasttomo.train.checkpoint import CheckpointError
 
-    return (ConfigError, TiltSeriesError, OutputExistsError, CheckpointError, KernelUnavailableError,
-            FileNotFoundError)
+    return (ConfigError, TiltSeriesError, OutputExistsError, OutputFolderError, CheckpointError,
+            KernelUnavailableError, FileNotFoundError)
+
+
+def exit_code(exc: BaseException) -> int | None:
+    """The process exit code for ``exc`` (README "What a run guarantees"); None: a bug (traceback)."""
+    from fasttomo.outputs import OutputWriteError
+    from fasttomo.stop import RunInterrupted
+    from fasttomo.train.guard import DivergenceError
+
+    if isinstance(exc, RunInterrupted):
+        return exc.exit_code
+    if isinstance(exc, KeyboardInterrupt):
+        return 130
+    if isinstance(exc, DivergenceError):
+        return EXIT_DIVERGED
+    if isinstance(exc, OutputWriteError):
+        return EXIT_WRITE_FAILED
+    if isinstance(exc, user_errors()):
+        return EXIT_USER_ERROR
+    return None
+
+
+# Folders that existed when the program started, among those Hydra may create for this run
+# (recorded by main(); a folder Hydra made for a run that wrote nothing is removed again).
+_STARTED = time.time()
+_EXISTED: set[str] = set()
+_CHECKED: set[str] = set()
+
+
+def _note_existing_folders(argv: list[str]) -> None:
+    cands = [a.split("=", 1)[1] for a in argv if a.startswith(("hydra.run.dir=", "output.dir="))]
+    cands.append(f"outputs/{datetime.date.today():%Y-%m-%d}")
+    for c in cands:
+        if "${" in c:
+            continue
+        p = Path(c).resolve()
+        for q in (p, *p.parents):
+            _CHECKED.add(str(q))
+            if q.exists():
+                _EXISTED.add(str(q))
+
+
+def _prune_new_empty(folder: str | Path) -> None:
+    """Remove ``folder`` and its parents while they are empty and were made by this process."""
+    p = Path(folder).resolve()
+    stop = Path.cwd().resolve()
+    first = True
+    while p != stop and p != p.parent:
+        try:
+            if not p.is_dir() or any(p.iterdir()) or str(p) in _EXISTED:
+                return
+            if first and str(p) not in _CHECKED and p.stat().st_ctime < _STARTED:
+                return  # not predicted and older than this process: not ours
+            if not first and str(p) not in _CHECKED:
+                return
+            p.rmdir()
+        except OSError:
+            return
+        first = False
+        p = p.parent
 
 
 @hydra.main(version_base="1.3", config_path=config_dir(), config_name="reconstruct")
 def _app(cfg: DictConfig) -> float | None:
+    hydra_dir = HydraConfig.get().runtime.output_dir
     try:
-        config = to_config(cfg)
+        config = to_config(cfg, list(HydraConfig.get().overrides.task))
         if not config.output.dir:
-            config.output.dir = HydraConfig.get().runtime.output_dir
+            config.output.dir = hydra_dir
         metrics = run(config)
-    except user_errors() as exc:
-        log.error("%s", exc)
-        sys.exit(2)
+    except KeyboardInterrupt:  # Ctrl-C before the run installed its handlers (nothing to save yet)
+        _prune_new_empty(hydra_dir)
+        log.warning("interrupted before the run started; nothing was written")
+        sys.exit(130)
+    except BaseException as exc:  # noqa: B902 - every outcome gets its exit code
+        _prune_new_empty(hydra_dir)
+        code = exit_code(exc)
+        if code is None:
+            raise
+        if not getattr(exc, "fasttomo_logged", False):
+            (log.warning if code >= 128 else log.error)("%s", exc or "interrupted")
+        sys.exit(code)
+    if config.dry_run or Path(config.output.dir).resolve() != Path(hydra_dir).resolve():
+        _prune_new_empty(hydra_dir)
     return metrics.get("pearson_global") if metrics else None
 
 
 def main() -> None:
+    _note_existing_folders(sys.argv[1:])
     _app()
 
 

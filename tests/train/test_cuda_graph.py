@@ -108,3 +108,56 @@ def test_captured_run_checkpoint_resumes_eagerly(tmp_path):
     assert isinstance(c.optimizer.param_groups[0]["lr"], float)
     tr.fit(WARMUP + 6)
     assert tr.step == WARMUP + 6
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (CUDA-graph capture)")
+def test_guard_skips_bad_steps_and_rolls_back_inside_the_captured_graph():
+    """The divergence guard is part of the captured step: a NaN batch is skipped on the device at
+    replay (no host branch), and a rollback restores the state in place, so replays go on."""
+    import dataclasses
+
+    cfg = compose_config([*TINY, "runtime.cuda_graph=on", "guard.max_bad_steps=3"])
+    c = build(cfg, load_tiltseries(cfg.data))
+    tr = Trainer(c, None)
+    tr.guard.start(0)
+    for step in range(WARMUP + 2):
+        tr._set_lr(step)
+        tr.train_step(c.sampler.next_batch())
+    assert tr.graphed.graph is not None and tr.graphed.replays == 2
+    good = c.sampler.next_batch()
+    bad = dataclasses.replace(good, target=torch.full_like(good.target, float("nan")))
+    before = [p.detach().clone() for p in c.projector.parameters()]
+    tr.train_step(bad)
+    assert all(torch.equal(a, b) for a, b in zip(before, c.projector.parameters()))
+    assert tr.guard.summary()["skipped_steps"] == 1
+    tr.train_step(c.sampler.next_batch())
+    moved = [p.detach().clone() for p in c.projector.parameters()]
+    assert any(not torch.equal(a, b) for a, b in zip(before, moved))
+    for _ in range(3):
+        tr.train_step(bad)
+    tr.guard.check(WARMUP + 7)
+    assert tr.guard.rollbacks == 1 and tr.guard.lr_scale == 0.5
+    replays = tr.graphed.replays
+    tr.train_step(c.sampler.next_batch())
+    assert tr.graphed.replays == replays + 1
+    assert all(torch.isfinite(p).all() for p in c.projector.parameters())
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_fp16_guard_merges_into_the_grad_scaler_on_cuda():
+    import dataclasses
+
+    cfg = compose_config([*TINY, "precision=fp16"])
+    c = build(cfg, load_tiltseries(cfg.data))
+    tr = Trainer(c, None)
+    for step in range(3):
+        tr._set_lr(step)
+        tr.train_step(c.sampler.next_batch())
+    good = c.sampler.next_batch()
+    bad = dataclasses.replace(good, target=torch.full_like(good.target, float("nan")))
+    before = [p.detach().clone() for p in c.projector.parameters()]
+    tr.train_step(bad)
+    assert all(torch.equal(a, b) for a, b in zip(before, c.projector.parameters()))
+    assert tr.guard.summary()["skipped_steps"] == 1

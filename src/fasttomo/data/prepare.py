@@ -94,6 +94,27 @@ def check_angles(angles: np.ndarray, where: str, view_numbers: np.ndarray) -> No
             )
 
 
+RADIAN_SUSPECT_DEG = 2.0
+
+
+def check_angle_units(angles: np.ndarray, where: str, enabled: bool = True) -> None:
+    """Refuse angles whose largest magnitude is below 2 degrees: radians (any tilt series in
+    radians has |angle| < pi/2 < 2) read as degrees would give a silently wrong reconstruction."""
+    worst = float(np.max(np.abs(angles))) if angles.size else 0.0
+    if worst >= RADIAN_SUSPECT_DEG:
+        return
+    lo, hi = float(np.min(angles)), float(np.max(angles))
+    if not enabled:
+        log.warning("%s: the tilt angles span only %.4g..%.4g degrees (data.check_angle_units=false).", where, lo, hi)
+        return
+    raise TiltSeriesError(
+        f"{where}: the tilt angles span only {lo:.4g}..{hi:.4g} degrees (largest |angle| {worst:.4g} < "
+        f"{RADIAN_SUSPECT_DEG:g}); these look like radians, but fasttomo reads degrees. Convert the angle file "
+        "to degrees (x 57.2958), or set data.check_angle_units=false if the series really spans less than "
+        f"+-{RADIAN_SUSPECT_DEG:g} degrees."
+    )
+
+
 def handle_nonfinite(stack: np.ndarray, valid: np.ndarray | None, mode: str, where: str) -> np.ndarray | None:
     bad = ~np.isfinite(stack)
     if not bad.any():
@@ -233,6 +254,7 @@ def prepare(raw: RawSeries, cfg) -> TiltSeries:
         steps.append(f"excluded views {ex} (1-based)")
         log.info("%s: excluded views %s (1-based); %d remain.", where, ex, len(views))
     check_angles(angles, f"{where} (angles from {raw.angle_source})", views)
+    check_angle_units(angles, f"{where} (angles from {raw.angle_source})", getattr(cfg, "check_angle_units", True))
 
     if cfg.tilt_axis_angle != 0:
         if angles.ndim == 2:

@@ -1,4 +1,5 @@
-"""Checkpoints: plain tensors and primitives only, written atomically, read with weights_only=True.
+"""Checkpoints: plain tensors and primitives only, written atomically, read with weights_only=True,
+and verified against a checksum of their contents.
 
 Nothing pickled goes in (no config objects, no classes): the resolved config is stored as a nested
 dict of primitives and a checkpoint holding anything else is refused on load.
@@ -6,55 +7,205 @@ dict of primitives and a checkpoint holding anything else is refused on load.
 A checkpoint (see ``Trainer.state_dict``) holds: ``step``, ``model`` (the Projector: field AND
 poses), ``optimizer``, ``scaler`` (GradScaler), ``plateau`` (adaptive schedule state or None),
 ``sampler`` (epoch, position and a fingerprint of the order), ``rng`` (one entry per rank:
-torch CPU, CUDA when used, and the regularizer generator), ``world_size``, the logged
-``history``/``val_history``, ``train_seconds`` and the resolved ``config``.
+torch CPU, CUDA when used, and the regularizer generator), ``guard`` (the divergence guard's
+counters and learning-rate factor), ``world_size``, the logged ``history``/``val_history``,
+``train_seconds`` and the resolved ``config``.
+
+Integrity: ``checksum`` is a SHA-256 over everything else in the file (every tensor's dtype,
+shape and bytes, every key and plain value, in a fixed order), computed when the file is written
+and checked when it is read, so a file damaged after writing (a bad disk, a partial copy, a
+stray write) is refused with an error naming it instead of being loaded. Tensors are stored on
+the CPU (a checkpoint loads on any device).
 """
 
 from __future__ import annotations
 
+import hashlib
+import logging
 import pickle
+import zipfile
 from pathlib import Path
 
 import torch
 
-FORMAT = "fasttomo-checkpoint-v1"
+log = logging.getLogger("fasttomo.train")
+
+FORMAT = "fasttomo-checkpoint-v2"
+OLD_FORMATS = ("fasttomo-checkpoint-v1",)  # no checksum: loaded with a warning
+CHECKSUM_ALGORITHM = "sha256"
+_OTHER = ("resume from another checkpoint (an earlier checkpoints/step*.pt, or resume=<run folder> for the newest "
+          "intact one)")
 
 
 class CheckpointError(RuntimeError):
     """A checkpoint cannot be used; the message names the file and the fix."""
 
 
+# --------------------------------------------------------------------------------------- checksum
+def _feed(h, obj) -> None:
+    """Feed ``obj`` into hash ``h`` in a canonical order (dict keys sorted by their repr)."""
+    if isinstance(obj, torch.Tensor):
+        t = obj.detach()
+        h.update(f"T{t.dtype}{tuple(t.shape)}".encode())
+        if t.numel():
+            data = t.cpu().contiguous().reshape(-1)
+            h.update(data.view(torch.uint8).numpy().tobytes() if data.element_size() else b"")
+    elif isinstance(obj, dict):
+        h.update(f"D{len(obj)}".encode())
+        for k in sorted(obj, key=repr):
+            h.update(f"K{k!r}".encode())
+            _feed(h, obj[k])
+    elif isinstance(obj, (list, tuple)):  # a tuple may come back as a list: hash both alike
+        h.update(f"L{len(obj)}".encode())
+        for v in obj:
+            _feed(h, v)
+    elif obj is None or isinstance(obj, (bool, int, float, str)):
+        h.update(f"P{type(obj).__name__}:{obj!r}".encode())
+    else:  # anything else is refused on load anyway; hash its repr so saving never fails here
+        h.update(f"O{type(obj).__name__}:{obj!r}".encode())
+
+
+def checksum(state: dict) -> str:
+    """SHA-256 hex digest of a checkpoint's contents (everything but the ``checksum`` entry)."""
+    h = hashlib.sha256()
+    _feed(h, {k: v for k, v in state.items() if k != "checksum"})
+    return h.hexdigest()
+
+
+def _to_cpu(obj):
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().cpu()
+    if isinstance(obj, dict):
+        return {k: _to_cpu(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_to_cpu(v) for v in obj]
+    if isinstance(obj, tuple):
+        return tuple(_to_cpu(v) for v in obj)
+    return obj
+
+
+# --------------------------------------------------------------------------------------- save / load
 def save_checkpoint(path: str | Path, state: dict) -> Path:
-    """Write ``state`` (plus the format tag) atomically to ``path`` (an existing file is replaced:
-    checkpoints of one run supersede each other)."""
+    """Write ``state`` (plus the format tag and its checksum; tensors moved to the CPU)
+    atomically to ``path`` (an existing file is replaced: checkpoints of one run supersede each
+    other)."""
     from fasttomo.data.io.atomic import atomic_write
 
     path = Path(path)
-    payload = {"format": FORMAT, **state}
+    payload = {"format": FORMAT, **_to_cpu(state)}
+    payload["checksum"] = {"algorithm": CHECKSUM_ALGORITHM, "digest": checksum(payload)}
     atomic_write(path, lambda tmp: torch.save(payload, tmp), overwrite=True)
     return path
 
 
-def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict:
+def _unpickling_detail(exc: BaseException) -> str:
+    """What torch's weights_only unpickler objected to, without its advice to load unsafely."""
+    text = str(exc).replace("WeightsUnpickler error:", "\n\n")
+    advice = ("weights_only", "Weights only load failed", "Check the documentation", "Please file an issue")
+    for para in text.split("\n\n"):
+        para = " ".join(para.split())
+        if para and not any(a in para for a in advice):
+            return para[:200]
+    return "the unpickler refused its contents"
+
+
+def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu", *, verify: bool = True) -> dict:
     """Read a fasttomo checkpoint with ``torch.load(weights_only=True)``: tensors, numbers,
     strings, lists and dicts only. Anything else (a pickled class instance, a function, ...) is
-    refused with :class:`CheckpointError`. Load to the CPU (the default): modules and optimizers
-    copy their state to the right device, and RNG states must stay CPU byte tensors."""
+    refused with :class:`CheckpointError`, and so is a file whose contents do not match their
+    checksum (``verify``). Load to the CPU (the default): modules and optimizers copy their state
+    to the right device, and RNG states must stay CPU byte tensors."""
     path = Path(path)
     if not path.is_file():
-        raise CheckpointError(f"checkpoint {path} does not exist; give resume=<path to a .pt written by fasttomo>.")
+        raise CheckpointError(f"checkpoint {path} does not exist; give resume=<path to a .pt written by fasttomo> "
+                              "or resume=<run folder>.")
+    size = path.stat().st_size
+    if size == 0:
+        raise CheckpointError(f"checkpoint {path} is truncated or corrupt: the file is empty (0 bytes); {_OTHER}.")
+    if not zipfile.is_zipfile(path):
+        raise CheckpointError(f"checkpoint {path} is truncated or corrupt: it is not a PyTorch checkpoint archive "
+                              f"({size} bytes); {_OTHER}.")
     try:
         state = torch.load(path, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as exc:
-        raise CheckpointError(
-            f"checkpoint {path} holds objects other than tensors and plain values and was refused "
-            f"(weights_only loading): {str(exc).splitlines()[0]}. Only load checkpoints written by fasttomo."
-        ) from exc
-    except (RuntimeError, EOFError, ValueError) as exc:
-        raise CheckpointError(f"checkpoint {path} is truncated or corrupt: {exc}") from exc
-    if not isinstance(state, dict) or state.get("format") != FORMAT:
+        detail = _unpickling_detail(exc)
+        if "global" in detail.lower():
+            raise CheckpointError(
+                f"checkpoint {path} holds objects other than tensors and plain values and was refused ({detail}). "
+                "Only load checkpoints written by fasttomo.") from None
+        raise CheckpointError(f"checkpoint {path} is truncated or corrupt ({detail}); {_OTHER}.") from None
+    except (RuntimeError, EOFError, ValueError, OSError, KeyError, IndexError) as exc:
+        detail = " ".join(str(exc).split())[:160] or type(exc).__name__
+        raise CheckpointError(f"checkpoint {path} is truncated or corrupt ({detail}); {_OTHER}.") from None
+    fmt = state.get("format") if isinstance(state, dict) else None
+    if fmt not in (FORMAT, *OLD_FORMATS):
         raise CheckpointError(f"checkpoint {path} is not a {FORMAT} file; was it written by fasttomo?")
+    if fmt == FORMAT:
+        stored = state.get("checksum")
+        if not (isinstance(stored, dict) and isinstance(stored.get("digest"), str)):
+            raise CheckpointError(f"checkpoint {path} is corrupt: its checksum entry is missing or damaged; {_OTHER}.")
+        if verify and checksum(state) != stored["digest"]:
+            raise CheckpointError(
+                f"checkpoint {path} is corrupt: its contents do not match the checksum written with them (the file "
+                f"was damaged or changed after it was written); {_OTHER}.")
+    else:
+        log.warning("checkpoint %s has no checksum (written by an older fasttomo); its contents cannot be verified.",
+                    path)
     return state
+
+
+def read_config(path: str | Path) -> dict | None:
+    """The resolved config stored in checkpoint ``path`` (verified like :func:`load_checkpoint`);
+    None for a checkpoint without one."""
+    cfg = load_checkpoint(path).get("config")
+    return cfg if isinstance(cfg, dict) else None
+
+
+def find_checkpoint(path: str | Path) -> Path:
+    """``path`` itself when it is a file; for a run folder (or its ``checkpoints/`` folder) the
+    newest intact checkpoint in it (newest by modification time; damaged ones are skipped with a
+    warning). Raises :class:`CheckpointError` naming the folder when it holds none."""
+    path = Path(path)
+    if not path.is_dir():
+        return path
+    folder = path / "checkpoints" if (path / "checkpoints").is_dir() else path
+    candidates = sorted((p for p in folder.glob("*.pt") if p.is_file()), key=lambda p: p.stat().st_mtime_ns,
+                        reverse=True)
+    if not candidates:
+        raise CheckpointError(f"resume={path}: no checkpoint (*.pt) in {folder}; give a checkpoint file, or start "
+                              "a new run without resume.")
+    problems = []
+    for cand in candidates:
+        try:
+            load_checkpoint(cand)
+        except CheckpointError as exc:
+            problems.append(str(exc))
+            log.warning("skipping %s", exc)
+            continue
+        return cand
+    raise CheckpointError(f"resume={path}: none of the {len(candidates)} checkpoints in {folder} is intact "
+                          f"(first: {problems[0]}).")
+
+
+def load_optimizer_state(optimizer: torch.optim.Optimizer, state: dict) -> None:
+    """``optimizer.load_state_dict(state)`` that keeps this optimizer's implementation switches
+    (fused, foreach, capturable, differentiable): torch copies them from the saved param groups,
+    which would e.g. turn a fused optimizer into a for-each one when the checkpoint came from
+    another build."""
+    keys = ("fused", "foreach", "capturable", "differentiable")
+    impl = [{k: g[k] for k in keys if k in g} for g in optimizer.param_groups]
+    optimizer.load_state_dict(state)
+    for group, keep in zip(optimizer.param_groups, impl):
+        group.update(keep)
+    for group in optimizer.param_groups:  # fused/capturable keep `step` on the parameter's device
+        if group.get("fused") or group.get("capturable"):
+            for p in group["params"]:
+                st = optimizer.state.get(p, {})
+                step = st.get("step")
+                if torch.is_tensor(step) and step.device != p.device:
+                    st["step"] = step.to(device=p.device, dtype=torch.float32)
+                elif step is not None and not torch.is_tensor(step):
+                    st["step"] = torch.tensor(float(step), device=p.device, dtype=torch.float32)
 
 
 def rng_state(device: torch.device, reg_generator: torch.Generator | None = None) -> dict:
@@ -75,3 +226,7 @@ def set_rng_state(state: dict, device: torch.device, reg_generator: torch.Genera
         torch.cuda.set_rng_state(state["cuda"].cpu(), device)
     if reg_generator is not None and "reg" in state:
         reg_generator.set_state(state["reg"].cpu())
+
+
+__all__ = ["FORMAT", "CheckpointError", "save_checkpoint", "load_checkpoint", "read_config", "find_checkpoint",
+           "load_optimizer_state", "checksum", "rng_state", "set_rng_state"]

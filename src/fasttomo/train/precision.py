@@ -1,4 +1,6 @@
-"""Mixed precision: autocast for the field only, GradScaler for fp16.
+"""Mixed precision: autocast for the field only, GradScaler for fp16; and the optimizer step,
+which a device-side ``skip`` flag (the divergence guard's, see train/guard.py) can cancel
+without a host sync.
 
 Rays, rotations, poses and the line integral always run in fp32 (the callers disable autocast
 around them); the field's features and MLP run in the configured dtype.
@@ -40,9 +42,44 @@ class Precision:
     def backward(self, loss: torch.Tensor) -> None:
         self.scaler.scale(loss).backward()
 
-    def step(self, optimizer: torch.optim.Optimizer, params, grad_clip: float | None) -> None:
-        if grad_clip is not None:
+    def step(self, optimizer: torch.optim.Optimizer, params, grad_clip: float | None,
+             skip: torch.Tensor | None = None, grad_norm: torch.Tensor | None = None) -> None:
+        """Clip (optionally) and apply the update. ``skip`` (a 0/1 float device tensor) cancels
+        it on the device: the fused optimizer's ``found_inf`` input, or merged into the fp16
+        GradScaler's own overflow flag. ``grad_norm``, the norm of the unscaled gradients when
+        the caller measured it already, saves clipping a second pass."""
+        if self.scaler.is_enabled():
             self.scaler.unscale_(optimizer)
-            torch.nn.utils.clip_grad_norm_(params, grad_clip, foreach=True)
-        self.scaler.step(optimizer)
-        self.scaler.update()
+            if skip is not None:
+                _merge_into_scaler(self.scaler, optimizer, skip)
+            if grad_clip is not None:
+                torch.nn.utils.clip_grad_norm_(params, grad_clip, foreach=True)
+            self.scaler.step(optimizer)  # skipped when found_inf; the scale is lowered as for an overflow
+            self.scaler.update()
+            return
+        if grad_clip is not None:
+            if grad_norm is not None:
+                torch.nn.utils.clip_grads_with_norm_(params, grad_clip, grad_norm, foreach=True)
+            else:
+                torch.nn.utils.clip_grad_norm_(params, grad_clip, foreach=True)
+        if skip is None:
+            optimizer.step()
+        elif getattr(optimizer, "_step_supports_amp_scaling", False):  # fused: skips on the device
+            optimizer.grad_scale, optimizer.found_inf = None, skip
+            try:
+                optimizer.step()
+            finally:
+                del optimizer.grad_scale, optimizer.found_inf
+        elif not bool(skip):  # an optimizer without a device-side skip: one host sync per step
+            optimizer.step()
+
+
+def _merge_into_scaler(scaler: torch.amp.GradScaler, optimizer, skip: torch.Tensor) -> None:
+    """OR ``skip`` into the overflow flags unscale_ just computed (GradScaler keeps them per
+    optimizer and device); scaler.step then skips the update and update() lowers the scale."""
+    states = getattr(scaler, "_per_optimizer_states", None)
+    found = states[id(optimizer)].get("found_inf_per_device") if states else None
+    if not found:
+        raise RuntimeError("this torch's GradScaler keeps no per-device overflow flags; cannot merge the guard's flag")
+    for t in found.values():
+        t.copy_(torch.maximum(t, skip.to(device=t.device, dtype=t.dtype)))

@@ -2,7 +2,8 @@
 checkpoints. It is built from ``build.Components`` and knows nothing about config files.
 
 The step is sync-free: no ``.item()``, printing or host branching on device values except at log,
-validation, image and checkpoint steps.
+validation, image and checkpoint steps, and the divergence guard's check every guard.check_every
+steps (train/guard.py: bad steps are skipped on the device, rollbacks happen at those checks).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from fasttomo.logging import RunLogger
 from fasttomo.models.regularizers import SUBGRID_NOISE, needs_noise, regularization
 from fasttomo.train import checkpoint as ckpt
 from fasttomo.train.distributed import all_reduce_mean
+from fasttomo.train.guard import Guard
 
 log = logging.getLogger("fasttomo.train")
 
@@ -51,6 +53,10 @@ class Trainer:
         evaluation.curve_every = N it runs every N steps and its time is not counted as fit time."""
         self.curve: list[dict] = []
         """The probe's results: {"step", "fit_seconds", **scores} (the quality-against-time curve)."""
+        self.guard = Guard(self.cfg.guard, c.optimizer, c.device, c.world_size,
+                           check_grads=not c.precision.scaler.is_enabled(),
+                           base_lrs={g["name"]: b for g, b in zip(c.optimizer.param_groups, c.base_lrs)})
+        self.stop = None  # an object with should_stop(step) -> bool (fasttomo.stop.StopRequests), checked per step
 
     # ------------------------------------------------------------------ one step
     def _weighted_errors(self, pred: torch.Tensor, batch) -> torch.Tensor:
@@ -66,7 +72,7 @@ class Trainer:
         return parts
 
     def _set_lr(self, step: int) -> None:
-        f = self.c.schedule.factor(step, self.c.plateau)
+        f = self.c.schedule.factor(step, self.c.plateau) * self.guard.lr_scale  # lowered by guard rollbacks
         for group, base in zip(self.c.optimizer.param_groups, self.c.base_lrs):
             g = f
             if group["name"].startswith("pose_") and step < self.cfg.pose.start_step:
@@ -103,8 +109,10 @@ class Trainer:
             reg, parts = regularization(c.projector.field, self.cfg.loss, c.reg_generator, noise[:k] if k else None)
         loss = sum(data_parts.values()) + reg.float()
         c.precision.backward(loss)
-        c.precision.step(c.optimizer, [p for g in c.optimizer.param_groups for p in g["params"]],
-                         self.cfg.optim.grad_clip)
+        params = [p for g in c.optimizer.param_groups for p in g["params"]]
+        skip = self.guard.inspect(loss, params)  # device flag: a non-finite or exploding step changes nothing
+        c.precision.step(c.optimizer, params, self.cfg.optim.grad_clip, skip=skip,
+                         grad_norm=self.guard.grad_norm if skip is not None and self.guard.check_grads else None)
         return loss.detach(), {**{k: v.detach() for k, v in data_parts.items()},
                                **{k: v.detach() for k, v in parts.items()}}
 
@@ -222,6 +230,7 @@ class Trainer:
             "best": self.best,
             "curve": self.curve,
             "since_best": self._since_best,
+            "guard": self.guard.state_dict(),
             "config": to_dict(self.cfg),
         }
 
@@ -243,7 +252,7 @@ class Trainer:
         self._warn_config_changes(state.get("config") or {}, source)
         try:
             c.projector.load_state_dict(state["model"])
-            c.optimizer.load_state_dict(state["optimizer"])
+            ckpt.load_optimizer_state(c.optimizer, state["optimizer"])
             c.sampler.load_state_dict(state["sampler"])
         except (RuntimeError, ValueError, KeyError) as exc:
             raise ckpt.CheckpointError(
@@ -264,8 +273,9 @@ class Trainer:
         self.best = best
         self._since_best = int(state.get("since_best", 0))
         self.curve = [dict(r) for r in state.get("curve", [])]
+        self.guard.load_state_dict(state.get("guard"))
 
-    _FREE_ON_RESUME = ("resume", "name", "output", "logging", "optim.steps", "runtime.threads",
+    _FREE_ON_RESUME = ("resume", "name", "output", "logging", "optim.steps", "runtime.threads", "guard", "dry_run",
                        "runtime.cuda_graph")  # captured or eager: the same step
 
     def _warn_config_changes(self, saved: dict, source: str) -> None:
@@ -309,6 +319,7 @@ class Trainer:
         t_mark, step_mark = t_start, self.step
         paused = 0.0  # seconds spent in the probe, not fit time
         every = self.cfg.evaluation.curve_every
+        self.guard.start(self.step)
         try:
             while self.step < end:
                 step = self.step
@@ -328,6 +339,7 @@ class Trainer:
                     t_mark, step_mark = now, self.step
                     for g in c.optimizer.param_groups:
                         vals[f"lr/{g['name']}"] = float(g["lr"])
+                    vals.update(self.guard.scalars())
                     self.history.append([self.step, vals["loss/train"]])
                     run_log.scalars(self.step, vals)
                     if run_log.bar is not None:
@@ -348,6 +360,8 @@ class Trainer:
                 if (image_step or last) and self.main and lg.tensorboard:
                     for name, img in self.central_slices().items():
                         run_log.image(self.step, f"slices/{name}", img)
+                if self.guard.due(self.step) or self.step == end:
+                    self.guard.check(self.step, final=last)  # may roll back, or raise DivergenceError
                 if self.probe is not None and every and (self.step % every == 0 or last):
                     if c.device.type == "cuda":
                         torch.cuda.synchronize(c.device)
@@ -357,7 +371,13 @@ class Trainer:
                     paused += time.perf_counter() - t_probe
                     t_mark += time.perf_counter() - t_probe  # keep time/step_ms a measure of steps
                 if lg.checkpoint_every and self.step % lg.checkpoint_every == 0 and not last:
-                    self.save(f"step{self.step:07d}.pt")
+                    try:
+                        self.save(f"step{self.step:07d}.pt")
+                    except OSError as exc:  # a full disk must not end the training: the end still tries
+                        log.error("could not write the checkpoint of step %d (%s); training goes on", self.step,
+                                  exc.strerror or exc)
+                if self.stop is not None and self.stop.should_stop(self.step):
+                    break
         finally:
             if c.device.type == "cuda":
                 torch.cuda.synchronize(c.device)

@@ -1,0 +1,152 @@
+"""Writing a run's results so that no finished work is lost: the volume files first, then the
+checkpoint, each atomically; a failure to write one keeps the others, and when the run folder
+itself cannot be written (read-only, full) the checkpoint and one MRC volume go to a rescue
+folder under the system's temporary folder. The caller then raises :class:`OutputWriteError`,
+whose one line says what was saved where.
+
+Nothing non-finite is written: a volume with NaN/Inf voxels is not written at all (the caller
+reports divergence), and metrics.json is strict JSON (non-finite numbers become null).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+log = logging.getLogger("fasttomo")
+
+VOLUME_SUFFIX = {"mrc": "mrc", "h5": "h5", "tiff": "tif"}
+
+
+class OutputWriteError(OSError):
+    """Some results could not be written; the message says what was saved where."""
+
+
+def volume_names(cfg, stem: str = "volume", xzy: bool | None = None) -> list[str]:
+    """The volume files of ``cfg.output.formats`` named ``<stem>.<suffix>`` (plus ``<stem>_xzy.mrc``
+    with output.imod_xzy, unless ``xzy`` says otherwise)."""
+    names = [f"{stem}.{VOLUME_SUFFIX[f]}" for f in cfg.output.formats]
+    if cfg.output.imod_xzy if xzy is None else xzy:
+        names.append(f"{stem}_xzy.mrc")
+    return names
+
+
+def json_safe(obj):
+    """``obj`` with every non-finite float replaced by None (strict JSON has no NaN/Infinity),
+    numpy scalars and arrays turned into Python values."""
+    if isinstance(obj, dict):
+        return {str(k): json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [json_safe(v) for v in obj]
+    if isinstance(obj, np.ndarray):
+        return json_safe(obj.tolist())
+    if isinstance(obj, np.generic):
+        obj = obj.item()
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    return obj
+
+
+def dumps(obj) -> str:
+    """Strict JSON text of ``obj`` (see :func:`json_safe`)."""
+    return json.dumps(json_safe(obj), indent=2, allow_nan=False)
+
+
+def _reason(exc: BaseException) -> str:
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror
+    return " ".join(str(exc).split())[:160] or type(exc).__name__
+
+
+def write_volumes(out_dir: Path, volume: np.ndarray, cfg, pixel_size: float, attrs: dict, stem: str = "volume",
+                  xzy: bool | None = None) -> tuple[dict[str, str], dict[str, str]]:
+    """Write every configured volume file (each atomically; names of :func:`volume_names`).
+    Returns ({name: path}, {name: error})."""
+    from fasttomo.data.io.volume import write_volume
+
+    written, failed = {}, {}
+    for name in volume_names(cfg, stem, xzy):
+        rotated = name.endswith("_xzy.mrc")
+        fmt = "mrc" if rotated else {v: k for k, v in VOLUME_SUFFIX.items()}[name.rsplit(".", 1)[1]]
+        try:
+            written[name] = write_volume(out_dir / name, volume, pixel_size, label=f"fasttomo run {cfg.name}",
+                                         attrs=attrs, fmt=fmt, overwrite=True, imod_xzy=rotated)
+        except OSError as exc:
+            failed[name] = _reason(exc)
+            log.error("could not write %s (%s)", out_dir / name, failed[name])
+    return written, failed
+
+
+def rescue_folder(run_name: str) -> Path:
+    """A fresh folder under the system's temporary folder for results the run folder refused."""
+    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in run_name)[:40] or "run"
+    return Path(tempfile.mkdtemp(prefix=f"fasttomo-rescue-{safe}-"))
+
+
+def save_checkpoint_file(path: Path, state: dict) -> tuple[str | None, str | None]:
+    """(path written, None) or (None, error); never raises for an OSError."""
+    from fasttomo.train.checkpoint import save_checkpoint
+
+    try:
+        return str(save_checkpoint(path, state)), None
+    except OSError as exc:
+        reason = _reason(exc)
+        log.error("could not write the checkpoint %s (%s)", path, reason)
+        return None, reason
+
+
+def rescue(volume: np.ndarray | None, state: dict | None, cfg, pixel_size: float,
+           need_volume: bool, need_checkpoint: bool) -> dict[str, str]:
+    """Write what the run folder refused (the checkpoint, one MRC volume) to a rescue folder;
+    returns {what: path} for what it saved there."""
+    from fasttomo.data.io.volume import write_volume
+
+    saved: dict[str, str] = {}
+    if not (need_volume or need_checkpoint):
+        return saved
+    try:
+        folder = rescue_folder(cfg.name)
+    except OSError as exc:
+        log.error("could not create a rescue folder under %s either (%s)", tempfile.gettempdir(), _reason(exc))
+        return saved
+    if need_checkpoint and state is not None:
+        path, _ = save_checkpoint_file(folder / "last.pt", state)
+        if path:
+            saved["checkpoint"] = path
+    if need_volume and volume is not None:
+        try:
+            saved["volume"] = write_volume(folder / "volume.mrc", volume, pixel_size, label=f"fasttomo run {cfg.name}",
+                                           attrs={}, fmt="mrc", overwrite=True)
+        except OSError as exc:
+            log.error("could not write the rescue volume in %s (%s)", folder, _reason(exc))
+    if saved:
+        log.warning("saved to the rescue folder %s: %s", folder, ", ".join(saved))
+    else:
+        try:
+            os.rmdir(folder)
+        except OSError:
+            pass
+    return saved
+
+
+def write_failure_message(out_dir: Path, failed: dict[str, str], kept: dict[str, str], rescued: dict[str, str],
+                          resume_hint: str | None) -> str:
+    """One line: what could not be written, and what was saved where."""
+    what = "; ".join(f"{name} ({why})" for name, why in failed.items())
+    parts = [f"could not write {what} in {out_dir}"]
+    if kept:
+        parts.append("saved: " + ", ".join(kept.values()))
+    if rescued:
+        parts.append("rescued to: " + ", ".join(rescued.values()))
+    if not kept and not rescued:
+        parts.append("nothing could be saved")
+    fix = "free disk space or fix the folder's permissions"
+    if resume_hint:
+        fix += f", then write the results again without training: {resume_hint}"
+    return "; ".join(parts) + f". {fix[0].upper()}{fix[1:]}."

@@ -1,0 +1,449 @@
+"""The run folder: one run at a time (a lock file), a manifest of what the run writes, and the
+rules for reusing a folder.
+
+* ``reconstruct.lock`` is created exclusively (a hard link of a fully written file, so it never
+  exists half-written) and holds the owner's pid, host and start time; the owner keeps an
+  ``flock`` on it for as long as it runs. A second run refuses the folder, with or without
+  ``output.overwrite``. A lock whose owner is gone (killed, power cut: the kernel dropped its
+  flock) is taken over, and the log says so. Locks from another host are never taken over.
+* ``manifest.json`` (written atomically) lists what the run writes -- every output name or
+  pattern is recorded BEFORE the file is written, so even a killed run's files are known -- and
+  its status: ``running``, ``finished``, ``interrupted`` (a signal: volume and checkpoint so
+  far), ``diverged`` or ``failed`` (the error line is recorded too).
+* Reusing a folder (rank 0, under the lock, before anything else is written):
+
+  - empty or new: used;
+  - a finished run, or an unfinished one that left a checkpoint or a volume: refused, unless
+    ``output.overwrite=true`` (then every file its manifest lists is removed first) or this run
+    resumes from a checkpoint in that folder and the run there is not finished (then it
+    continues in place: the files are kept and replaced as the run writes them again);
+  - a run that failed or was killed before leaving a checkpoint or a volume: its files are
+    removed and the folder is used (the new log says so and repeats the old error);
+  - results of a fasttomo without manifests: treated alike by their file names.
+
+Files a user put in the folder are never touched: only what a manifest (or, for old runs, the
+list of fasttomo's result names) names is removed.
+"""
+
+from __future__ import annotations
+
+import datetime
+import errno
+import fnmatch
+import json
+import logging
+import os
+import socket
+import sys
+from pathlib import Path
+
+log = logging.getLogger("fasttomo")
+
+MANIFEST = "manifest.json"
+LOCK = "reconstruct.lock"
+FORMAT = "fasttomo-run-v1"
+LEGACY_RESULTS = ("metrics.json", "volume.mrc", "volume.h5", "volume.tif", "volume_xzy.mrc", "config.yaml",
+                  "slices.png", "reconstruct.log", "checkpoints/last.pt", "checkpoints/step*.pt",
+                  "tb/events.out.tfevents.*")
+WORK = ("checkpoints/*.pt", "volume.*", "volume_xzy.mrc")  # worth keeping: a run that wrote one did not "just fail"
+
+
+class OutputExistsError(FileExistsError):
+    """The output folder already holds results of an earlier run."""
+
+
+class OutputFolderError(OSError):
+    """The output folder cannot be used (not writable, in use by another run, too little space)."""
+
+
+def _now() -> str:
+    return datetime.datetime.now().astimezone().isoformat(timespec="seconds")
+
+
+def _proc_start(pid: int) -> str | None:
+    """The start time of process ``pid`` (Linux /proc), to tell a live owner from a reused pid."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+        return fields[19].decode()
+    except (OSError, IndexError):
+        return None
+
+
+def _pid_alive(pid: int, start: str | None) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    now = _proc_start(pid)
+    return start is None or now is None or now == start
+
+
+def _write_json_atomic(path: Path, obj: dict) -> None:
+    from fasttomo.data.io.atomic import atomic_write
+
+    text = json.dumps(obj, indent=2, allow_nan=False)
+    atomic_write(path, lambda tmp: Path(tmp).write_text(text + "\n", encoding="utf-8"), overwrite=True)
+
+
+# --------------------------------------------------------------------------------------- lock
+class RunLock:
+    """An exclusive, flock-held lock file (see the module doc)."""
+
+    def __init__(self, folder: Path):
+        self.path = Path(folder) / LOCK
+        self.fd: int | None = None
+        self.info = {"pid": os.getpid(), "host": socket.gethostname(), "started": _now(),
+                     "proc_start": _proc_start(os.getpid()), "command": " ".join(sys.argv)}
+
+    def _describe(self, info: dict) -> str:
+        return f"pid {info.get('pid', '?')} on host {info.get('host', '?')}, started {info.get('started', '?')}"
+
+    def _in_use(self, info: dict) -> OutputFolderError:
+        return OutputFolderError(
+            f"output folder {self.path.parent} is in use by another fasttomo run ({self._describe(info)}); wait for it "
+            f"to finish or choose another folder (e.g. hydra.run.dir=outputs/my_run2). If that run is gone, delete "
+            f"{self.path}.")
+
+    @staticmethod
+    def _read(fd: int) -> dict:
+        try:
+            os.lseek(fd, 0, os.SEEK_SET)
+            return json.loads(os.read(fd, 65536).decode("utf-8") or "{}")
+        except (OSError, ValueError):
+            return {}
+
+    def _write(self, fd: int) -> None:
+        data = json.dumps(self.info).encode()
+        os.ftruncate(fd, 0)
+        os.lseek(fd, 0, os.SEEK_SET)
+        os.write(fd, data)
+        os.fsync(fd)
+
+    def acquire(self) -> dict | None:
+        """Take the lock; returns the info of a dead owner whose lock was taken over (else None).
+        Raises :class:`OutputFolderError` when another live run holds it."""
+        import fcntl
+
+        for _ in range(20):
+            tmp = self.path.with_name(f".{LOCK}.{os.getpid()}.tmp")
+            if tmp.exists():
+                tmp.unlink()
+            fd = os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o644)
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            self._write(fd)
+            try:
+                os.link(tmp, self.path)
+            except FileExistsError:
+                os.close(fd)
+                tmp.unlink()
+            except OSError as err:  # no hard links on this file system: exclusive create of the name itself
+                os.close(fd)
+                tmp.unlink()
+                if err.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EXDEV, errno.EMLINK):
+                    raise
+                try:
+                    fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o644)
+                except FileExistsError:
+                    pass
+                else:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    self._write(fd)
+                    self.fd = fd
+                    return None
+            else:
+                tmp.unlink()
+                self.fd = fd
+                return None
+            # the lock exists: is its owner alive?
+            try:
+                fd = os.open(self.path, os.O_RDWR)
+            except FileNotFoundError:
+                continue  # released meanwhile: try again
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                info = self._read(fd)
+                os.close(fd)
+                raise self._in_use(info) from None
+            try:
+                same = os.stat(self.path).st_ino == os.fstat(fd).st_ino
+            except FileNotFoundError:
+                same = False
+            if not same:  # released (unlinked) or replaced between open and flock: start over
+                os.close(fd)
+                continue
+            old = self._read(fd)
+            if old.get("host") not in (None, self.info["host"]) or (
+                    isinstance(old.get("pid"), int) and old["pid"] != os.getpid()
+                    and _pid_alive(old["pid"], old.get("proc_start"))):
+                os.close(fd)  # another host's run, or a live owner on a file system without flock: never taken over
+                raise self._in_use(old)
+            self._write(fd)
+            self.fd = fd
+            return old or {"pid": "?", "host": "?", "started": "?"}
+        raise OutputFolderError(f"output folder {self.path.parent}: could not take the lock {self.path} (it keeps "
+                                "changing); is another run starting there? Choose another folder.")
+
+    def release(self) -> None:
+        if self.fd is None:
+            return
+        try:
+            if os.stat(self.path).st_ino == os.fstat(self.fd).st_ino:
+                self.path.unlink()
+        except OSError:
+            pass
+        os.close(self.fd)
+        self.fd = None
+
+
+# --------------------------------------------------------------------------------------- folder
+def _matches(folder: Path, pattern: str) -> list[Path]:
+    """Files under ``folder`` matching a relative ``pattern`` (glob in the last part only)."""
+    rel = Path(pattern)
+    parent = folder / rel.parent
+    if not parent.is_dir():
+        return []
+    if not any(ch in rel.name for ch in "*?["):
+        p = parent / rel.name
+        return [p] if p.is_file() or p.is_symlink() else []
+    return sorted(p for p in parent.iterdir()
+                  if fnmatch.fnmatchcase(p.name, rel.name) and (p.is_file() or p.is_symlink()))
+
+
+def _temp_leftovers(folder: Path, pattern: str) -> list[Path]:
+    """Temporary files of atomic writes of ``pattern`` (``.<name>.*.part``) a killed writer left."""
+    rel = Path(pattern)
+    parent = folder / rel.parent
+    if not parent.is_dir():
+        return []
+    glob = f".{rel.name}.*.part"
+    return sorted(p for p in parent.iterdir() if fnmatch.fnmatchcase(p.name, glob) and p.is_file())
+
+
+class RunFolder:
+    """The output folder of one run, opened by rank 0 (see the module doc).
+
+    ``open()`` takes the lock, decides whether the folder can be used, removes what must go and
+    writes the new manifest; ``will_write(name)`` records an output before it is written;
+    ``finish(status, ...)`` records the outcome and releases the lock."""
+
+    def __init__(self, path: str | os.PathLike, *, overwrite: bool = False, resume: str | None = None,
+                 outputs: list[str] | tuple[str, ...] = ()):
+        self.path = Path(path).resolve()
+        self.overwrite = overwrite
+        self.resume = Path(resume).resolve() if resume else None
+        self.outputs = list(dict.fromkeys([MANIFEST, *outputs]))
+        self.lock = RunLock(self.path)
+        self.manifest: dict = {}
+        self.notes: list[str] = []  # for the run's log, once it is open
+        self.continuing = False     # resuming in place: earlier files kept, the log appended to
+
+    # ---------------------------------------------------------------- opening
+    def open(self) -> "RunFolder":
+        try:
+            self.path.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise OutputFolderError(
+                f"cannot create output folder {self.path} ({exc.strerror or exc}); choose a folder you can write to "
+                "(hydra.run.dir=<folder> or output.dir=<folder>).") from None
+        try:
+            stale = self.lock.acquire()
+        except OutputFolderError:
+            raise
+        except OSError as exc:
+            raise OutputFolderError(f"cannot write to output folder {self.path} ({exc.strerror or exc}); choose a "
+                                    "folder you can write to (hydra.run.dir=<folder> or output.dir=<folder>), or fix "
+                                    "its permissions.") from None
+        try:
+            if stale:
+                self.notes.append(f"took over the lock of a run that is no longer running (pid {stale.get('pid')} on "
+                                  f"{stale.get('host')}, started {stale.get('started')}); its files are treated as "
+                                  "those of an interrupted run")
+            self._decide()
+            self.manifest.update({"format": FORMAT, "status": "running", "pid": os.getpid(),
+                                  "host": socket.gethostname(), "command": " ".join(sys.argv), "updated": _now()})
+            self.manifest.setdefault("started", _now())
+            self.manifest["outputs"] = list(dict.fromkeys([*self.manifest.get("outputs", []), *self.outputs]))
+            self.manifest.pop("error", None)
+            self._save()
+        except OutputExistsError:
+            self.lock.release()
+            raise
+        except OSError as exc:
+            self.lock.release()
+            raise OutputFolderError(f"cannot write to output folder {self.path} ({exc.strerror or exc}); choose a "
+                                    "folder you can write to, or fix its permissions.") from None
+        return self
+
+    def _previous(self) -> tuple[dict | None, list[str]]:
+        """(manifest of the run found in the folder or None, its output patterns)."""
+        path = self.path / MANIFEST
+        if path.is_file():
+            try:
+                prev = json.loads(path.read_text(encoding="utf-8"))
+                if isinstance(prev, dict) and prev.get("format") == FORMAT:
+                    return prev, list(prev.get("outputs", []))
+            except (OSError, ValueError):
+                pass
+            return {"status": "unknown"}, list(LEGACY_RESULTS) + [MANIFEST]
+        if any(_matches(self.path, n) for n in LEGACY_RESULTS):
+            return {"status": "legacy"}, list(LEGACY_RESULTS)
+        return None, []
+
+    def plan(self) -> dict:
+        """What opening the folder would do, without changing anything: ``action`` is ``new``,
+        ``continue`` (resume in place), ``replace`` (overwrite a run's files), ``reuse`` (remove a
+        failed run's files) or ``refuse`` (with ``error``)."""
+        prev, patterns = self._previous()
+        if prev is None:
+            return {"action": "new", "patterns": self.outputs, "status": None}
+        status = prev.get("status")
+        if status == "running":  # the caller holds the lock (or checked it), so its owner is gone: killed
+            status = "killed"
+        found = sorted({str(p.relative_to(self.path)) for n in patterns for p in _matches(self.path, n)} - {MANIFEST})
+        work = sorted({str(p.relative_to(self.path)) for n in WORK for p in _matches(self.path, n)})
+        if status == "legacy":  # a fasttomo without manifests: judge by the names
+            status = "finished" if (work or "metrics.json" in found) else "failed"
+        plan = {"prev": prev, "patterns": patterns, "status": status, "found": found}
+        resume_here = self.resume is not None and self.path in self.resume.parents
+        if resume_here and (status != "finished" or self.overwrite):
+            return {**plan, "action": "continue"}
+        if not found:
+            return {**plan, "action": "new"}
+        if status == "finished" or work:
+            if self.overwrite:
+                return {**plan, "action": "replace"}
+            what = ("results of an earlier run" if status in ("finished", "unknown")
+                    else f"the checkpoint or volume of an earlier {status} run")
+            hint = ("" if status in ("finished", "unknown") else
+                    f"continue it (fasttomo-reconstruct resume={self.path} hydra.run.dir={self.path}), ")
+            listing = ", ".join(found[:6]) + (", ..." if len(found) > 6 else "")
+            return {**plan, "action": "refuse", "error": (
+                f"output folder {self.path} already holds {what} ({listing}); {hint}choose a new folder (e.g. "
+                "hydra.run.dir=outputs/my_run2) or set output.overwrite=true to replace them.")}
+        return {**plan, "action": "reuse"}  # a failed or killed run without checkpoint or volume
+
+    def _decide(self) -> None:
+        plan = self.plan()
+        action, status, patterns = plan["action"], plan["status"], plan["patterns"]
+        if action == "refuse":
+            raise OutputExistsError(plan["error"])
+        if action == "new":
+            self._cleanup_temp(patterns)
+        elif action == "continue":
+            prev = plan["prev"]
+            self.continuing = True
+            self.manifest = {k: v for k, v in prev.items() if k in ("started", "outputs", "resumed")}
+            self.manifest.setdefault("outputs", patterns)
+            self.manifest.setdefault("resumed", []).append({"checkpoint": str(self.resume), "at": _now()})
+            self._cleanup_temp(self.manifest["outputs"])
+            self.notes.append(f"continuing the {status} run in {self.path} from {self.resume} (its files are kept "
+                              "and replaced as this run writes them again)")
+        elif action == "replace":
+            removed = self._remove(patterns)
+            self.notes.append(f"output.overwrite=true: removed the {len(removed)} file(s) of the earlier {status} run "
+                              f"in {self.path} ({', '.join(removed[:6])}{', ...' if len(removed) > 6 else ''})")
+        else:
+            error = plan["prev"].get("error") or _last_error(self.path / "reconstruct.log")
+            removed = self._remove(patterns)
+            self.notes.append(f"the folder held a {status} run without results (" + (f"its error: {error}; " if error
+                              else "") + f"started {plan['prev'].get('started', '?')}); removed its {len(removed)} "
+                              "file(s): " + ", ".join(removed[:6]))
+
+    def _remove(self, patterns: list[str]) -> list[str]:
+        removed = []
+        for n in patterns:
+            if n == LOCK:
+                continue
+            for p in _matches(self.path, n) + _temp_leftovers(self.path, n):
+                p.unlink()
+                removed.append(str(p.relative_to(self.path)))
+        for sub in sorted({Path(n).parent for n in patterns if Path(n).parent != Path(".")}, reverse=True):
+            try:
+                (self.path / sub).rmdir()  # only when empty: a user's files stay
+            except OSError:
+                pass
+        return removed
+
+    def _cleanup_temp(self, patterns: list[str]) -> None:
+        for n in patterns:
+            for p in _temp_leftovers(self.path, n):
+                p.unlink()
+
+    # ---------------------------------------------------------------- while running
+    def _save(self) -> None:
+        self.manifest["updated"] = _now()
+        _write_json_atomic(self.path / MANIFEST, self.manifest)
+
+    def will_write(self, *names: str) -> None:
+        """Record outputs (relative names or glob patterns) before writing them."""
+        new = [n for n in names if n not in self.manifest.get("outputs", [])]
+        if new:
+            self.manifest["outputs"] = [*self.manifest.get("outputs", []), *new]
+            self._save()
+
+    def finish(self, status: str, *, error: str | None = None, step: int | None = None,
+               extra: dict | None = None) -> None:
+        """Record the outcome (``finished``, ``interrupted``, ``diverged`` or ``failed``) and the
+        files written, then release the lock. Never raises (a folder that became unwritable
+        keeps the old manifest; the caller has logged what happened)."""
+        try:
+            self.manifest.update({"status": status, "ended": _now()})
+            if step is not None:
+                self.manifest["step"] = step
+            if error:
+                self.manifest["error"] = error
+            if extra:
+                self.manifest.update(extra)
+            files = sorted({p for n in self.manifest.get("outputs", []) for p in _matches(self.path, n)})
+            self.manifest["files"] = {str(p.relative_to(self.path)): p.stat().st_size for p in files
+                                      if p.name != MANIFEST}
+            self._save()
+        except (OSError, ValueError) as exc:
+            log.warning("could not update %s (%s)", self.path / MANIFEST, exc)
+        finally:
+            self.lock.release()
+
+
+def _last_error(log_path: Path) -> str | None:
+    try:
+        lines = log_path.read_text(encoding="utf-8", errors="replace").splitlines()
+    except OSError:
+        return None
+    errors = [ln.split("[ERROR] ", 1)[1] for ln in lines if "[ERROR] " in ln]
+    return errors[-1] if errors else None
+
+
+def inspect_folder(path: str | os.PathLike, *, overwrite: bool = False, resume: str | None = None) -> str:
+    """One line on what a run would do with folder ``path`` (the dry run's report); changes nothing."""
+    import fcntl
+
+    folder = Path(path)
+    if not folder.exists():
+        return "does not exist yet (it will be created)"
+    if not os.access(folder, os.W_OK):
+        return "NOT WRITABLE (the run would stop at once)"
+    lock = folder / LOCK
+    if lock.exists():
+        try:
+            fd = os.open(lock, os.O_RDONLY)
+        except OSError:
+            fd = None
+        if fd is not None:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except OSError:
+                info = RunLock._read(fd)
+                return (f"IN USE by another run (pid {info.get('pid', '?')} on {info.get('host', '?')}); the run would "
+                        "be refused")
+            finally:
+                os.close(fd)
+    plan = RunFolder(folder, overwrite=overwrite, resume=resume).plan()
+    return {"new": "empty or new: usable",
+            "continue": f"holds a {plan['status']} run: it would be continued in place",
+            "replace": f"holds a {plan['status']} run: its files would be removed first (output.overwrite=true)",
+            "reuse": f"holds a {plan['status']} run without results: its files would be removed",
+            "refuse": f"REFUSED: {plan.get('error')}"}[plan["action"]]

@@ -1,0 +1,53 @@
+"""Running fasttomo-reconstruct as a real process in tests (exit codes, signals, locks, kills)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+SRC = str(Path(__file__).resolve().parents[1] / "src")
+
+# a run of a few seconds on one CPU thread; add optim.steps=..., hydra.run.dir=...
+TINY = ["experiment=quick", "data.width=24", "data.height=20", "data.n_tilts=15", "model.resolutions=[8,16]",
+        "sampler.batch_size=128", "sampler.samples_per_ray=24", "logging=quiet", "runtime=cpu", "runtime.threads=1"]
+
+
+def _env() -> dict:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    env["PYTHONPATH"] = SRC + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    return env
+
+
+def cli(args: list[str], cwd: Path, timeout: int = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "fasttomo.reconstruct", *args], cwd=cwd, env=_env(),
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def start(args: list[str], cwd: Path, out: Path) -> subprocess.Popen:
+    """Start a run in the background, its output going to ``out``."""
+    fh = open(out, "w")
+    return subprocess.Popen([sys.executable, "-m", "fasttomo.reconstruct", *args], cwd=cwd, env=_env(),
+                            stdout=fh, stderr=subprocess.STDOUT, text=True)
+
+
+def wait_for_text(path: Path, text: str, proc: subprocess.Popen | None = None, timeout: float = 120) -> None:
+    """Wait until ``path`` holds ``text`` (fails early when ``proc`` ended first)."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if path.is_file() and text in path.read_text(errors="replace"):
+            return
+        if proc is not None and proc.poll() is not None:
+            raise AssertionError(f"the run ended (code {proc.returncode}) before {path} showed {text!r}")
+        time.sleep(0.05)
+    raise AssertionError(f"{path} did not show {text!r} within {timeout} s")
+
+
+def strict_json(path: Path):
+    """Parse as strict JSON: NaN/Infinity are not JSON."""
+    def bad(token):
+        raise ValueError(f"{path}: {token} is not valid JSON")
+    return json.loads(path.read_text(), parse_constant=bad)

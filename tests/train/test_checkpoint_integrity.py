@@ -1,0 +1,87 @@
+"""Checkpoints carry a checksum of their contents, verified at load (issue 10, case 2): damaged
+data is refused with an error naming the file, never loaded; error texts always say what is
+wrong and never advise loading with weights_only=False."""
+
+from __future__ import annotations
+
+import os
+import time
+import zipfile
+
+import pytest
+import torch
+
+from fasttomo.train.checkpoint import CheckpointError, checksum, find_checkpoint, load_checkpoint, save_checkpoint
+
+
+def _state():
+    g = torch.Generator().manual_seed(0)
+    return {"step": 7, "model": {"w": torch.randn(4000, generator=g), "idx": torch.arange(50)},
+            "history": [[1, 0.5], [2, 0.25]], "config": {"optim": {"steps": 7, "betas": [0.9, 0.99]}}}
+
+
+def _tensor_record(path) -> tuple[int, int]:
+    """(offset, size) of the largest stored record (the tensor data) inside the checkpoint zip."""
+    with zipfile.ZipFile(path) as z:
+        info = max(z.infolist(), key=lambda i: i.file_size)
+    with open(path, "rb") as f:
+        f.seek(info.header_offset + 26)
+        n, m = int.from_bytes(f.read(2), "little"), int.from_bytes(f.read(2), "little")
+    return info.header_offset + 30 + n + m, info.file_size
+
+
+def _assert_clear(msg: str, path) -> None:
+    assert str(path) in msg
+    assert "weights_only" not in msg and "weights_only=False" not in msg
+    assert not msg.rstrip().endswith(":"), msg
+
+
+def test_random_bytes_in_tensor_data_are_refused(tmp_path):
+    path = save_checkpoint(tmp_path / "ck.pt", _state())
+    assert load_checkpoint(path)["step"] == 7
+    offset, size = _tensor_record(path)
+    data = bytearray(path.read_bytes())
+    data[offset + 100: offset + 1100] = os.urandom(1000)  # 1000 random bytes into the tensor data
+    path.write_bytes(bytes(data))
+    with pytest.raises(CheckpointError, match="corrupt.*checksum") as info:
+        load_checkpoint(path)
+    _assert_clear(str(info.value), path)
+
+
+def test_empty_and_random_files_get_a_clear_reason(tmp_path):
+    empty = tmp_path / "empty.pt"
+    empty.write_bytes(b"")
+    with pytest.raises(CheckpointError, match=r"truncated or corrupt: the file is empty \(0 bytes\)") as info:
+        load_checkpoint(empty)
+    _assert_clear(str(info.value), empty)
+    noise = tmp_path / "noise.pt"
+    noise.write_bytes(os.urandom(5000))
+    with pytest.raises(CheckpointError, match="truncated or corrupt") as info:
+        load_checkpoint(noise)
+    _assert_clear(str(info.value), noise)
+
+
+def test_checksum_covers_values_and_structure():
+    a = _state()
+    b = _state()
+    assert checksum(a) == checksum(b)
+    b["history"][1][1] = 0.26
+    assert checksum(a) != checksum(b)
+    c = _state()
+    c["model"]["idx"] = c["model"]["idx"].to(torch.int32)  # same values, other dtype
+    assert checksum(a) != checksum(c)
+    d = _state()
+    d["config"]["optim"]["betas"] = (0.9, 0.99)  # a tuple comes back from torch.load as a tuple or list
+    assert checksum(a) == checksum(d)
+
+
+def test_resume_from_a_run_folder_takes_the_newest_intact_checkpoint(tmp_path):
+    ckdir = tmp_path / "run" / "checkpoints"
+    old = save_checkpoint(ckdir / "step0000010.pt", {**_state(), "step": 10})
+    time.sleep(0.01)
+    new = save_checkpoint(ckdir / "last.pt", {**_state(), "step": 20})
+    assert find_checkpoint(tmp_path / "run") == new
+    new.write_bytes(new.read_bytes()[:-200])  # the newest one is damaged: the older one is taken
+    assert find_checkpoint(tmp_path / "run") == old
+    with pytest.raises(CheckpointError, match="no checkpoint"):
+        find_checkpoint(tmp_path)

@@ -1,0 +1,65 @@
+"""Resume takes its config from the checkpoint (issue 10, case 7): the command line changes only
+what it names; what cannot change (model shape, data) is refused with the key named."""
+
+from __future__ import annotations
+
+import pytest
+
+from fasttomo.config import ConfigError, DataConfig
+from fasttomo.data.io import write_tiltseries
+from fasttomo.data.phantom import make_tiltseries
+from fasttomo.reconstruct import compose_config, run
+
+TINY = ["experiment=quick", "logging=quiet", "runtime=cpu", "runtime.threads=1", "model.resolutions=[8]",
+        "sampler.batch_size=128", "sampler.samples_per_ray=16"]
+
+
+@pytest.fixture(scope="module")
+def mrc_run(tmp_path_factory):
+    """A 4-step run on an MRC + .rawtlt series, with settings the defaults do not have."""
+    tmp = tmp_path_factory.mktemp("resume_cfg")
+    paths = write_tiltseries(tmp / "ph.mrc", make_tiltseries(DataConfig(width=16, height=16, n_tilts=9)), "mrc")
+    out = tmp / "first"
+    run(compose_config([*TINY, "data=mrc", f"data.path={paths[0]}", f"data.angles={paths[1]}", "data.thickness=8",
+                        "data.normalize=none", "optim.steps=4", "optim.lr_grids=0.03", f"output.dir={out}"]))
+    return tmp, out / "checkpoints" / "last.pt", paths
+
+
+def test_resume_alone_continues_the_saved_run(mrc_run):
+    tmp, ckpt, paths = mrc_run
+    cfg = compose_config([f"resume={ckpt}", "optim.steps=6", f"output.dir={tmp / 'more'}"])
+    assert cfg.data.source == "mrc" and cfg.data.path == paths[0] and cfg.data.thickness == 8
+    assert cfg.optim.steps == 6 and cfg.optim.lr_grids == 0.03 and cfg.model.resolutions == [8]
+    assert cfg.output.dir == str(tmp / "more") and cfg.resume == str(ckpt)
+    metrics = run(cfg)
+    assert metrics["steps"] == 6 and metrics["resumed_from"]["step"] == 4
+
+
+def test_resume_from_the_run_folder_and_free_overrides(mrc_run):
+    tmp, ckpt, paths = mrc_run
+    cfg = compose_config([f"resume={ckpt.parent.parent}", "logging.log_every=2", f"output.dir={tmp / 'x'}"])
+    assert cfg.resume == str(ckpt) and cfg.logging.log_every == 2 and cfg.data.thickness == 8
+    # repeating the original command's data settings changes nothing ...
+    again = [f"resume={ckpt}", "data=mrc", f"data.path={paths[0]}", "data.normalize=none", f"output.dir={tmp / 'x'}"]
+    assert compose_config(again).data.thickness == 8
+    # ... and a group option that would change the data names itself in the refusal
+    with pytest.raises(ConfigError, match=r"^data.normalize: cannot change .* by data=mrc\); .* Drop data=mrc from"):
+        compose_config([f"resume={ckpt}", "data=mrc", f"output.dir={tmp / 'x'}"])
+
+
+@pytest.mark.parametrize("override,key", [("model.channels=4", "model.channels"), ("data=phantom", "data.source"),
+                                          ("data.binning=2", "data.binning"),
+                                          ("sampler.batch_size=64", "sampler.batch_size")])
+def test_resume_refuses_what_cannot_change_naming_the_key(mrc_run, override, key):
+    tmp, ckpt, _ = mrc_run
+    with pytest.raises(ConfigError, match=rf"^{key}: cannot change when resuming from .*last\.pt"):
+        compose_config([f"resume={ckpt}", override, f"output.dir={tmp / 'y'}"])
+
+
+def test_resume_with_a_moved_data_file_is_allowed(mrc_run, tmp_path):
+    tmp, ckpt, paths = mrc_run
+    import shutil
+
+    moved = shutil.copy(paths[0], tmp_path / "moved.mrc")
+    cfg = compose_config([f"resume={ckpt}", f"data.path={moved}", f"output.dir={tmp_path / 'z'}"])
+    assert cfg.data.path == str(moved) and cfg.data.thickness == 8
