@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from fasttomo.build import build_intensity
+from fasttomo.build import background_start, build_intensity
 from fasttomo.config import DataConfig, IntensityConfig
 from fasttomo.data.phantom import make_tiltseries
 from fasttomo.intensity import Intensity
@@ -46,16 +46,22 @@ def test_background_starts_at_the_vacuum_estimate_or_the_given_value():
     ts = make_tiltseries(DataConfig(width=32, height=32, n_tilts=9))
     ts.stack = ts.stack + np.float32(40.0)
     scale = 80.0
-    learned = build_intensity(IntensityConfig(), ts, scale)
-    assert float(learned.offset.detach()) * scale == pytest.approx(40.0, rel=1e-6)
+    def make(**kw):
+        cfg = IntensityConfig(**kw)
+        return build_intensity(cfg, ts, scale, *background_start(cfg, ts))
+
+    default = make()
+    assert float(default.offset.detach()) * scale == pytest.approx(40.0, rel=1e-6) and not default.offset.requires_grad
+    learned = make(background="learn")
+    assert float(learned.offset.detach()) * scale == pytest.approx(40.0, rel=1e-6) and learned.offset.requires_grad
     assert ts.metadata["background_estimate"]["value"] == pytest.approx(40.0)
-    given = build_intensity(IntensityConfig(background="fixed", background_value=12.0), ts, scale)
+    given = make(background="fixed", background_value=12.0)
     assert float(given.offset) * scale == pytest.approx(12.0) and not given.offset.requires_grad
-    assert build_intensity(IntensityConfig(background="none"), ts, scale).describe(scale)["background"] == 0.0
+    assert make(background="none").describe(scale)["background"] == 0.0
 
 
 def _reconstruct(tmp: Path, stack_path: Path, angles: Path, *extra: str) -> dict:
-    out = tmp / ("run_" + stack_path.stem)
+    out = tmp / ("run_" + stack_path.stem + ("_" + str(len(list(tmp.glob("run_*")))) if extra else ""))
     cmd = [sys.executable, "-m", "fasttomo.reconstruct", "data=mrc", f"data.path={stack_path}",
            f"data.angles={angles}", "data.thickness=16", "experiment=quick", "logging=quiet", "runtime=cpu",
            "optim.steps=150", f"hydra.run.dir={out}", *extra]
@@ -67,13 +73,15 @@ def _reconstruct(tmp: Path, stack_path: Path, angles: Path, *extra: str) -> dict
     return metrics
 
 
-def test_camera_offset_is_learned_and_does_not_fill_the_box(tmp_path):
-    """uint16 counts with a 500-count pedestal, as a camera writes them, reconstructed with the
-    defaults, match the same projections without the pedestal."""
+def test_camera_offset_is_removed_and_does_not_fill_the_box(tmp_path):
+    """Noisy uint16 counts with a 500-count pedestal, as a camera writes them, reconstructed with
+    the defaults, match the same projections without the pedestal. (With intensity=learn this short
+    run let the offset drift to 492 counts and lost 0.1 in Pearson: why the default holds it.)"""
     ts = make_tiltseries(DataConfig(width=32, height=32, n_tilts=21))
     angles = tmp_path / "t.rawtlt"
     angles.write_text("\n".join(f"{a:.2f}" for a in ts.angles) + "\n")
     counts = 100.0 * ts.stack  # counts per unit of line integral
+    counts = counts + np.random.default_rng(3).normal(0.0, 0.05 * counts.max(), counts.shape)  # 5 % of the max
     paths = {}
     for name, data in (("float", counts.astype(np.float32)), ("camera", np.round(counts + 500.0).astype(np.uint16))):
         paths[name] = tmp_path / f"{name}.mrc"
@@ -82,13 +90,12 @@ def test_camera_offset_is_learned_and_does_not_fill_the_box(tmp_path):
             m.voxel_size = 10.0
     ref = _reconstruct(tmp_path, paths["float"], angles)
     cam = _reconstruct(tmp_path, paths["camera"], angles)
-    print(cam["intensity"], cam["background_estimate"]["value"], pearson(ref["volume"], ts.ground_truth), pearson(cam["volume"], ts.ground_truth))
-    assert cam["background_estimate"]["value"] == pytest.approx(500.0, abs=1.0)
-    assert cam["intensity"]["background"] == pytest.approx(500.0, abs=0.05 * float(counts.max()))
+    assert cam["background_estimate"]["value"] == pytest.approx(500.0, abs=0.02 * float(counts.max()))
+    assert cam["intensity"]["background"] == pytest.approx(cam["background_estimate"]["value"], rel=1e-6)
     truth = ts.ground_truth
     p_ref, p_cam = pearson(ref["volume"], truth), pearson(cam["volume"], truth)
     assert p_cam > p_ref - 0.02, (p_cam, p_ref)
     # what the old default did with the same file: the pedestal is rescaled, not removed, and the
     # quantile shift leaves the empty box with density to explain
     old = _reconstruct(tmp_path, paths["camera"], angles, "intensity=none", "data.normalize=quantile")
-    assert pearson(old["volume"], truth) < p_cam
+    assert pearson(old["volume"], truth) < p_cam - 0.02, (pearson(old["volume"], truth), p_cam)

@@ -81,17 +81,24 @@ def samples_per_ray(cfg: Config, box: Box, ts: TiltSeries) -> int:
     return s
 
 
-def build_intensity(cfg: IntensityConfig, ts: TiltSeries, scale: float) -> Intensity:
-    """The intensity model, its background starting at intensity.background_value or at the robust
-    vacuum estimate (in the sampler's units: stack / ``scale``)."""
+def background_start(cfg: IntensityConfig, ts: TiltSeries):
+    """(starting background in the stack's units, the vacuum estimate): intensity.background_value
+    or the robust vacuum estimate; 0 for background=none. The estimate is kept in ts.metadata."""
     from fasttomo.data.background import estimate_background
 
     est = estimate_background(ts.stack, ts.valid)
     ts.metadata["background_estimate"] = est.describe()
-    start = est.value if cfg.background_value is None else float(cfg.background_value)
+    if cfg.background == "none":
+        return 0.0, est
+    return (est.value if cfg.background_value is None else float(cfg.background_value)), est
+
+
+def build_intensity(cfg: IntensityConfig, ts: TiltSeries, scale: float, start: float, est) -> Intensity:
+    """The intensity model, its background at ``start`` (stack units; see :func:`background_start`),
+    in the sampler's units (stack / ``scale``)."""
     if cfg.background != "none":
-        log.info("intensity: background=%s, starting at %.6g (%s; vacuum estimate %.6g, tile spread %.3g, "
-                 "from the %d darkest %d-px tiles)", cfg.background, start,
+        log.info("intensity: background=%s at %.6g (%s; vacuum estimate %.6g, tile spread %.3g, from the %d darkest "
+                 "%d-px tiles)", cfg.background, start,
                  "intensity.background_value" if cfg.background_value is not None else "the vacuum estimate",
                  est.value, est.spread, est.n_tiles, est.block)
     else:
@@ -147,8 +154,10 @@ def build(cfg: Config, ts: TiltSeries, *, rank: int = 0, world_size: int = 1, lo
         cfg = dataclasses.replace(cfg, sampler=dataclasses.replace(cfg.sampler, batch_size=auto_batch_size(ts)))
         log.info("sampler: %d rays per step (about 1/256 of the series' %d pixels; set sampler.batch_size to "
                  "choose)", cfg.sampler.batch_size, ts.stack.size)
-    sampler = build_sampler(ts, cfg.sampler, seed=cfg.runtime.seed, device=device, rank=rank, world_size=world_size)
-    intensity = build_intensity(cfg.intensity, ts, sampler.scale)
+    start, est = background_start(cfg.intensity, ts)
+    sampler = build_sampler(ts, cfg.sampler, seed=cfg.runtime.seed, device=device, rank=rank, world_size=world_size,
+                            offset=start)
+    intensity = build_intensity(cfg.intensity, ts, sampler.scale, start, est)
     projector = Projector(field, poses, box, (ts.height, ts.width), samples_per_ray(cfg, box, ts),
                           intensity).to(device)
     model: torch.nn.Module = projector

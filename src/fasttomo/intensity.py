@@ -7,11 +7,13 @@ an offset (camera pedestal, an imperfectly subtracted vacuum level, inelastic ba
 beam current can drift from view to view; a field asked to explain an offset it cannot represent
 fills the whole box with density instead (the bias that the first normalization default caused).
 
-* ``background='learn'`` (default): one offset, learned with the field, starting at the robust
-  vacuum estimate of :mod:`fasttomo.data.background` (or ``intensity.background_value``).
+* ``background='fixed'`` (default): the robust vacuum estimate of :mod:`fasttomo.data.background`
+  (or ``intensity.background_value``), not learned.
+* ``background='learn'``: one offset, learned with the field, starting there. It trades against a
+  uniform density in the box (both explain nearly the same data), so it can drift early in a fit;
+  for data with no vacuum in the field of view, where the estimate is the thinnest specimen.
 * ``background='learn_per_view'``: the global offset plus one learned offset per view, starting at
   each view's own vacuum estimate (for series whose vacuum level wanders between views).
-* ``background='fixed'``: the starting value, not learned.
 * ``background='none'``: no offset (data that is already background-subtracted, by choice).
 * ``gain_per_view``: a learned gain per view, exp(g[view]), with the reference view's fixed at 1
   (a common gain is the density's own scale, so one view must hold it).
@@ -31,7 +33,7 @@ BACKGROUND_MODES = ("learn", "learn_per_view", "fixed", "none")
 
 
 class Intensity(nn.Module):
-    def __init__(self, n_views: int, reference_index: int, background: str = "learn", offset: float = 0.0,
+    def __init__(self, n_views: int, reference_index: int, background: str = "fixed", offset: float = 0.0,
                  view_offsets: np.ndarray | None = None, gain_per_view: bool = False) -> None:
         """``offset`` (normalized units) is the starting global background; ``view_offsets``
         (n_views,) the starting per-view backgrounds (``learn_per_view``: the per-view parameter

@@ -93,8 +93,10 @@ def _valid_mask(ts: TiltSeries) -> np.ndarray | None:
     return None if valid.all() else np.ascontiguousarray(valid)
 
 
-def robust_scale(stack: np.ndarray, valid: np.ndarray | None = None) -> float:
-    """The sampler's target scale: the 99.9th percentile of |value| over the valid pixels.
+def robust_scale(stack: np.ndarray, valid: np.ndarray | None = None, offset: float = 0.0) -> float:
+    """The sampler's target scale: the 99.9th percentile of |value - offset| over the valid pixels
+    (``offset``: the background the intensity model adds, so a camera pedestal does not shrink
+    the field's units).
 
     Robust to a few hot pixels, deterministic (a fixed-stride subsample of at most 2**22 values
     for large stacks), hence identical on every rank that holds the same data. Falls back to the
@@ -105,7 +107,7 @@ def robust_scale(stack: np.ndarray, valid: np.ndarray | None = None) -> float:
         return 1.0
     if values.size > _SCALE_MAX_VALUES:
         values = values[:: math.ceil(values.size / _SCALE_MAX_VALUES)]
-    mags = np.abs(values.astype(np.float64))
+    mags = np.abs(values.astype(np.float64) - float(offset))
     scale = float(np.percentile(mags, _SCALE_QUANTILE))
     if not (math.isfinite(scale) and scale > 0):
         scale = float(mags.max())
@@ -157,7 +159,7 @@ class RaySampler:
     kind = "base"
 
     def __init__(self, ts: TiltSeries, cfg: SamplerConfig, *, seed: int, device: torch.device,
-                 rank: int = 0, world_size: int = 1) -> None:
+                 rank: int = 0, world_size: int = 1, offset: float = 0.0) -> None:
         if not (isinstance(world_size, int) and world_size >= 1 and isinstance(rank, int) and 0 <= rank < world_size):
             raise ValueError(f"need 0 <= rank < world_size, got rank={rank!r}, world_size={world_size!r}.")
         self.cfg = cfg
@@ -173,7 +175,7 @@ class RaySampler:
         self._w = int(w)
 
         valid = _valid_mask(ts)
-        self.scale = robust_scale(ts.stack, valid)
+        self.scale = robust_scale(ts.stack, valid, offset)
         # Normalized stack, float32; masked pixels are set to 0 so targets are always finite.
         stack_n = ts.stack / np.float32(self.scale)
         if valid is not None:
@@ -348,8 +350,8 @@ class DeviceBatchSampler(RaySampler):
     kind = "device"
 
     def __init__(self, ts: TiltSeries, cfg: SamplerConfig, *, seed: int, device: torch.device,
-                 rank: int = 0, world_size: int = 1) -> None:
-        super().__init__(ts, cfg, seed=seed, device=device, rank=rank, world_size=world_size)
+                 rank: int = 0, world_size: int = 1, offset: float = 0.0) -> None:
+        super().__init__(ts, cfg, seed=seed, device=device, rank=rank, world_size=world_size, offset=offset)
         dev = self.device
         self._stack_d = torch.from_numpy(self._stack_n).to(dev)
         self._valid_d = None if self._valid is None else torch.from_numpy(self._valid.view(np.uint8)).to(dev)
@@ -480,8 +482,8 @@ class DataLoaderSampler(RaySampler):
     kind = "dataloader"
 
     def __init__(self, ts: TiltSeries, cfg: SamplerConfig, *, seed: int, device: torch.device,
-                 rank: int = 0, world_size: int = 1) -> None:
-        super().__init__(ts, cfg, seed=seed, device=device, rank=rank, world_size=world_size)
+                 rank: int = 0, world_size: int = 1, offset: float = 0.0) -> None:
+        super().__init__(ts, cfg, seed=seed, device=device, rank=rank, world_size=world_size, offset=offset)
         self.dataset = PixelDataset(self._stack_n, self._valid, self.shape)
         self._iter = None
         self._iter_key: tuple[int, int] | None = None  # (epoch, position) the iterator is at
@@ -530,9 +532,10 @@ class DataLoaderSampler(RaySampler):
 
 # --------------------------------------------------------------------------------------- factory
 def build_sampler(ts: TiltSeries, cfg: SamplerConfig, *, seed: int, device: torch.device,
-                  rank: int = 0, world_size: int = 1) -> RaySampler:
-    """The sampler named by ``cfg.kind`` (device or dataloader) for this rank's shard."""
+                  rank: int = 0, world_size: int = 1, offset: float = 0.0) -> RaySampler:
+    """The sampler named by ``cfg.kind`` (device or dataloader) for this rank's shard; ``offset``
+    is the background taken out of the scale (see :func:`robust_scale`)."""
     cls = {"device": DeviceBatchSampler, "dataloader": DataLoaderSampler}.get(cfg.kind)
     if cls is None:
         raise ConfigError(f"sampler.kind: must be device or dataloader, got {cfg.kind!r}.")
-    return cls(ts, cfg, seed=seed, device=torch.device(device), rank=rank, world_size=world_size)
+    return cls(ts, cfg, seed=seed, device=torch.device(device), rank=rank, world_size=world_size, offset=offset)
