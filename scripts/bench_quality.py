@@ -257,7 +257,7 @@ def main() -> None:
     import torch
 
     device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
-    case = "+".join(args.cases)  # one record per set of cases: a later run of other cases keeps this one
+    case = "-".join(args.cases)  # one record per set of cases: a later run of other cases keeps this one
     path = write_result("bench_quality", case, device, rows, out_dir=Path(args.out_dir) if args.out_dir else None,
                         cases={k: CASES[k] for k in args.cases}, n_tilts=N_TILTS, recipes=recipes,
                         sirt_iterations=SIRT_ITERATIONS, work=str(work))
