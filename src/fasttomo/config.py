@@ -196,9 +196,9 @@ class ModelConfig:
     channels: int = 8
     """C: feature channels per plane."""
     resolutions: Optional[list] = None
-    """Plane resolution per scale: an int (isotropic) or [rx, ry, rz] per scale. None: [N/4, N/2, N]
-    with N the largest side of the reconstruction box (three scales, the finest at one texel per
-    voxel along the box's longest side)."""
+    """Plane resolution per scale: an int (isotropic) or [rx, ry, rz] per scale. None: N, N/2, ...
+    with N the largest side of the reconstruction box, halving while a scale keeps >= 32 texels, at
+    most three scales ([32, 64] for the embedded phantom, [32, 64, 128] for a 128^3 box)."""
     decoder: str = "hybrid"
     """Decoder head: linear (one layer) or hybrid (Linear-ReLU-Linear-ReLU-Linear)."""
     hidden: int = 32

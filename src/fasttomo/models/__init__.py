@@ -12,10 +12,21 @@ from fasttomo.models.kplanes import KPlanesTILTED
 from fasttomo.models.voxel import VoxelField
 
 
+AUTO_COARSEST = 32
+"""model.resolutions=None: the coarsest automatic scale has at least this many texels."""
+AUTO_SCALES = 3
+"""model.resolutions=None: at most this many scales."""
+
+
 def auto_resolutions(box: Box) -> list[int]:
-    """model.resolutions=None: [N/4, N/2, N], N the largest side of the box."""
+    """model.resolutions=None: N (the largest side of the box), N/2, ... while a scale keeps at
+    least AUTO_COARSEST texels, at most AUTO_SCALES scales, coarsest first: [32, 64] for the
+    embedded 64 x 64 x 32 phantom, [32, 64, 128] for a 128^3 box, [128, 256, 512] for 512."""
     n = max(box.shape_zyx)
-    return [max(2, n // 4), max(2, n // 2), n]
+    scales = [n]
+    while len(scales) < AUTO_SCALES and scales[-1] // 2 >= AUTO_COARSEST:
+        scales.append(scales[-1] // 2)
+    return scales[::-1]
 
 
 def build_field(model_cfg: ModelConfig, box: Box) -> nn.Module:
