@@ -7,7 +7,7 @@
   truth (0.5 and 0.143 crossings, in Angstrom) when the volumes match.
 * :func:`split_holdout`: ``evaluation.holdout_views`` leaves views out of training;
   :func:`holdout_scores` compares each left-out image with the reconstruction's prediction of it
-  (Pearson per view, and the RMS residual in the stack's units).
+  (Pearson per view, and the RMS residual in the stack's units; metrics.projection_metrics).
 """
 
 from __future__ import annotations
@@ -117,20 +117,6 @@ def split_holdout(ts: TiltSeries, views_1based: list[int]) -> tuple[TiltSeries, 
     return train, hold
 
 
-def per_view_scores(measured: np.ndarray, predicted: np.ndarray, valid: np.ndarray | None) -> dict:
-    """Pearson and RMS residual of each view (valid pixels only)."""
-    corr, rms = [], []
-    for i in range(measured.shape[0]):
-        m = np.ones(measured.shape[1:], dtype=bool) if valid is None else valid[i]
-        a, b = measured[i][m].astype(np.float64), predicted[i][m].astype(np.float64)
-        da, db = a - a.mean(), b - b.mean()
-        den = np.sqrt((da * da).sum() * (db * db).sum())
-        corr.append(float((da * db).sum() / den) if den > 0 else float("nan"))
-        rms.append(float(np.sqrt(np.mean((a - b) ** 2))))
-    return {"pearson": corr, "rms_residual": rms, "pearson_mean": float(np.mean(corr)),
-            "pearson_min": float(np.min(corr))}
-
-
 @torch.no_grad()
 def predict_views(field_projector, angles: np.ndarray, chunk: int = 1 << 15) -> np.ndarray:
     """The images (n, H, W) that ``field_projector``'s field predicts at tilt ``angles`` (untouched
@@ -156,7 +142,12 @@ def predict_views(field_projector, angles: np.ndarray, chunk: int = 1 << 15) -> 
 
 
 def holdout_scores(hold: Holdout, predicted: np.ndarray) -> dict:
-    """Scores of the predicted held-out images (in the stack's units) against the measured ones."""
-    scores = per_view_scores(hold.stack, predicted, hold.valid)
-    scores["view_numbers"] = hold.view_numbers
-    return scores
+    """Scores of the predicted held-out images (in the stack's units, no fitted scale or offset)
+    against the measured ones: Pearson and RMS residual per view, their mean and worst."""
+    from fasttomo.metrics import projection_metrics
+
+    pm = projection_metrics(hold.stack, predicted, hold.valid, fit="none")
+    summary = pm.summary()
+    per_view = pm.to_json()
+    return {"view_numbers": hold.view_numbers, "pearson": per_view["pearson"], "rms_residual": per_view["rms"],
+            "pearson_mean": summary["pearson_mean"], "pearson_min": summary["pearson_min"]}

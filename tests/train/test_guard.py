@@ -126,11 +126,11 @@ def _nan_at(trainer: Trainer, steps: set[int]):
     original = trainer._data_loss
     calls = {"n": 0}
 
-    def data_loss(pred, batch):
-        out = original(pred, batch)
+    def data_loss(pred, batch, *rest):
+        out = original(pred, batch, *rest)
         i = calls["n"]
         calls["n"] += 1
-        return out * float("nan") if i in steps else out
+        return {k: v * float("nan") for k, v in out.items()} if i in steps else out
     trainer._data_loss = data_loss
 
 

@@ -21,7 +21,7 @@ def mrc_run(tmp_path_factory):
     paths = write_tiltseries(tmp / "ph.mrc", make_tiltseries(DataConfig(width=16, height=16, n_tilts=9)), "mrc")
     out = tmp / "first"
     run(compose_config([*TINY, "data=mrc", f"data.path={paths[0]}", f"data.angles={paths[1]}", "data.thickness=8",
-                        "data.normalize=none", "optim.steps=4", "optim.lr_grids=0.03", f"output.dir={out}"]))
+                        "data.normalize=quantile", "optim.steps=4", "optim.lr_grids=0.03", f"output.dir={out}"]))
     return tmp, out / "checkpoints" / "last.pt", paths
 
 
@@ -40,7 +40,7 @@ def test_resume_from_the_run_folder_and_free_overrides(mrc_run):
     cfg = compose_config([f"resume={ckpt.parent.parent}", "logging.log_every=2", f"output.dir={tmp / 'x'}"])
     assert cfg.resume == str(ckpt) and cfg.logging.log_every == 2 and cfg.data.thickness == 8
     # repeating the original command's data settings changes nothing ...
-    again = [f"resume={ckpt}", "data=mrc", f"data.path={paths[0]}", "data.normalize=none", f"output.dir={tmp / 'x'}"]
+    again = [f"resume={ckpt}", "data=mrc", f"data.path={paths[0]}", "data.normalize=quantile", f"output.dir={tmp / 'x'}"]
     assert compose_config(again).data.thickness == 8
     # ... and a group option that would change the data names itself in the refusal
     with pytest.raises(ConfigError, match=r"^data.normalize: cannot change .* by data=mrc\); .* Drop data=mrc from"):
