@@ -87,3 +87,10 @@ def test_learned_poses_are_scored_against_a_poses_file(tmp_path):
                 f"evaluation.true_poses={tmp_path / 'p_poses.json'}")
     pe = m["pose_errors"]
     assert pe["n_compared"] == 8 and pe["shift_rms_px"] > 0 and pe["rotation_rms_deg"] > 0
+
+
+def test_sirt_dry_run_checks_and_writes_nothing(tmp_path):
+    out = tmp_path / "dry"
+    report = run(compose_config([*TINY, "model=sirt", "dry_run=true", f"output.dir={out}"]))
+    assert report["model"] == "sirt" and report["box_zyx"] == [8, 16, 16] and report["memory_total_bytes"] > 0
+    assert not out.exists()

@@ -131,6 +131,8 @@ def dry_run(cfg: Config) -> dict:
         start = int(load_checkpoint(path)["step"])
         log.info("dry run: would resume from %s at step %d", path, start)
     ts = load_tiltseries(cfg.data)
+    if cfg.model.kind == "sirt":
+        return _dry_run_sirt(cfg, ts)
     comps = build(cfg, ts)
     mem = estimate_memory_bytes(cfg, comps)
     files = estimate_output_bytes(cfg, comps, start)
@@ -174,6 +176,33 @@ def dry_run(cfg: Config) -> dict:
         report["disk_free_bytes"] = int(free)
         lines.append(f"  output folder {folder.resolve()}: {state}; {human(free)} free on its disk"
                      + ("" if free >= sum(files.values()) + MARGIN_BYTES else " -- NOT ENOUGH for this run"))
+    for line in lines:
+        log.info("%s", line)
+    return report
+
+
+def _dry_run_sirt(cfg: Config, ts) -> dict:
+    """The dry run of model=sirt: data, box, a memory estimate (the volume, its weights and update,
+    the stack, its residual and ray weights, fp32) and the folder's state; nothing is written."""
+    from fasttomo.build import reconstruction_box, resolve_device
+    from fasttomo.runfolder import inspect_folder
+
+    box = reconstruction_box(cfg, ts)
+    device = resolve_device(cfg.runtime.device)
+    vol = 4 * math.prod(box.shape_zyx)
+    stack = 4 * int(ts.stack.size)
+    mem = {"volume, C weights, update": 3 * vol, "stack, R weights, residual": 3 * stack}
+    report = {"device": str(device), "model": "sirt", "box_zyx": list(box.shape_zyx), "iterations": cfg.model.iterations,
+              "memory_bytes": mem, "memory_total_bytes": sum(mem.values())}
+    lines = ["dry run: config and data are valid; nothing was reconstructed or written.",
+             f"  data: {ts.n_tilts} tilts of {ts.height} x {ts.width} pixels, {ts.pixel_size:.4g} A/pixel",
+             f"  model: SIRT, {cfg.model.iterations} iterations, box (Z, Y, X) = {tuple(box.shape_zyx)}",
+             f"  memory on {device} (estimate): {human(sum(mem.values()))}"]
+    if cfg.output.dir:
+        folder = Path(cfg.output.dir)
+        state = inspect_folder(folder, overwrite=cfg.output.overwrite, resume=cfg.resume)
+        report["output_folder"] = {"path": str(folder.resolve()), "state": state}
+        lines.append(f"  output folder {folder.resolve()}: {state}")
     for line in lines:
         log.info("%s", line)
     return report
