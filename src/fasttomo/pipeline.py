@@ -88,7 +88,7 @@ def _write_text(path: Path, text: str, overwrite: bool) -> None:
 def run_reconstruction(cfg: Config) -> dict:
     """Run one reconstruction described by ``cfg`` (cfg.output.dir must be set); returns metrics."""
     from fasttomo.data.load import load_tiltseries
-    from fasttomo.outputs import dumps, save_checkpoint_file, write_volumes
+    from fasttomo.outputs import save_checkpoint_file, write_volumes
     from fasttomo.scoring import attach_truth, split_holdout
     from fasttomo.preflight import check_free_space
     from fasttomo.resume import refuse_immutable
@@ -217,18 +217,8 @@ def run_reconstruction(cfg: Config) -> dict:
                 if cfg.resume:
                     metrics["resumed_from"] = {"checkpoint": str(resume_path), "step": steps_before}
                 _field_scores(cfg, comps, trainer, ts, hold, exported_step, metrics)
-            if finite and not interrupted and cfg.evaluation.half_sets:
-                halves = _half_sets(cfg, ts, out_dir, rank, world, local_rank, written, failed)
-                if main:
-                    metrics["half_sets"] = halves
-            if main:
-                if finite:
-                    _pictures(cfg, out_dir, volume, ts, metrics, failed)
-                metrics["wall_seconds"] = time.perf_counter() - t0
-                try:
-                    _write_text(out_dir / "metrics.json", dumps(metrics), True)
-                except OSError as exc:
-                    failed["metrics.json"] = exc.strerror or str(exc)
+            _finish(cfg, ts, out_dir, volume, metrics, written, failed, t0, rank, world, local_rank,
+                    half_sets=finite and not interrupted, pictures=finite)
             problem = broadcast_object(_write_problem(out_dir, cfg, failed, written, volume, state, ts, finite,
                                                       resume_cmd) if main else None)
             if problem:
@@ -382,6 +372,29 @@ def _pose_errors(learned: dict, path: str, ts) -> dict:
     return pose_errors(learned, sub)
 
 
+# --------------------------------------------------------------------------------------- the end of a run
+def _finish(cfg: Config, ts, out_dir: Path, volume, metrics: dict, written: dict, failed: dict, t0: float,
+            rank: int, world: int, local_rank: int, half_sets: bool = True, pictures: bool = True) -> None:
+    """After the volume (and checkpoint): the half sets (collective, when asked and ``half_sets``),
+    then on rank 0 the pictures (``pictures``), the wall time and metrics.json; what cannot be
+    written is recorded in ``failed``."""
+    from fasttomo.outputs import dumps
+
+    if half_sets and cfg.evaluation.half_sets:
+        halves = _half_sets(cfg, ts, out_dir, rank, world, local_rank, written, failed)
+        if rank == 0:
+            metrics["half_sets"] = halves
+    if rank != 0:
+        return
+    if pictures:
+        _pictures(cfg, out_dir, volume, ts, metrics, failed)
+    metrics["wall_seconds"] = time.perf_counter() - t0
+    try:
+        _write_text(out_dir / "metrics.json", dumps(metrics), True)
+    except OSError as exc:
+        failed["metrics.json"] = exc.strerror or str(exc)
+
+
 # --------------------------------------------------------------------------------------- pictures
 def _pictures(cfg: Config, out_dir: Path, volume: np.ndarray, ts, metrics: dict, failed: dict) -> None:
     """Scores against a ground truth (into ``metrics``), slices.png, fsc_truth.png and loss.png
@@ -436,7 +449,7 @@ def _sirt_run(cfg: Config, ts, hold, out_dir: Path, folder, main: bool, rank: in
     files as a field's run, without a checkpoint."""
     from fasttomo.build import reconstruction_box, resolve_device
     from fasttomo.conventional.baseline import run_sirt
-    from fasttomo.outputs import OutputWriteError, dumps, write_volumes
+    from fasttomo.outputs import OutputWriteError, write_volumes
     from fasttomo.train.distributed import broadcast_object, destroy_distributed
 
     metrics, volume, written, failed = {}, None, {}, {}
@@ -447,17 +460,7 @@ def _sirt_run(cfg: Config, ts, hold, out_dir: Path, folder, main: bool, rank: in
         attrs = {"run": cfg.name, "config": to_dict(cfg), "units": "input stack units per voxel"}
         written, failed = write_volumes(out_dir, volume, cfg, ts.pixel_size, attrs)
         metrics["status"] = "finished"
-    if cfg.evaluation.half_sets:
-        halves = _half_sets(cfg, ts, out_dir, rank, world, local_rank, written, failed)
-        if main:
-            metrics["half_sets"] = halves
-    if main:
-        _pictures(cfg, out_dir, volume, ts, metrics, failed)
-        metrics["wall_seconds"] = time.perf_counter() - t0
-        try:
-            _write_text(out_dir / "metrics.json", dumps(metrics), True)
-        except OSError as exc:
-            failed["metrics.json"] = exc.strerror or str(exc)
+    _finish(cfg, ts, out_dir, volume, metrics, written, failed, t0, rank, world, local_rank)
     problem = broadcast_object(f"could not write {', '.join(f'{k} ({v})' for k, v in failed.items())} in {out_dir}; "
                                f"written: {', '.join(written) or 'nothing'}" if main and failed else None)
     if problem:
