@@ -149,7 +149,8 @@ def build(cfg: Config, ts: TiltSeries, *, rank: int = 0, world_size: int = 1, lo
     torch.manual_seed(cfg.runtime.seed)
     field = build_field(cfg.model, box)
     poses = Poses(ts.angles, ts.reference_index(), learn_rotations=cfg.pose.learn and cfg.pose.learn_rotations,
-                  learn_shifts=cfg.pose.learn and cfg.pose.learn_shifts, learn_z1=cfg.pose.learn_z1)
+                  learn_shifts=cfg.pose.learn and cfg.pose.learn_shifts, learn_z1=cfg.pose.learn_z1,
+                  free_reference_shift=cfg.pose.free_reference_shift)
     if cfg.sampler.batch_size is None:
         cfg = dataclasses.replace(cfg, sampler=dataclasses.replace(cfg.sampler, batch_size=auto_batch_size(ts)))
         log.info("sampler: %d rays per step (about 1/256 of the series' %d pixels; set sampler.batch_size to "

@@ -263,6 +263,10 @@ class PoseConfig:
     programs call the per-view rotation."""
     learn_shifts: bool = True
     """With learn=true: refine the 2-D image shifts."""
+    free_reference_shift: bool = True
+    """With learn_shifts: learn the reference view's shift too during the fit (the volume's
+    position is then a free direction instead of a slow one) and report poses and volume in the
+    frame where it is zero (fasttomo.geometry.poses); false pins it to zero throughout."""
     start_step: int = 0
     """Pose refinement starts after this many steps (the field settles first)."""
 

@@ -56,12 +56,16 @@ class Projector(nn.Module):
     def volume(self, shape_zyx: tuple[int, int, int] | None = None, chunk: int = 1 << 18,
                z_range: tuple[int, int] | None = None) -> torch.Tensor:
         """Density at voxel centres of the box (or of ``shape_zyx`` resampling it), fp32 (Z, Y, X).
-        ``z_range`` selects a slab of Z planes (used to shard the export across ranks)."""
+        ``z_range`` selects a slab of Z planes (used to shard the export across ranks). The volume is
+        given in the frame where the reference view's shift is zero (``Poses.gauge_translation``)."""
         grid = voxel_grid(self.box, shape_zyx)  # (Z, Y, X, 3) normalized xyz
         if z_range is not None:
             grid = grid[z_range[0]:z_range[1]]
         param = next(self.field.parameters())
         pts = grid.reshape(-1, 3).to(param.device)
+        if self.poses.free_reference_shift:
+            t = self.poses.gauge_translation().to(pts.device)
+            pts = self.box.normalize(self.box.denormalize(pts) - t)
         out = torch.empty(pts.shape[0], device=param.device, dtype=torch.float32)
         for i in range(0, pts.shape[0], chunk):
             out[i:i + chunk] = self.density(pts[i:i + chunk])

@@ -26,8 +26,9 @@ from fasttomo.geometry.so3 import rot_y, rot_z
 
 class Poses(torch.nn.Module):
     def __init__(self, angles_deg: np.ndarray, reference_index: int, learn_rotations: bool = False,
-                 learn_shifts: bool = False, learn_z1: bool = True) -> None:
-        """``learn_rotations`` learns z3 and, with ``learn_z1``, z1."""
+                 learn_shifts: bool = False, learn_z1: bool = True, free_reference_shift: bool = False) -> None:
+        """``learn_rotations`` learns z3 and, with ``learn_z1``, z1; ``free_reference_shift`` (with
+        ``learn_shifts``) learns the reference view's shift too (module docstring)."""
         super().__init__()
         angles = np.asarray(angles_deg, dtype=np.float64)
         if angles.ndim not in (1, 2) or angles.shape[0] < 1:
@@ -43,6 +44,10 @@ class Poses(torch.nn.Module):
         mask = torch.ones(n)
         mask[reference_index] = 0.0
         self.register_buffer("free_mask", mask)
+        self.free_reference_shift = bool(free_reference_shift and learn_shifts)
+        # not persistent: checkpoints of either kind load into either kind
+        self.register_buffer("shift_mask", torch.ones(n) if self.free_reference_shift else mask.clone(),
+                             persistent=False)
         self.z1 = torch.nn.Parameter(torch.zeros(n), requires_grad=self.learn_rotations and bool(learn_z1))
         self.z3 = torch.nn.Parameter(torch.zeros(n), requires_grad=self.learn_rotations)
         self.shifts = torch.nn.Parameter(torch.zeros(n, 2), requires_grad=self.learn_shifts)
@@ -66,7 +71,32 @@ class Poses(torch.nn.Module):
 
     def _effective(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         m = self.free_mask
-        return self.z1 * m, self.z3 * m, self.shifts * m.unsqueeze(-1)
+        return self.z1 * m, self.z3 * m, self.shifts * self.shift_mask.unsqueeze(-1)
+
+    @torch.no_grad()
+    def gauge_translation(self) -> torch.Tensor:
+        """(3,) fp32 volume translation t (voxels, xyz) that brings the reference view's learned
+        shift to zero: t = R_ref^T (su_ref, sv_ref, 0). Zeros unless ``free_reference_shift``."""
+        ref = self.reference_index
+        if not self.free_reference_shift:
+            return torch.zeros(3, device=self.shifts.device)
+        with torch.autocast(device_type=self.theta.device.type, enabled=False):
+            theta = self.theta[ref].mean().reshape(1)
+            r = rot_y(theta)[0]   # the reference view's z1 = z3 = 0 (masked)
+            s = torch.cat((self.shifts[ref].float(), self.shifts.new_zeros(1)))
+            return r.t() @ s
+
+    @torch.no_grad()
+    def _reported_shifts(self) -> torch.Tensor:
+        """(N, 2) shifts in the frame where the reference shift is zero: s_n - P R_n t."""
+        z1, z3, shifts = self._effective()
+        if not self.free_reference_shift:
+            return shifts
+        theta = self.theta if not self.per_line else self.theta.mean(dim=1)
+        r = rot_z(z3) @ rot_y(theta) @ rot_z(z1)
+        out = shifts - (r @ self.gauge_translation())[:, :2]
+        out[self.reference_index] = 0.0
+        return out
 
     def forward(self, tilt: torch.Tensor, row: torch.Tensor | None = None
                 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -92,7 +122,8 @@ class Poses(torch.nn.Module):
     @torch.no_grad()
     def describe(self) -> dict:
         """Per-view pose values in user units (degrees, pixels) for metrics.json (host sync)."""
-        z1, z3, shifts = (t.detach().double().cpu() for t in self._effective())
+        z1, z3, _ = (t.detach().double().cpu() for t in self._effective())
+        shifts = self._reported_shifts().double().cpu()
         ang = self.angles_deg()
         if ang.ndim == 2:
             ang = ang.mean(axis=1)
