@@ -429,7 +429,7 @@ class LossConfig:
     s3im: float = 0.0
     """Weight of the S3IM term (stochastic structural similarity over random groups of the batch's
     rays, added to the data term; 0 turns it off)."""
-    plane_tv: float = 1e-4
+    plane_tv: float = 3e-3
     """Weight of the plane total variation (K-Planes planes)."""
     volume_tv: float = 1e-3
     """Weight of the volume total variation (on density of a random sub-grid, or the voxel grid)."""
