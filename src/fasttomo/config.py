@@ -587,6 +587,10 @@ class EvaluationConfig:
     """Also reconstruct the even and the odd views separately (two more fits, same settings) and
     report their Fourier shell correlation (the 0.143 crossing is the usual resolution estimate of
     the full reconstruction), and write volume_even.mrc / volume_odd.mrc. Needs no ground truth."""
+    view_residuals: bool = True
+    """Predict every training view with the fit (field, learned poses, intensity model) and report
+    the Pearson correlation and RMS residual per view in metrics.json: the view the others do not
+    explain (a bad tilt, a stage jump) stands out. Costs one forward pass over all pixels."""
 
     def __post_init__(self) -> None:
         _require(isinstance(self.curve_every, int) and self.curve_every >= 0, "evaluation.curve_every",
@@ -595,6 +599,8 @@ class EvaluationConfig:
                  "evaluation.holdout_views", f"must be 1-based view numbers (integers >= 1), got {self.holdout_views!r}.")
         _require(isinstance(self.half_sets, bool), "evaluation.half_sets",
                  f"must be true or false, got {self.half_sets!r}.")
+        _require(isinstance(self.view_residuals, bool), "evaluation.view_residuals",
+                 f"must be true or false, got {self.view_residuals!r}.")
 
 
 # --------------------------------------------------------------------------------------- output

@@ -332,7 +332,7 @@ def _truth_probe(trainer, ts):
 def _field_scores(cfg: Config, comps, trainer, ts, hold, exported_step: int, metrics: dict) -> None:
     """The field's evaluation entries of metrics.json (rank 0): exported step, best validation,
     early stop, the quality curve, learned poses against a truth file, held-out views."""
-    from fasttomo.scoring import holdout_scores, predict_views
+    from fasttomo.scoring import holdout_scores, predict_views, view_residuals
 
     metrics["exported_step"] = exported_step
     if trainer.best is not None:
@@ -353,6 +353,13 @@ def _field_scores(cfg: Config, comps, trainer, ts, hold, exported_step: int, met
         metrics["holdout"] = holdout_scores(hold, pred * comps.sampler.scale + bg)
         log.info("held-out views %s: reprojection Pearson %s", hold.view_numbers,
                  ", ".join(f"{v:.4f}" for v in metrics["holdout"]["pearson"]))
+    if cfg.evaluation.view_residuals:
+        with trainer.exported_field():
+            vr = view_residuals(comps.projector, ts, comps.sampler.scale)
+        metrics["view_residuals"] = vr
+        worst = ", ".join(f"{v} ({vr['pearson'][vr['view_numbers'].index(v)]:.4f})" for v in vr["worst_views"])
+        log.info("training views explained by the fit: Pearson %.4f on average, worst views %s", vr["pearson_mean"],
+                 worst)
 
 
 def _pose_errors(learned: dict, path: str, ts) -> dict:

@@ -118,18 +118,10 @@ def split_holdout(ts: TiltSeries, views_1based: list[int]) -> tuple[TiltSeries, 
 
 
 @torch.no_grad()
-def predict_views(field_projector, angles: np.ndarray, chunk: int = 1 << 15) -> np.ndarray:
-    """The images (n, H, W) that ``field_projector``'s field predicts at tilt ``angles`` (untouched
-    poses, no intensity model): line integrals in the projector's normalized units."""
-    from fasttomo.geometry.poses import Poses
-    from fasttomo.projector import Projector
-
-    src = field_projector
-    h, w = src.image_hw
-    device = next(src.field.parameters()).device
-    poses = Poses(angles, int(np.argmin(np.abs(angles if angles.ndim == 1 else angles.mean(axis=1))))).to(device)
-    proj = Projector(src.field, poses, src.box, src.image_hw, src.samples_per_ray)
-    n = len(angles)
+def _render(proj, n: int, chunk: int) -> np.ndarray:
+    """Every pixel of views 0..n-1 through ``proj`` (a Projector): (n, H, W) numpy."""
+    h, w = proj.image_hw
+    device = next(proj.field.parameters()).device
     ids = torch.arange(n * h * w, device=device)
     out = torch.empty(n * h * w, device=device)
     for lo in range(0, ids.numel(), chunk):
@@ -139,6 +131,40 @@ def predict_views(field_projector, angles: np.ndarray, chunk: int = 1 << 15) -> 
         row = torch.div(rem, w, rounding_mode="floor")
         out[lo:lo + chunk] = proj(tilt, row, rem - row * w)
     return out.reshape(n, h, w).cpu().numpy()
+
+
+@torch.no_grad()
+def predict_views(field_projector, angles: np.ndarray, chunk: int = 1 << 15) -> np.ndarray:
+    """The images (n, H, W) that ``field_projector``'s field predicts at tilt ``angles`` (untouched
+    poses, no intensity model): line integrals in the projector's normalized units."""
+    from fasttomo.geometry.poses import Poses
+    from fasttomo.projector import Projector
+
+    src = field_projector
+    device = next(src.field.parameters()).device
+    poses = Poses(angles, int(np.argmin(np.abs(angles if angles.ndim == 1 else angles.mean(axis=1))))).to(device)
+    proj = Projector(src.field, poses, src.box, src.image_hw, src.samples_per_ray)
+    return _render(proj, len(angles), chunk)
+
+
+def view_residuals(projector, ts: TiltSeries, scale: float, chunk: int = 1 << 15) -> dict:
+    """How well the fit explains each training view: the projector (field, learned poses,
+    intensity model) predicts every pixel, compared in the stack's units with the measured image
+    (Pearson and RMS residual per view, no fitted scale or offset). A view that the others do not
+    explain (a bad tilt, a jump in the stage, a frame with a different dose) stands out. Returns
+    per-view lists (1-based view numbers, tilt, Pearson, RMS residual), their mean and the three
+    worst views by Pearson."""
+    from fasttomo.metrics import projection_metrics
+
+    pred = _render(projector, ts.n_tilts, chunk) * float(scale)
+    pm = projection_metrics(ts.stack, pred, ts.valid, fit="none").to_json()
+    numbers = list(ts.metadata.get("view_numbers") or range(1, ts.n_tilts + 1))
+    angles = ts.angles if ts.angles.ndim == 1 else ts.angles.mean(axis=1)
+    r = np.asarray(pm["pearson"], dtype=np.float64)
+    worst = [int(i) for i in np.argsort(np.where(np.isfinite(r), r, np.inf))[:3]]
+    return {"view_numbers": numbers, "tilt_deg": [float(a) for a in angles], "pearson": pm["pearson"],
+            "rms_residual": pm["rms"], "pearson_mean": float(np.nanmean(r)),
+            "worst_views": [numbers[i] for i in worst]}
 
 
 def holdout_scores(hold: Holdout, predicted: np.ndarray) -> dict:
