@@ -15,6 +15,7 @@ against a measured device-to-device copy ceiling (bytes read + written).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 from pathlib import Path
@@ -185,51 +186,48 @@ def main() -> int:
     row("fused bf16 out", "tilted_kplanes", "fwd", *m, b_fwd - N * F * 2, speedup_vs_twin=twin_fwd / m[0])
 
     for bn in (32, 128):
-        m = time_ms(lambda: kp.kplanes_forward(pts, M, x, T, C, res, False, block_n=bn), reps=args.reps)
+        tu = kp.KPlanesTuning(fwd_block_n=bn)
+        m = time_ms(lambda: kp.kplanes_forward(pts, M, x, lay, False, tu), reps=args.reps)
         row(f"fused fp32 BN{bn}", "tilted_kplanes", "fwd", *m, b_fwd, speedup_vs_twin=twin_fwd / m[0])
-    names = ("BLOCK_N_FWD", "BLOCK_N_BWD", "MERGE_DEFAULT", "SKIP_ZERO_DEFAULT", "RUN_ROWS",
-             "RUN_LEN", "RUN_WARPS", "RUN_MAXNREG")
-    defaults = {k: getattr(kp, k) for k in names}
-    # (tag, settings): the pair-merge kernel (previous default) and texel-run shapes
+    # (tag, tuning): each variant is a frozen KPlanesTuning passed down to the launchers (the
+    # 'fused ... (grads: ...)' rows run forward + backward launchers + the two dq einsums, as the
+    # custom op's autograd does); min_programs_per_sm=0 so the named strategy runs at any size
     variants = [
-        ("BN32/32 one atomic per tap", dict(BLOCK_N_FWD=32, BLOCK_N_BWD=32, MERGE_DEFAULT=0,
-                                             SKIP_ZERO_DEFAULT=False)),
-        ("BN32/32 pair-merge skip0", dict(BLOCK_N_FWD=32, BLOCK_N_BWD=32, MERGE_DEFAULT=2,
-                                          SKIP_ZERO_DEFAULT=True)),
-        ("texel runs 8x16 w1", dict(MERGE_DEFAULT=3, RUN_ROWS=8, RUN_LEN=16, RUN_WARPS=1,
-                                    RUN_MAXNREG=None)),
-        ("texel runs 8x16 w1 maxnreg168", dict(MERGE_DEFAULT=3, RUN_ROWS=8, RUN_LEN=16, RUN_WARPS=1,
-                                               RUN_MAXNREG=168)),
-        ("texel runs 16x16 w2 maxnreg168", dict(MERGE_DEFAULT=3, RUN_ROWS=16, RUN_LEN=16,
-                                                RUN_WARPS=2, RUN_MAXNREG=168)),
+        ("pair-merge skip0", kp.KPlanesTuning(backward="pairs")),
+        ("texel runs 8x16 w1", kp.KPlanesTuning(run_maxnreg=None, min_programs_per_sm=0)),
+        ("texel runs 8x16 w1 maxnreg168", kp.KPlanesTuning(min_programs_per_sm=0)),
+        ("texel runs 16x16 w2 maxnreg168", kp.KPlanesTuning(run_rows=16, run_warps=2,
+                                                            min_programs_per_sm=0)),
     ]
-    for tag, settings in variants:
-        for k in names:
-            setattr(kp, k, settings.get(k, defaults[k]))
-        if all(getattr(kp, k) == defaults[k] for k in names):
+    for tag, tu in variants:
+        if kp.backward_strategy(N, T, pts.device, tu) == kp.backward_strategy(N, T, pts.device) \
+                and dataclasses.replace(tu, min_programs_per_sm=kp.DEFAULT_TUNING.min_programs_per_sm) \
+                == kp.DEFAULT_TUNING:
             tag += " [default]"
         try:
-            def fb():
-                torch.autograd.grad(dispatch.tilted_kplanes(pts_g, M_g, x_g, lay), [pts_g, M_g, x_g], gout)
+            def fb(tu=tu):
+                f = kp.kplanes_forward(pts, M, x, lay, False, tu)
+                gp, dq = kp.kplanes_backward(gout, pts, M, x, lay, True, tu)
+                torch.einsum("itn,tij->nj", dq, M), torch.einsum("itn,nj->tij", dq, pts)
+                return f, gp
             m = time_ms(fb, reps=args.reps)
             row(f"fused {tag} (grads: all)", "tilted_kplanes", "fwd+bwd", *m, b_fwd + b_bwd_all,
                 speedup_vs_twin=twin_fb_ms / m[0])
 
-            def fbp():
-                torch.autograd.grad(dispatch.tilted_kplanes(pts, M, x_g, lay), [x_g], gout)
+            def fbp(tu=tu):
+                return kp.kplanes_forward(pts, M, x, lay, False, tu), \
+                    kp.kplanes_backward(gout, pts, M, x, lay, False, tu)
             m = time_ms(fbp, reps=args.reps)
             row(f"fused {tag} (grads: planes)", "tilted_kplanes", "fwd+bwd", *m, b_fwd + b_bwd_planes,
                 speedup_vs_twin=twin_fbp_ms / m[0])
             for need_dq in (False, True):
-                m = time_ms(lambda: kp.kplanes_backward(gout, pts, M, x, T, C, res, need_dq),
+                m = time_ms(lambda: kp.kplanes_backward(gout, pts, M, x, lay, need_dq, tu),
                             reps=args.reps)
                 row(f"fused {tag} bwd kernels only ({'with' if need_dq else 'no'} dq)",
                     "tilted_kplanes", "bwd", *m, b_bwd_planes)
         except Exception as e:  # noqa: BLE001 - record a variant that fails to compile
             print(f"  variant {tag} failed: {type(e).__name__}: {str(e)[:300]}", flush=True)
             rows.append({"variant": f"fused {tag}", "op": "tilted_kplanes", "error": str(e)[:500]})
-    for k in names:
-        setattr(kp, k, defaults[k])
     del gout
     torch.cuda.empty_cache()
 

@@ -69,15 +69,14 @@ def _off_edge(g, pts, M, lay, tol=1e-4):
     return g * (~near).to(g.dtype)[:, None]
 
 
-CASES = ([(l, p, m) for l in LAYOUTS for p in ("rays", "uniform_outside", "odd_n") for m in (0, 3)]
-         + [(l, p, m) for l in LAYOUTS for p in ("rays", "uniform_outside") for m in (1, 2)])
+CASES = [(l, p) for l in LAYOUTS for p in ("rays", "uniform_outside", "odd_n")]
 
 
-@pytest.mark.parametrize("lname,pkind,merge", CASES)
-def test_kplanes_parity(lname, pkind, merge, monkeypatch):
+@pytest.mark.parametrize("lname,pkind", CASES)
+def test_kplanes_parity(lname, pkind):
+    """The door's path (default tuning) and both backward strategies, each forced by a frozen
+    KPlanesTuning passed down (no module state changed), against the twin."""
     from fasttomo.kernels.triton import kplanes as kp
-    monkeypatch.setattr(kp, "MERGE_DEFAULT", merge)
-    monkeypatch.setattr(kp, "RUN_MIN_PROGRAMS_PER_SM", 0)  # merge 3 even for these small cases
     lay, dev = LAYOUTS[lname], "cuda"
     if pkind == "rays":
         pts = _rays(64, 97, dev)
@@ -97,6 +96,12 @@ def test_kplanes_parity(lname, pkind, merge, monkeypatch):
     assert dispatch.counters["tilted_kplanes_bwd"] == {"triton": 1}
     errs = {"out": rel(out, ref), "points": rel(gg[0], gr[0]), "matrices": rel(gg[1], gr[1]),
             "planes": rel(gg[2], gr[2])}
+    for tuning in (kp.KPlanesTuning(backward="runs", min_programs_per_sm=0),
+                   kp.KPlanesTuning(backward="pairs")):
+        assert kp.backward_strategy(pts.shape[0], lay.n_rot, pts.device, tuning) == tuning.backward
+        gp, dq = kp.kplanes_backward(g, pts.detach(), M.detach(), x.detach(), lay, True, tuning)
+        errs[f"planes_{tuning.backward}"] = rel(gp, gr[2])
+        errs[f"points_{tuning.backward}"] = rel(torch.einsum("itn,tij->nj", dq, M.detach()), gr[0])
     assert max(errs.values()) < 2e-5, errs
     assert torch.isfinite(out).all()
 
@@ -104,13 +109,17 @@ def test_kplanes_parity(lname, pkind, merge, monkeypatch):
 def test_small_problems_take_the_pair_merge_backward():
     from fasttomo.kernels.triton import kplanes as kp
     dev = torch.device("cuda")
+    tu = kp.DEFAULT_TUNING
     sms = torch.cuda.get_device_properties(dev).multi_processor_count
-    if sms * kp.RUN_MIN_PROGRAMS_PER_SM > 768:  # an H200 (132 SMs); not a small GPU
-        assert kp.default_merge(1024 * 48, 2, dev) == kp.RUN_SMALL_FALLBACK == 2  # embedded default
-    assert kp.default_merge(8192 * 200, 8, dev) == kp.MERGE_DEFAULT == 3  # flagship
-    edge = kp.RUN_MIN_PROGRAMS_PER_SM * sms * kp.RUN_ROWS * kp.RUN_LEN
-    assert kp.default_merge(edge, 1, dev) == 3 and kp.default_merge(edge - kp.RUN_ROWS * kp.RUN_LEN, 1, dev) == 2
-    assert kp.default_merge(10, 1, torch.device("cpu")) == kp.MERGE_DEFAULT
+    if sms * tu.min_programs_per_sm > 768:  # an H200 (132 SMs); not a small GPU
+        assert kp.backward_strategy(1024 * 48, 2, dev) == "pairs"  # embedded default
+    assert kp.backward_strategy(8192 * 200, 8, dev) == tu.backward == "runs"  # flagship
+    edge = tu.min_programs_per_sm * sms * tu.run_rows * tu.run_len
+    assert kp.backward_strategy(edge, 1, dev) == "runs"
+    assert kp.backward_strategy(edge - tu.run_rows * tu.run_len, 1, dev) == "pairs"
+    assert kp.backward_strategy(10, 1, torch.device("cpu")) == "runs"
+    never = kp.KPlanesTuning(min_programs_per_sm=0)
+    assert kp.backward_strategy(10, 1, dev, never) == "runs"
 
 
 def test_kplanes_planes_only_and_stride0_grad():

@@ -28,14 +28,14 @@ def _rel(a, b) -> float:
 
 
 def _texel_runs(errs, g, pts, M, x, lay, res, gr):
-    """merge=3 (texel runs) for several row shapes; plane and point gradients against the twin."""
+    """The "runs" backward (texel runs) for several row shapes (each a frozen KPlanesTuning passed
+    down); plane and point gradients against the twin."""
     import torch
 
     from fasttomo.kernels.triton import kplanes as kp
     for rows, run in ((4, 4), (2, 8), (16, 16)):
-        gp, dq = kp.kplanes_backward(g, pts.detach(), M.detach(), x.detach(), lay.n_rot,
-                                     lay.channels, res, True, merge=3, block_n=rows, run=run,
-                                     warps=1)
+        tuning = kp.KPlanesTuning(backward="runs", run_rows=rows, run_len=run, run_warps=1)
+        gp, dq = kp.kplanes_backward(g, pts.detach(), M.detach(), x.detach(), lay, True, tuning)
         errs[f"d_planes_runs{rows}x{run}"] = _rel(gp, gr[2])
         errs[f"d_points_runs{rows}x{run}"] = _rel(torch.einsum("itn,tij->nj", dq, M.detach()), gr[0])
 
@@ -81,11 +81,12 @@ def _checks():
             gg = torch.autograd.grad(got, [pts, M, x], g)
             errs = {"out": _rel(got, ref), "d_points": _rel(gg[0], gr[0]),
                     "d_matrices": _rel(gg[1], gr[1]), "d_planes": _rel(gg[2], gr[2])}
-            for merge, skip in ((0, False), (1, True), (2, True), (2, False)):
-                gp, _ = kp.kplanes_backward(g, pts.detach(), M.detach(), x.detach(), lay.n_rot,
-                                            lay.channels, res, False, merge=merge, block_n=16,
-                                            skip_zero=skip)
-                errs[f"d_planes_merge{merge}_skip{int(skip)}"] = _rel(gp, gr[2])
+            for bn in (16, 2):  # the "pairs" backward
+                tuning = kp.KPlanesTuning(backward="pairs", pairs_block_n=bn)
+                gp, dq = kp.kplanes_backward(g, pts.detach(), M.detach(), x.detach(), lay, True,
+                                             tuning)
+                errs[f"d_planes_pairs{bn}"] = _rel(gp, gr[2])
+                errs[f"d_points_pairs{bn}"] = _rel(torch.einsum("itn,tij->nj", dq, M.detach()), gr[0])
             _texel_runs(errs, g, pts, M, x, lay, res, gr)
             record(f"kplanes[{lname}-{pname}]", errs)
 

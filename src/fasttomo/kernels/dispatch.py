@@ -4,15 +4,16 @@ Each op takes its fast path (a Triton kernel registered as a torch custom op in
 ``kernels/triton/ops.py``) only when that is valid:
 
 - the backend allows it: ``configure(backend)`` is called by the model/trainer builder with
-  ``kernels.backend`` (auto | triton | torch); the environment variable ``FASTTOMO_KERNELS``
-  (same values), if set, overrides it and is read inside ``configure`` (never at import);
+  ``kernels.backend`` (auto | triton | torch) from the run's recorded config, after the build-time
+  check (build.py); there is no other source (no environment variable);
 - Triton imports and the custom ops register (checked once, lazily);
 - the tensors are CUDA, fp32, of supported shapes (see each ``_why_not_*``).
 
 Otherwise the pure-torch twin in ``kernels/reference.py`` runs. Under ``backend='triton'`` an input
 the fast path cannot take raises ``KernelUnavailableError`` naming the reason. The path taken is
 logged once per (op, path, reason) on logger ``fasttomo.kernels`` and counted in ``counters``
-(op -> path -> calls; a spy for tests, ``reset_counters()`` clears it). Backward passes count as
+(op -> path -> calls; a spy for tests, ``reset_counters()`` clears it; the table lives in
+``kernels/counters.py`` so the custom ops count their backward passes without importing this door). Backward passes count as
 ``'<op>_bwd'``: a ``create_graph=True`` backward runs the twin's formula (path ``'torch'``), so
 higher-order autograd is exact. The SIRT projector pair (``ray_project``, ``voxel_backproject``)
 has a forward-only fast path: a call that needs a gradient (grad mode on and an input requiring
@@ -25,21 +26,22 @@ accumulation inside); the twin keeps fp32 (grid_sample runs in fp32 under autoca
 from __future__ import annotations
 
 import logging
-import os
 from typing import Optional
 
 import torch
 
+from fasttomo.kernels import counters as _spy
 from fasttomo.kernels import reference
 from fasttomo.kernels.layout import PlaneLayout
 
 log = logging.getLogger("fasttomo.kernels")
 
 BACKENDS = ("auto", "triton", "torch")
-ENV_VAR = "FASTTOMO_KERNELS"
+INSTALL_HINT = ("Triton comes with the CUDA builds of torch on Linux (pip install torch); on its own: "
+                "pip install triton")
 
 _state = {"backend": "auto"}
-counters: dict[str, dict[str, int]] = {}
+counters = _spy.counters  # the spy's table (kernels/counters.py), same dict object
 _logged: set = set()
 _ops_module = None
 _ops_error: Optional[str] = None
@@ -51,22 +53,16 @@ class KernelUnavailableError(RuntimeError):
 
 
 def configure(backend: str = "auto") -> str:
-    """Set the kernel backend (call when building the model/trainer). Returns the backend in force.
-
-    ``FASTTOMO_KERNELS`` (auto | triton | torch), if set, overrides ``backend``.
-    """
-    env = os.environ.get(ENV_VAR)
-    if env:
-        backend = env.strip().lower()
+    """Set the kernel backend (call when building the model/trainer, with ``kernels.backend`` of
+    the run's config). Returns the backend in force."""
     if backend not in BACKENDS:
-        raise ValueError(f"kernels.backend must be one of {list(BACKENDS)}, got {backend!r} "
-                         f"(from {'$' + ENV_VAR if env else 'the config'}).")
+        raise ValueError(f"kernels.backend must be one of {list(BACKENDS)}, got {backend!r}.")
     _state["backend"] = backend
     _logged.clear()
     if backend == "triton" and _load_ops() is None:
         raise KernelUnavailableError(
-            f"kernels.backend=triton but the Triton kernels cannot load ({_ops_error}); install "
-            f"triton (pip install 'fasttomo[triton]') or set kernels.backend=auto.")
+            f"kernels.backend=triton but the Triton kernels cannot load ({_ops_error}). "
+            f"{INSTALL_HINT}; or set kernels.backend=auto to run the pure-torch twins.")
     log.info("kernels: backend=%s", backend)
     return backend
 
@@ -76,14 +72,11 @@ def backend() -> str:
 
 
 def reset_counters() -> None:
-    counters.clear()
+    _spy.reset()
 
 
 def _count(op: str, path: str) -> None:
-    if torch.compiler.is_compiling():
-        return
-    d = counters.setdefault(op, {})
-    d[path] = d.get(path, 0) + 1
+    _spy.count(op, path)
 
 
 def _load_ops():
@@ -152,10 +145,9 @@ def tilted_kplanes(points: torch.Tensor, matrices: torch.Tensor, plane_data: tor
     if _route("tilted_kplanes", _why_not_kplanes(points, matrices, plane_data, layout)):
         out_bf16 = (torch.is_autocast_enabled("cuda")
                     and torch.get_autocast_dtype("cuda") == torch.bfloat16)
-        res = [v for r in layout.resolutions for v in r]
         return torch.ops.fasttomo.tilted_kplanes(points.contiguous(), matrices.contiguous(),
-                                                 plane_data, layout.n_rot, layout.channels, res,
-                                                 out_bf16)
+                                                 plane_data, layout.n_rot, layout.channels,
+                                                 layout.flat_resolutions, out_bf16)
     return reference.tilted_kplanes(points, matrices, plane_data, layout)
 
 
@@ -167,8 +159,8 @@ def plane_tv(plane_data: torch.Tensor, layout: PlaneLayout) -> torch.Tensor:
     if r is None and layout.numel > _INT32_MAX:
         r = "plane buffer larger than 2**31 elements"
     if _route("plane_tv", r):
-        res = [v for rr in layout.resolutions for v in rr]
-        return torch.ops.fasttomo.plane_tv(plane_data, layout.n_rot, layout.channels, res)
+        return torch.ops.fasttomo.plane_tv(plane_data, layout.n_rot, layout.channels,
+                                           layout.flat_resolutions)
     return reference.plane_tv(plane_data, layout)
 
 

@@ -9,6 +9,11 @@ the T rotations are stored back to back, each channels-last (H, W, C):
 Plane kind k samples the rotated point q = M_t p at (column, row) = (q[a], q[b]) with
 (a, b) = (0, 1), (0, 2), (1, 2): xy uses x for W and y for H, xz uses x/z, yz uses y/z.
 Feature ordering of the op output: index = l*T*C + t*C + c.
+
+This class is the ONLY place plane offsets are computed: the pure-torch twins, the Triton launchers
+(``kernels/triton/kplanes.py``, ``kernels/triton/tv.py``) and the custom ops (which carry the layout
+as ``(n_rot, channels, flat_resolutions)`` because torch custom ops take no dataclasses, and turn it
+back into a ``PlaneLayout`` with ``from_flat``) all read ``offsets`` / ``scales()`` / ``groups()``.
 """
 
 from __future__ import annotations
@@ -35,6 +40,19 @@ class PlaneLayout:
             if len(r) != 3 or min(r) < 2:
                 raise ValueError(f"PlaneLayout: every resolution must be 3 ints >= 2, got {r}")
 
+    @classmethod
+    def from_flat(cls, n_rot: int, channels: int, flat_resolutions) -> "PlaneLayout":
+        """The inverse of ``flat_resolutions``: (rx0, ry0, rz0, rx1, ...) back to a layout."""
+        r = [int(v) for v in flat_resolutions]
+        if len(r) % 3:
+            raise ValueError(f"PlaneLayout.from_flat: {len(r)} resolution values, need 3 per scale")
+        return cls(int(n_rot), int(channels), tuple(tuple(r[3 * i: 3 * i + 3]) for i in range(len(r) // 3)))
+
+    @property
+    def flat_resolutions(self) -> list[int]:
+        """(rx0, ry0, rz0, rx1, ...): how the custom ops carry the resolutions."""
+        return [v for r in self.resolutions for v in r]
+
     @property
     def n_scales(self) -> int:
         return len(self.resolutions)
@@ -57,6 +75,18 @@ class PlaneLayout:
                 pos += self.n_rot * h * w * self.channels
             out.append(tuple(row))
         return tuple(out)
+
+    def scales(self):
+        """Per scale l: (l, rx, ry, rz, off_xy, off_xz, off_yz), what one kernel launch needs."""
+        for l, (rx, ry, rz) in enumerate(self.resolutions):
+            yield (l, rx, ry, rz) + self.offsets[l]
+
+    def groups(self):
+        """Per (scale, plane kind), in buffer order: (offset, H, W, numel of the T planes)."""
+        for l in range(self.n_scales):
+            for k in range(3):
+                h, w = self.plane_shape(l, k)
+                yield self.offsets[l][k], h, w, self.n_rot * h * w * self.channels
 
     @property
     def numel(self) -> int:

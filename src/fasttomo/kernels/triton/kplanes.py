@@ -12,20 +12,28 @@ walked in chunks of BLOCK_C (C=48 -> 3 chunks of 16, no masked lanes).
 Backward recomputes the bilinear weights (nothing saved but the inputs), reads the output gradient
 once, scatters plane gradients with fp32 atomics and writes dL/dq per (point, rotation) without
 atomics (a program owns its points), laid out (3, T, N); dL/dpoints and dL/dmatrices follow from
-dq by two small einsums on the host side. Atomic traffic reduction (samples of one ray are
-neighbours), chosen by MERGE. The default, 3, is ``kplanes_bwd_runs_kernel`` (texel runs): each
-row of consecutive points keeps its current cell's 4 corner-texel sums in registers, carries the
-corners a neighbouring cell shares and flushes one atomic per texel it leaves. 0, 1 and 2 are
-``kplanes_bwd_kernel``, kept as measured alternatives: 0 one atomic per point and corner, 1 a
-segmented scan over runs of equal cells, 2 pairs (2i, 2i+1) in the same cell; its SKIP_ZERO drops
-atomics of exact-zero corner weights (coordinates clamped at the border).
+dq by two small einsums on the host side. Two backward strategies, chosen per call by
+``backward_strategy``: "runs" (``kplanes_bwd_runs_kernel``, texel runs: each row of consecutive
+points keeps its current cell's 4 corner-texel sums in registers, carries the corners a neighbouring
+cell shares and flushes one atomic per texel it leaves) and, for problems too small to fill the GPU
+with texel-run programs, "pairs" (``kplanes_bwd_kernel``: pairs (2i, 2i+1) in the same cell issue
+one atomic, exact-zero corner weights issue none). The strategies measured and dropped (one atomic
+per tap; a segmented scan) are described in docs/kernels.md's history.
+
+Tuning (block sizes, row shapes, register cap, the small-problem threshold) is a frozen
+``KPlanesTuning`` passed down to the launchers (``DEFAULT_TUNING`` unless a caller, such as the
+bench script, passes another); nothing here is module state changed at run time.
 """
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 import triton
 import triton.language as tl
+
+from fasttomo.kernels.layout import PlaneLayout
 
 
 @triton.jit
@@ -58,16 +66,6 @@ def _rotate(pts_ptr, mat_ptr, n, nmask, t):
 
 
 @triton.jit
-def _cells(pts_ptr, mat_ptr, n, nmask, t, RX, RY, RZ):
-    """Texel-cell keys (one int per plane kind) of points n; used to find runs of equal cells."""
-    q0, q1, q2 = _rotate(pts_ptr, mat_ptr, n, nmask, t)
-    ix, _fx, _dx = _axis(q0, (RX - 1).to(tl.float32))
-    iy, _fy, _dy = _axis(q1, (RY - 1).to(tl.float32))
-    iz, _fz, _dz = _axis(q2, (RZ - 1).to(tl.float32))
-    return iy * RX + ix, iz * RX + ix, iz * RY + iy
-
-
-@triton.jit
 def _tap4(base, p00, row_stride, C, c, m2):
     p = base + p00[:, None] + c[None, :]
     v00 = tl.load(p, mask=m2, other=0.0)
@@ -86,25 +84,12 @@ def _lerp2(v00, v01, v10, v11, fu, fv):
 
 
 @triton.jit
-def _seg_add(fa, a0, a1, a2, a3, fb, b0, b1, b2, b3):
-    # segmented sum: b starts a new segment when fb != 0
-    keep = fb != 0
-    return (fa | fb, tl.where(keep, b0, a0 + b0), tl.where(keep, b1, a1 + b1),
-            tl.where(keep, b2, a2 + b2), tl.where(keep, b3, a3 + b3))
-
-
-@triton.jit
-def _red4(p, C, row_stride, a00, a01, a10, a11, m2, w00, w01, w10, w11, SKIP_ZERO: tl.constexpr):
-    if SKIP_ZERO:  # clamped (outside) coordinates give exact-zero corner weights: no traffic
-        tl.atomic_add(p, a00, mask=m2 & (w00 != 0.0)[:, None], sem="relaxed")
-        tl.atomic_add(p + C, a01, mask=m2 & (w01 != 0.0)[:, None], sem="relaxed")
-        tl.atomic_add(p + row_stride, a10, mask=m2 & (w10 != 0.0)[:, None], sem="relaxed")
-        tl.atomic_add(p + row_stride + C, a11, mask=m2 & (w11 != 0.0)[:, None], sem="relaxed")
-    else:
-        tl.atomic_add(p, a00, mask=m2, sem="relaxed")
-        tl.atomic_add(p + C, a01, mask=m2, sem="relaxed")
-        tl.atomic_add(p + row_stride, a10, mask=m2, sem="relaxed")
-        tl.atomic_add(p + row_stride + C, a11, mask=m2, sem="relaxed")
+def _red4(p, C, row_stride, a00, a01, a10, a11, m2, w00, w01, w10, w11):
+    # clamped (outside) coordinates give exact-zero corner weights: no traffic
+    tl.atomic_add(p, a00, mask=m2 & (w00 != 0.0)[:, None], sem="relaxed")
+    tl.atomic_add(p + C, a01, mask=m2 & (w01 != 0.0)[:, None], sem="relaxed")
+    tl.atomic_add(p + row_stride, a10, mask=m2 & (w10 != 0.0)[:, None], sem="relaxed")
+    tl.atomic_add(p + row_stride + C, a11, mask=m2 & (w11 != 0.0)[:, None], sem="relaxed")
 
 
 @triton.jit
@@ -113,9 +98,10 @@ def _pair_sum(a, BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr):
 
 
 @triton.jit
-def _scatter4(gbase, p00, row_stride, C, c, m2, g, fu, fv, start, end, nmask,
-              MERGE: tl.constexpr, SKIP_ZERO: tl.constexpr, BLOCK_N: tl.constexpr,
+def _scatter4(gbase, p00, row_stride, C, c, m2, g, fu, fv, nmask, BLOCK_N: tl.constexpr,
               BLOCK_C: tl.constexpr):
+    """Pair merge: points (2i, 2i+1) in the same cell (p00 equal) issue one atomic per corner for
+    both; the others one each, none for exact-zero corner weights."""
     gu = 1.0 - fu
     gv = 1.0 - fv
     w00 = gu * gv
@@ -126,31 +112,19 @@ def _scatter4(gbase, p00, row_stride, C, c, m2, g, fu, fv, start, end, nmask,
     a01 = g * w01[:, None]
     a10 = g * w10[:, None]
     a11 = g * w11[:, None]
-    if MERGE == 1:
-        # segmented scan over runs of equal cells; the last point of a run flushes the run's sum
-        flag = tl.broadcast_to(start[:, None], a00.shape)
-        _f, a00, a01, a10, a11 = tl.associative_scan((flag, a00, a01, a10, a11), 0, _seg_add)
-        m2 = m2 & (end[:, None] != 0)
-        _red4(gbase + p00[:, None] + c[None, :], C, row_stride, a00, a01, a10, a11, m2,
-              w00, w01, w10, w11, False)
-    elif MERGE == 2:
-        # pairs (2i, 2i+1) in the same cell (p00 equal) issue one atomic for both
-        pp = tl.reshape(p00, [BLOCK_N // 2, 2])
-        pmax = tl.max(pp, axis=1)
-        eq = (pmax == tl.min(pp, axis=1)) & (tl.max(tl.reshape(nmask.to(tl.int32), [BLOCK_N // 2, 2]), axis=1) > 0)
-        cm = (c < C)[None, :]
-        pe = gbase + pmax[:, None] + c[None, :]
-        me = eq[:, None] & cm
-        tl.atomic_add(pe, _pair_sum(a00, BLOCK_N, BLOCK_C), mask=me, sem="relaxed")
-        tl.atomic_add(pe + C, _pair_sum(a01, BLOCK_N, BLOCK_C), mask=me, sem="relaxed")
-        tl.atomic_add(pe + row_stride, _pair_sum(a10, BLOCK_N, BLOCK_C), mask=me, sem="relaxed")
-        tl.atomic_add(pe + row_stride + C, _pair_sum(a11, BLOCK_N, BLOCK_C), mask=me, sem="relaxed")
-        eq_n = tl.reshape(tl.broadcast_to(eq[:, None], [BLOCK_N // 2, 2]), [BLOCK_N])
-        _red4(gbase + p00[:, None] + c[None, :], C, row_stride, a00, a01, a10, a11,
-              m2 & (eq_n == 0)[:, None], w00, w01, w10, w11, SKIP_ZERO)
-    else:
-        _red4(gbase + p00[:, None] + c[None, :], C, row_stride, a00, a01, a10, a11, m2,
-              w00, w01, w10, w11, SKIP_ZERO)
+    pp = tl.reshape(p00, [BLOCK_N // 2, 2])
+    pmax = tl.max(pp, axis=1)
+    eq = (pmax == tl.min(pp, axis=1)) & (tl.max(tl.reshape(nmask.to(tl.int32), [BLOCK_N // 2, 2]), axis=1) > 0)
+    cm = (c < C)[None, :]
+    pe = gbase + pmax[:, None] + c[None, :]
+    me = eq[:, None] & cm
+    tl.atomic_add(pe, _pair_sum(a00, BLOCK_N, BLOCK_C), mask=me, sem="relaxed")
+    tl.atomic_add(pe + C, _pair_sum(a01, BLOCK_N, BLOCK_C), mask=me, sem="relaxed")
+    tl.atomic_add(pe + row_stride, _pair_sum(a10, BLOCK_N, BLOCK_C), mask=me, sem="relaxed")
+    tl.atomic_add(pe + row_stride + C, _pair_sum(a11, BLOCK_N, BLOCK_C), mask=me, sem="relaxed")
+    eq_n = tl.reshape(tl.broadcast_to(eq[:, None], [BLOCK_N // 2, 2]), [BLOCK_N])
+    _red4(gbase + p00[:, None] + c[None, :], C, row_stride, a00, a01, a10, a11,
+          m2 & (eq_n == 0)[:, None], w00, w01, w10, w11)
 
 
 @triton.jit
@@ -239,8 +213,8 @@ def kplanes_fwd_kernel(pts_ptr, mat_ptr, planes_ptr, out_ptr, N, F, col0,
 def kplanes_bwd_kernel(grad_ptr, pts_ptr, mat_ptr, planes_ptr, gplanes_ptr, dq_ptr, dq_stride,
                        N, F, col0, off_xy, off_xz, off_yz, RX, RY, RZ,
                        T: tl.constexpr, C: tl.constexpr, BLOCK_N: tl.constexpr,
-                       BLOCK_C: tl.constexpr, NEED_DQ: tl.constexpr, ACCUM_DQ: tl.constexpr,
-                       MERGE: tl.constexpr, SKIP_ZERO: tl.constexpr):
+                       BLOCK_C: tl.constexpr, NEED_DQ: tl.constexpr, ACCUM_DQ: tl.constexpr):
+    """Backward "pairs": a program owns BLOCK_N consecutive points and one rotation t."""
     pid = tl.program_id(0)
     t = tl.program_id(1)
     lane = tl.arange(0, BLOCK_N)
@@ -253,28 +227,6 @@ def kplanes_bwd_kernel(grad_ptr, pts_ptr, mat_ptr, planes_ptr, gplanes_ptr, dq_p
     p_xy = (iy * RX + ix) * C
     p_xz = (iz * RX + ix) * C
     p_yz = (iz * RY + iy) * C
-    if MERGE == 1:
-        # runs of equal cells among consecutive points (within this block)
-        k_xy = iy * RX + ix
-        k_xz = iz * RX + ix
-        k_yz = iz * RY + iy
-        pm_xy, pm_xz, pm_yz = _cells(pts_ptr, mat_ptr, n - 1, nmask & (lane > 0), t, RX, RY, RZ)
-        nx_xy, nx_xz, nx_yz = _cells(pts_ptr, mat_ptr, n + 1, (n + 1) < N, t, RX, RY, RZ)
-        first = lane == 0
-        last = (lane == BLOCK_N - 1) | ((n + 1) >= N)
-        st_xy = (first | (pm_xy != k_xy)).to(tl.int32)
-        st_xz = (first | (pm_xz != k_xz)).to(tl.int32)
-        st_yz = (first | (pm_yz != k_yz)).to(tl.int32)
-        en_xy = (last | (nx_xy != k_xy)).to(tl.int32)
-        en_xz = (last | (nx_xz != k_xz)).to(tl.int32)
-        en_yz = (last | (nx_yz != k_yz)).to(tl.int32)
-    else:
-        st_xy = lane
-        st_xz = lane
-        st_yz = lane
-        en_xy = lane
-        en_xz = lane
-        en_yz = lane
     off_t_xy = off_xy + (t * RY * RX * C).to(tl.int64)
     off_t_xz = off_xz + (t * RZ * RX * C).to(tl.int64)
     off_t_yz = off_yz + (t * RZ * RY * C).to(tl.int64)
@@ -293,12 +245,12 @@ def kplanes_bwd_kernel(grad_ptr, pts_ptr, mat_ptr, planes_ptr, gplanes_ptr, dq_p
             acc_x += sx
             acc_y += sy
             acc_z += sz
-        _scatter4(gplanes_ptr + off_t_xy, p_xy, RX * C, C, c, m2, g_xy, fx, fy, st_xy, en_xy, nmask,
-                  MERGE, SKIP_ZERO, BLOCK_N, BLOCK_C)
-        _scatter4(gplanes_ptr + off_t_xz, p_xz, RX * C, C, c, m2, g_xz, fx, fz, st_xz, en_xz, nmask,
-                  MERGE, SKIP_ZERO, BLOCK_N, BLOCK_C)
-        _scatter4(gplanes_ptr + off_t_yz, p_yz, RY * C, C, c, m2, g_yz, fy, fz, st_yz, en_yz, nmask,
-                  MERGE, SKIP_ZERO, BLOCK_N, BLOCK_C)
+        _scatter4(gplanes_ptr + off_t_xy, p_xy, RX * C, C, c, m2, g_xy, fx, fy, nmask, BLOCK_N,
+                  BLOCK_C)
+        _scatter4(gplanes_ptr + off_t_xz, p_xz, RX * C, C, c, m2, g_xz, fx, fz, nmask, BLOCK_N,
+                  BLOCK_C)
+        _scatter4(gplanes_ptr + off_t_yz, p_yz, RY * C, C, c, m2, g_yz, fy, fz, nmask, BLOCK_N,
+                  BLOCK_C)
     if NEED_DQ:
         _store_dq(dq_ptr, dq_stride, n.to(tl.int64), nmask, t, N, acc_x * dx, acc_y * dy,
                   acc_z * dz, ACCUM_DQ)
@@ -358,7 +310,7 @@ def kplanes_bwd_runs_kernel(grad_ptr, pts_ptr, mat_ptr, planes_ptr, gplanes_ptr,
                             T: tl.constexpr, C: tl.constexpr, ROWS: tl.constexpr,
                             RUN: tl.constexpr, BLOCK_C: tl.constexpr, NEED_DQ: tl.constexpr,
                             ACCUM_DQ: tl.constexpr):
-    """Backward with texel-run accumulation (MERGE=3).
+    """Backward "runs": texel-run accumulation.
 
     A program owns ROWS rows of RUN consecutive points and one rotation t (grid axis 1); for each
     channel chunk it walks its rows' points in order. Each plane keeps, per row, the running
@@ -446,110 +398,109 @@ def _block_c(C: int) -> int:
     return min(32, triton.next_power_of_2(C))
 
 
-def _scales(n_rot: int, channels: int, resolutions: list[int]):
-    """Yield (l, rx, ry, rz, off_xy, off_xz, off_yz) for the flat layout (same as PlaneLayout)."""
-    pos = 0
-    res = [tuple(resolutions[3 * i: 3 * i + 3]) for i in range(len(resolutions) // 3)]
-    for l, (rx, ry, rz) in enumerate(res):
-        offs = []
-        for h, w in ((ry, rx), (rz, rx), (rz, ry)):
-            offs.append(pos)
-            pos += n_rot * h * w * channels
-        yield l, rx, ry, rz, offs[0], offs[1], offs[2]
+BACKWARDS = ("runs", "pairs")
 
 
-BLOCK_N_FWD = 32
-BLOCK_N_BWD = 32
-MERGE_DEFAULT = 3  # 0: one atomic per point and corner, 1: segmented scan, 2: pair merge,
-# 3: texel runs (kplanes_bwd_runs_kernel)
-RUN_ROWS = 8  # merge 3: rows per program
-RUN_LEN = 16  # merge 3: consecutive points per row
-RUN_WARPS = 1  # merge 3: warps per program
-RUN_MAXNREG = 168  # merge 3: register cap per thread (None: the compiler's choice)
-# A texel-run program walks its points one after another; with few programs (the embedded
-# default: 49 k points, T = 2 -> 768 one-warp programs on 132 SMs) that serial walk is exposed.
-# Below this many programs per SM the default backward is the pair-merge kernel instead.
-RUN_MIN_PROGRAMS_PER_SM = 16
-RUN_SMALL_FALLBACK = 2
-SKIP_ZERO_DEFAULT = True  # no atomics for exact-zero corner weights (clamped coordinates)
-# (defaults set by measurements: docs/kernels.md)
+@dataclasses.dataclass(frozen=True)
+class KPlanesTuning:
+    """Launch settings of the interpolation kernels (defaults set by measurements:
+    docs/kernels.md). Frozen: a variant is a new object passed down, never a changed global."""
+
+    fwd_block_n: int = 32
+    """Forward: points per program."""
+    backward: str = "runs"
+    """"runs" (texel runs) or "pairs" (pair merge); "runs" falls back to "pairs" on small problems
+    (``min_programs_per_sm``)."""
+    pairs_block_n: int = 32
+    """"pairs": points per program (even)."""
+    run_rows: int = 8
+    """"runs": rows per program (power of two)."""
+    run_len: int = 16
+    """"runs": consecutive points per row (power of two)."""
+    run_warps: int = 1
+    """"runs": warps per program."""
+    run_maxnreg: int | None = 168
+    """"runs": register cap per thread (None: the compiler's choice)."""
+    min_programs_per_sm: int = 16
+    """A texel-run program walks its points one after another; with few programs (the embedded
+    default: 49 k points, T = 2 -> 768 one-warp programs on 132 SMs) that serial walk is exposed.
+    Below this many programs per SM "runs" becomes "pairs" (0: never)."""
+
+    def __post_init__(self) -> None:
+        if self.backward not in BACKWARDS:
+            raise ValueError(f"KPlanesTuning.backward must be one of {BACKWARDS}, got {self.backward!r}")
+        for name in ("run_rows", "run_len"):
+            v = getattr(self, name)
+            if v < 1 or v & (v - 1):
+                raise ValueError(f"KPlanesTuning.{name} must be a power of two, got {v}")
+        if self.pairs_block_n < 2 or self.pairs_block_n & (self.pairs_block_n - 1):
+            raise ValueError(f"KPlanesTuning.pairs_block_n must be a power of two >= 2, got {self.pairs_block_n}")
 
 
-def _maxnreg(value):
-    value = RUN_MAXNREG if value is None else value
-    return {"maxnreg": int(value)} if value else {}
+DEFAULT_TUNING = KPlanesTuning()
 
 
 def kplanes_forward(points: torch.Tensor, matrices: torch.Tensor, plane_data: torch.Tensor,
-                    n_rot: int, channels: int, resolutions: list[int], out_bf16: bool,
-                    block_n: int | None = None) -> torch.Tensor:
+                    layout: PlaneLayout, out_bf16: bool,
+                    tuning: KPlanesTuning = DEFAULT_TUNING) -> torch.Tensor:
     points, matrices, plane_data = points.contiguous(), matrices.contiguous(), plane_data.contiguous()
     N = points.shape[0]
-    L = len(resolutions) // 3
-    F = L * n_rot * channels
+    T, C = layout.n_rot, layout.channels
+    F = layout.n_features
     out = torch.empty((N, F), device=points.device,
                       dtype=torch.bfloat16 if out_bf16 else torch.float32)
     if N == 0:
         return out
-    bn = block_n or BLOCK_N_FWD
-    grid = (triton.cdiv(N, bn), n_rot)
-    for l, rx, ry, rz, oxy, oxz, oyz in _scales(n_rot, channels, resolutions):
-        kplanes_fwd_kernel[grid](points, matrices, plane_data, out, N, F, l * n_rot * channels,
-                                 oxy, oxz, oyz, rx, ry, rz, T=n_rot, C=channels, BLOCK_N=bn,
-                                 BLOCK_C=_block_c(channels), OUT_BF16=out_bf16, num_warps=4)
+    bn = tuning.fwd_block_n
+    grid = (triton.cdiv(N, bn), T)
+    for l, rx, ry, rz, oxy, oxz, oyz in layout.scales():
+        kplanes_fwd_kernel[grid](points, matrices, plane_data, out, N, F, l * T * C,
+                                 oxy, oxz, oyz, rx, ry, rz, T=T, C=C, BLOCK_N=bn,
+                                 BLOCK_C=_block_c(C), OUT_BF16=out_bf16, num_warps=4)
     return out
 
 
-def default_merge(n_points: int, n_rot: int, device: torch.device, rows: int | None = None,
-                  run: int | None = None) -> int:
-    """MERGE_DEFAULT, or RUN_SMALL_FALLBACK when the texel-run kernel would launch fewer than
-    RUN_MIN_PROGRAMS_PER_SM programs per SM of a CUDA device."""
-    merge = MERGE_DEFAULT
-    if merge == 3 and device.type == "cuda" and RUN_MIN_PROGRAMS_PER_SM:
+def backward_strategy(n_points: int, n_rot: int, device: torch.device,
+                      tuning: KPlanesTuning = DEFAULT_TUNING) -> str:
+    """The backward a call takes: ``tuning.backward``, except that "runs" becomes "pairs" when the
+    texel-run kernel would launch fewer than ``tuning.min_programs_per_sm`` programs per SM of a
+    CUDA device."""
+    if tuning.backward == "runs" and device.type == "cuda" and tuning.min_programs_per_sm:
         sms = torch.cuda.get_device_properties(device).multi_processor_count
-        programs = triton.cdiv(n_points, (rows or RUN_ROWS) * (run or RUN_LEN)) * n_rot
-        if programs < RUN_MIN_PROGRAMS_PER_SM * sms:
-            merge = RUN_SMALL_FALLBACK
-    return merge
+        programs = triton.cdiv(n_points, tuning.run_rows * tuning.run_len) * n_rot
+        if programs < tuning.min_programs_per_sm * sms:
+            return "pairs"
+    return tuning.backward
 
 
 def kplanes_backward(grad: torch.Tensor, points: torch.Tensor, matrices: torch.Tensor,
-                     plane_data: torch.Tensor, n_rot: int, channels: int, resolutions: list[int],
-                     need_dq: bool, merge: int | None = None, block_n: int | None = None,
-                     skip_zero: bool | None = None, run: int | None = None,
-                     warps: int | None = None, maxnreg: int | None = None):
-    """Plane gradients and dL/dq, laid out (3, T, N) (N = 0 unless need_dq).
-
-    merge 0/1/2 run ``kplanes_bwd_kernel`` (block_n points per program); merge 3 runs
-    ``kplanes_bwd_runs_kernel`` (block_n rows of ``run`` consecutive points per program). With
-    merge=None the default applies, except that a problem too small to give the texel-run kernel
-    RUN_MIN_PROGRAMS_PER_SM programs per SM takes RUN_SMALL_FALLBACK instead.
-    """
+                     plane_data: torch.Tensor, layout: PlaneLayout, need_dq: bool,
+                     tuning: KPlanesTuning = DEFAULT_TUNING):
+    """Plane gradients and dL/dq, laid out (3, T, N) (N = 0 unless need_dq); the strategy from
+    ``backward_strategy``."""
     points, matrices, plane_data = points.contiguous(), matrices.contiguous(), plane_data.contiguous()
     N = points.shape[0]
-    L = len(resolutions) // 3
-    F = L * n_rot * channels
-    merge = default_merge(N, n_rot, points.device, block_n, run) if merge is None else int(merge)
-    bc = _block_c(channels)
+    T, C = layout.n_rot, layout.channels
+    F = layout.n_features
+    strategy = backward_strategy(N, T, points.device, tuning)
+    bc = _block_c(C)
     gplanes = torch.zeros_like(plane_data)
-    dq = torch.empty((3, n_rot, N if need_dq else 0), device=points.device, dtype=torch.float32)
+    dq = torch.empty((3, T, N if need_dq else 0), device=points.device, dtype=torch.float32)
     if N == 0:
         return gplanes, dq
     grad = grad.contiguous()  # autograd may hand an expanded (stride-0) gradient
-    for l, rx, ry, rz, oxy, oxz, oyz in _scales(n_rot, channels, resolutions):
-        common = (grad, points, matrices, plane_data, gplanes, dq, n_rot * N, N, F,
-                  l * n_rot * channels, oxy, oxz, oyz, rx, ry, rz)
-        if merge == 3:
-            rows, run = block_n or RUN_ROWS, run or RUN_LEN
-            if rows & (rows - 1) or run & (run - 1):
-                raise ValueError(f"texel-run backward needs power-of-two rows and run, got {rows}, {run}")
-            kplanes_bwd_runs_kernel[(triton.cdiv(N, rows * run), n_rot)](
-                *common, T=n_rot, C=channels, ROWS=rows, RUN=run, BLOCK_C=bc, NEED_DQ=need_dq,
-                ACCUM_DQ=l > 0, num_warps=warps or RUN_WARPS, **_maxnreg(maxnreg))
+    for l, rx, ry, rz, oxy, oxz, oyz in layout.scales():
+        common = (grad, points, matrices, plane_data, gplanes, dq, T * N, N, F,
+                  l * T * C, oxy, oxz, oyz, rx, ry, rz)
+        if strategy == "runs":
+            rows, run = tuning.run_rows, tuning.run_len
+            extra = {"maxnreg": int(tuning.run_maxnreg)} if tuning.run_maxnreg else {}
+            kplanes_bwd_runs_kernel[(triton.cdiv(N, rows * run), T)](
+                *common, T=T, C=C, ROWS=rows, RUN=run, BLOCK_C=bc, NEED_DQ=need_dq,
+                ACCUM_DQ=l > 0, num_warps=tuning.run_warps, **extra)
         else:
-            bn = block_n or BLOCK_N_BWD
-            skip = SKIP_ZERO_DEFAULT if skip_zero is None else bool(skip_zero)
-            kplanes_bwd_kernel[(triton.cdiv(N, bn), n_rot)](
-                *common, T=n_rot, C=channels, BLOCK_N=bn, BLOCK_C=bc, NEED_DQ=need_dq,
-                ACCUM_DQ=l > 0, MERGE=merge, SKIP_ZERO=skip, num_warps=4)
+            bn = tuning.pairs_block_n
+            kplanes_bwd_kernel[(triton.cdiv(N, bn), T)](
+                *common, T=T, C=C, BLOCK_N=bn, BLOCK_C=bc, NEED_DQ=need_dq,
+                ACCUM_DQ=l > 0, num_warps=4)
     return gplanes, dq

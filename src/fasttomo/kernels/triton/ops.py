@@ -1,7 +1,10 @@
 """torch custom ops (fake + autograd registrations) over the Triton kernels.
 
 Importing this module imports triton and registers the ops ``torch.ops.fasttomo.*``. Only
-``fasttomo.kernels.dispatch`` imports it (lazily, when a fast path may be used), and the tests.
+``fasttomo.kernels.dispatch`` imports it (lazily, when a fast path may be used), and the tests; it
+imports nothing of the door back (backward passes are counted in ``kernels/counters.py``). The ops
+carry the plane layout as ``(n_rot, channels, flat_resolutions)`` and rebuild it with
+``PlaneLayout.from_flat``: offsets come from ``PlaneLayout`` only.
 The ops are opaque to torch.compile (custom_op) and allocate their outputs with torch, so they work
 inside CUDA-graph capture once the kernels are compiled and the plane-TV table is built (any call
 before capture does both).
@@ -21,20 +24,15 @@ from __future__ import annotations
 import torch
 
 from fasttomo.kernels import reference
+from fasttomo.kernels.counters import count as _count
 from fasttomo.kernels.layout import PlaneLayout
 from fasttomo.kernels.triton import kplanes as _kp
 from fasttomo.kernels.triton import tomo as _tomo
 from fasttomo.kernels.triton import tv as _tv
 
 
-def _count(op: str, path: str) -> None:
-    from fasttomo.kernels import dispatch
-    dispatch._count(op, path)
-
-
 def _layout(n_rot: int, channels: int, resolutions) -> PlaneLayout:
-    r = list(resolutions)
-    return PlaneLayout(n_rot, channels, tuple(tuple(r[3 * i: 3 * i + 3]) for i in range(len(r) // 3)))
+    return PlaneLayout.from_flat(n_rot, channels, resolutions)
 
 
 # ------------------------------------------------------------------------- op 1: tilted k-planes
@@ -42,13 +40,12 @@ def _layout(n_rot: int, channels: int, resolutions) -> PlaneLayout:
 def tilted_kplanes(points: torch.Tensor, matrices: torch.Tensor, plane_data: torch.Tensor,
                    n_rot: int, channels: int, resolutions: list[int], out_bf16: bool) -> torch.Tensor:
     return _kp.kplanes_forward(points.contiguous(), matrices.contiguous(), plane_data.contiguous(),
-                               n_rot, channels, list(resolutions), out_bf16)
+                               _layout(n_rot, channels, resolutions), out_bf16)
 
 
 @tilted_kplanes.register_fake
 def _(points, matrices, plane_data, n_rot, channels, resolutions, out_bf16):
-    F = (len(resolutions) // 3) * n_rot * channels
-    return points.new_empty((points.shape[0], F),
+    return points.new_empty((points.shape[0], _layout(n_rot, channels, resolutions).n_features),
                             dtype=torch.bfloat16 if out_bf16 else torch.float32)
 
 
@@ -57,7 +54,8 @@ def tilted_kplanes_bwd(grad: torch.Tensor, points: torch.Tensor, matrices: torch
                        plane_data: torch.Tensor, n_rot: int, channels: int,
                        resolutions: list[int], need_dq: bool) -> tuple[torch.Tensor, torch.Tensor]:
     return _kp.kplanes_backward(grad.contiguous(), points.contiguous(), matrices.contiguous(),
-                                plane_data.contiguous(), n_rot, channels, list(resolutions), need_dq)
+                                plane_data.contiguous(), _layout(n_rot, channels, resolutions),
+                                need_dq)
 
 
 @tilted_kplanes_bwd.register_fake
@@ -106,7 +104,7 @@ tilted_kplanes.register_autograd(_kp_backward, setup_context=_kp_setup)
 @torch.library.custom_op("fasttomo::plane_tv", mutates_args=())
 def plane_tv(plane_data: torch.Tensor, n_rot: int, channels: int,
              resolutions: list[int]) -> torch.Tensor:
-    return _tv.plane_tv_forward(plane_data.contiguous(), n_rot, channels, list(resolutions))
+    return _tv.plane_tv_forward(plane_data.contiguous(), _layout(n_rot, channels, resolutions))
 
 
 @plane_tv.register_fake
@@ -117,7 +115,7 @@ def _(plane_data, n_rot, channels, resolutions):
 @torch.library.custom_op("fasttomo::plane_tv_bwd", mutates_args=())
 def plane_tv_bwd(grad: torch.Tensor, plane_data: torch.Tensor, n_rot: int, channels: int,
                  resolutions: list[int]) -> torch.Tensor:
-    return _tv.plane_tv_backward(grad, plane_data.contiguous(), n_rot, channels, list(resolutions))
+    return _tv.plane_tv_backward(grad, plane_data.contiguous(), _layout(n_rot, channels, resolutions))
 
 
 @plane_tv_bwd.register_fake
@@ -189,7 +187,7 @@ volume_tv.register_autograd(_vtv_backward, setup_context=_vtv_setup)
 
 
 # ------------------------------------------------------------------------- ops 4, 5: SIRT projectors
-# Forward-only (no register_autograd): dispatch sends calls that need a gradient to the twins.
+# Forward-only (no register_autograd): the door sends calls that need a gradient to the twins.
 @torch.library.custom_op("fasttomo::ray_project", mutates_args=())
 def ray_project(volume: torch.Tensor, rot: torch.Tensor, shift: torch.Tensor, height: int,
                 width: int, step: float) -> torch.Tensor:

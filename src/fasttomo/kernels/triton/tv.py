@@ -15,6 +15,8 @@ import torch
 import triton
 import triton.language as tl
 
+from fasttomo.kernels.layout import PlaneLayout
+
 PLANE_TV_BLOCK = 2048
 VOLUME_TV_BLOCK = 2048
 
@@ -154,43 +156,43 @@ def volume_tv_bwd_kernel(x_ptr, go_ptr, gx_ptr, E, D, H, W, wd, wh, ww, L1: tl.c
 _TABLES: dict = {}
 
 
-def _plane_tables(n_rot: int, channels: int, resolutions: list[int], device: torch.device):
-    key = (n_rot, channels, tuple(resolutions), str(device))
+def _plane_tables(layout: PlaneLayout, device: torch.device):
+    """Per (scale, plane kind) group, in buffer order (``PlaneLayout.groups``): the first program
+    of each group (blk), (offset, W*C, H*W*C, numel) (itab) and the TV weights along H and W
+    (ftab). Built once per layout and device."""
+    key = (layout, str(device))
     hit = _TABLES.get(key)
     if hit is not None:
         return hit
-    L = len(resolutions) // 3
-    count = 3 * L * n_rot
-    blk, itab, ftab, pos, nb = [0], [], [], 0, 0
-    for l in range(L):
-        rx, ry, rz = resolutions[3 * l: 3 * l + 3]
-        for h, w in ((ry, rx), (rz, rx), (rz, ry)):
-            numel = n_rot * h * w * channels
-            itab += [pos, w * channels, h * w * channels, numel]
-            ftab += [1.0 / ((h - 1) * w * channels) / count, 1.0 / (h * (w - 1) * channels) / count]
-            pos += numel
-            nb += triton.cdiv(numel, PLANE_TV_BLOCK)
-            blk.append(nb)
+    C = layout.channels
+    count = 3 * layout.n_scales * layout.n_rot
+    blk, itab, ftab, nb = [0], [], [], 0
+    for off, h, w, numel in layout.groups():
+        itab += [off, w * C, h * w * C, numel]
+        ftab += [1.0 / ((h - 1) * w * C) / count, 1.0 / (h * (w - 1) * C) / count]
+        nb += triton.cdiv(numel, PLANE_TV_BLOCK)
+        blk.append(nb)
     hit = (torch.tensor(blk, dtype=torch.int32, device=device),
            torch.tensor(itab, dtype=torch.int64, device=device),
-           torch.tensor(ftab, dtype=torch.float32, device=device), nb, 3 * L)
+           torch.tensor(ftab, dtype=torch.float32, device=device), nb, 3 * layout.n_scales)
     _TABLES[key] = hit
     return hit
 
 
-def plane_tv_forward(plane_data, n_rot, channels, resolutions):
-    blk, itab, ftab, nb, G = _plane_tables(n_rot, channels, resolutions, plane_data.device)
+def plane_tv_forward(plane_data: torch.Tensor, layout: PlaneLayout) -> torch.Tensor:
+    blk, itab, ftab, nb, G = _plane_tables(layout, plane_data.device)
     part = torch.empty(nb, device=plane_data.device, dtype=torch.float32)
-    plane_tv_fwd_kernel[(nb,)](plane_data, part, blk, itab, ftab, channels, G=G,
+    plane_tv_fwd_kernel[(nb,)](plane_data, part, blk, itab, ftab, layout.channels, G=G,
                                BLOCK=PLANE_TV_BLOCK, num_warps=8)
     return part.sum()
 
 
-def plane_tv_backward(grad, plane_data, n_rot, channels, resolutions):
-    blk, itab, ftab, nb, G = _plane_tables(n_rot, channels, resolutions, plane_data.device)
+def plane_tv_backward(grad: torch.Tensor, plane_data: torch.Tensor,
+                      layout: PlaneLayout) -> torch.Tensor:
+    blk, itab, ftab, nb, G = _plane_tables(layout, plane_data.device)
     gx = torch.empty_like(plane_data)
-    plane_tv_bwd_kernel[(nb,)](plane_data, grad.contiguous(), gx, blk, itab, ftab, channels, G=G,
-                               BLOCK=PLANE_TV_BLOCK, num_warps=8)
+    plane_tv_bwd_kernel[(nb,)](plane_data, grad.contiguous(), gx, blk, itab, ftab, layout.channels,
+                               G=G, BLOCK=PLANE_TV_BLOCK, num_warps=8)
     return gx
 
 

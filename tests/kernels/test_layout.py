@@ -1,0 +1,41 @@
+"""PlaneLayout is the one source of plane offsets: its iterators agree with its offsets, and the
+flat form the custom ops carry turns back into the same layout. Tuning is a frozen argument."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+
+import pytest
+
+from fasttomo.kernels.layout import PlaneLayout
+
+
+def test_scales_groups_and_flat_form_agree_with_offsets():
+    lay = PlaneLayout(3, 5, ((4, 6, 5), (7, 3, 9)))
+    assert PlaneLayout.from_flat(3, 5, lay.flat_resolutions) == lay
+    assert lay.flat_resolutions == [4, 6, 5, 7, 3, 9]
+    assert [s[4:] for s in lay.scales()] == list(lay.offsets)
+    assert [s[1:4] for s in lay.scales()] == list(lay.resolutions)
+    groups = list(lay.groups())
+    assert [g[0] for g in groups] == [o for row in lay.offsets for o in row]
+    # groups tile the buffer exactly, in order
+    assert all(a[0] + a[3] == b[0] for a, b in zip(groups, groups[1:]))
+    assert groups[-1][0] + groups[-1][3] == lay.numel
+    with pytest.raises(ValueError, match="3 per scale"):
+        PlaneLayout.from_flat(3, 5, [4, 6])
+
+
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
+def test_kernel_tuning_is_a_frozen_argument():
+    from fasttomo.kernels.triton import kplanes as kp
+
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        kp.DEFAULT_TUNING.backward = "pairs"  # type: ignore[misc]
+    with pytest.raises(ValueError, match="backward"):
+        kp.KPlanesTuning(backward="scan")
+    with pytest.raises(ValueError, match="power of two"):
+        kp.KPlanesTuning(run_rows=6)
+    # no module-level knobs left to setattr
+    assert not [n for n in vars(kp) if n.isupper() and not n.startswith("_") and n != "BACKWARDS"
+                and n != "DEFAULT_TUNING"]
