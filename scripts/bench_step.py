@@ -2,14 +2,23 @@
 -> Adam), for several variants of one configuration, in one process or under torchrun.
 
     python scripts/bench_step.py                                  # flagship, default variants
+    python scripts/bench_step.py --case small128                  # 4096 rays x 128, T=4, C=16, 128
     python scripts/bench_step.py --case default --steps 20        # the embedded default config
-    python scripts/bench_step.py --variants triton-fp32 triton-bf16 --extra pose=refine
-    torchrun --standalone --nproc-per-node=2 scripts/bench_step.py --variants triton-fp32
+    python scripts/bench_step.py --variants triton-fp32 triton-bf16-eager --extra pose=refine
+    torchrun --standalone --nproc-per-node=2 scripts/bench_step.py --variants triton-fp32-eager
 
-A variant is <backend>-<precision>: backend torch|triton|auto, precision fp32|bf16|fp16.
-Each step is timed with CUDA events after warm-up (wall time on the CPU); the table shows the
-median ms per step, rays/s and sample points/s over all ranks. Writes one JSON record to
-benchmarks/results/ (and $OUT when set) on rank 0.
+A variant is <backend>-<precision>[-graph|-eager]: backend torch|triton|auto, precision
+fp32|bf16|fp16; without a suffix runtime.cuda_graph stays auto, i.e. the step is captured in a
+CUDA graph where fasttomo-reconstruct would capture it (the variant a real run uses: each row
+says ``cuda_graph``). Each step is timed with CUDA events after warm-up (wall time on the CPU);
+the table shows the median ms per step, rays/s and sample points/s over all ranks, and peak memory.
+Every variant also gets a per-phase breakdown from separate EAGER steps (CUDA events at the phase
+borders: sampler, forward incl. losses and regularizers, backward, optimizer incl. the guard); in
+eager steps the GPU also waits for Python to launch kernels, so the phases of a small problem add
+up to more than its captured step. ``process_to_first_step_s`` is the time from process start
+(interpreter and imports included) to the end of the first variant's first step (synchronized):
+with a warm Triton cache it is what a user waits before training starts.
+Writes one JSON record to benchmarks/results/ (and $OUT when set) on rank 0.
 """
 
 from __future__ import annotations
@@ -17,14 +26,55 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 from pathlib import Path
 
 import torch
 
+from fasttomo import timeline  # noqa: F401  (imported first: the process clock)
+
 CASES = {
     "flagship": ["experiment=flagship"],
+    # the 128^3 shape of the upstream small benchmark (issue 12)
+    "small128": ["data.width=128", "data.height=128", "model.n_rotations=4", "model.channels=16",
+                 "model.resolutions=[128]", "sampler.batch_size=4096", "sampler.samples_per_ray=128"],
     "default": [],
 }
+PHASES = ("sampler", "forward", "backward", "optimizer")
+
+
+def _phase_times(trainer, comps, steps: int) -> dict:
+    """Median ms per phase over ``steps`` eager steps (CUDA events; wall clock on the CPU)."""
+    dev = comps.device
+    cuda = dev.type == "cuda"
+    rows: dict[str, list[float]] = {p: [] for p in PHASES}
+    graph, comps.cuda_graph = comps.cuda_graph, False  # phases of the eager body
+    try:
+        for _ in range(steps):
+            marks: dict[str, object] = {}
+
+            def mark(name, marks=marks):
+                if cuda:
+                    e = torch.cuda.Event(enable_timing=True)
+                    e.record()
+                    marks[name] = e
+                else:
+                    marks[name] = time.perf_counter()
+
+            trainer.phase_mark = mark
+            mark("sampler")
+            batch = comps.sampler.next_batch()
+            trainer.train_step(batch)
+            if cuda:
+                torch.cuda.synchronize(dev)
+            order = ("sampler", "forward", "backward", "optimizer", "done")
+            for a, b in zip(order, order[1:]):
+                ta, tb = marks[a], marks[b]
+                rows[a].append(ta.elapsed_time(tb) if cuda else (tb - ta) * 1e3)
+    finally:
+        trainer.phase_mark = None
+        comps.cuda_graph = graph
+    return {f"{p}_ms": round(sorted(v)[len(v) // 2], 3) for p, v in rows.items()}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -37,9 +87,11 @@ def main(argv: list[str] | None = None) -> int:
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--case", default="flagship", choices=sorted(CASES))
-    p.add_argument("--variants", nargs="+", default=["torch-fp32", "triton-fp32", "triton-bf16"])
+    p.add_argument("--variants", nargs="+", default=["torch-fp32-eager", "triton-fp32", "triton-bf16",
+                                                      "triton-bf16-eager"])
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--phase-steps", type=int, default=10, help="eager steps timed per phase (0: none)")
     p.add_argument("--extra", nargs="*", default=[], help="more config overrides for every variant")
     p.add_argument("--no-write", action="store_true")
     args = p.parse_args(argv)
@@ -48,10 +100,15 @@ def main(argv: list[str] | None = None) -> int:
     rank, world, local_rank = dist_info()
     rows = []
     dev = None
+    first_step_s = None
     for variant in args.variants:
-        backend, prec = variant.split("-")
+        parts = variant.split("-")
+        if len(parts) not in (2, 3) or (len(parts) == 3 and parts[2] not in ("graph", "eager")):
+            p.error(f"variant {variant!r}: expected <backend>-<precision>[-graph|-eager]")
+        backend, prec = parts[:2]
+        graph = {"graph": "on", "eager": "off"}.get(parts[2] if len(parts) == 3 else "", "auto")
         ov = [*CASES[args.case], "logging=quiet", "output.dir=/tmp/bench_step", f"kernels.backend={backend}",
-              f"precision={prec}", *args.extra]
+              f"precision={prec}", f"runtime.cuda_graph={graph}", *args.extra]
         cfg = compose_config(ov)
         ts = load_tiltseries(cfg.data)
         comps = build(cfg, ts, rank=rank, world_size=world, local_rank=local_rank)
@@ -66,13 +123,19 @@ def main(argv: list[str] | None = None) -> int:
             losses.append(loss)
             state["step"] += 1
 
+        if first_step_s is None:
+            one_step()
+            if dev.type == "cuda":
+                torch.cuda.synchronize(dev)
+            first_step_s = timeline.since_start()
         times = cuda_times_ms(one_step, args.steps, args.warmup, dev)
         ms = median(times)
         if world > 1:  # the slowest rank sets the pace
             ms = float(all_reduce_mean(torch.tensor([ms], device=dev)).item())
-        rays = cfg.sampler.batch_size * world
+        rays = comps.cfg.sampler.batch_size * world  # the resolved batch (auto on the default)
         row = {
             "variant": variant,
+            "cuda_graph": bool(comps.cuda_graph),
             "median_ms": round(ms, 3),
             "min_ms": round(min(times), 3),
             "max_ms": round(max(times), 3),
@@ -82,6 +145,10 @@ def main(argv: list[str] | None = None) -> int:
             "final_loss": float(all_reduce_mean(losses[-1]).item()),
             "loss_rank0": float(losses[-1].item()),
         }
+        if dev.type == "cuda":
+            row["peak_mem_GB"] = round(torch.cuda.max_memory_allocated(dev) / 1e9, 3)
+        if args.phase_steps and world == 1:
+            row["phases_eager"] = _phase_times(trainer, comps, args.phase_steps)
         if world > 1:  # the replicas must agree: every rank's parameters and reduced loss
             import torch.distributed as dist
 
@@ -93,25 +160,29 @@ def main(argv: list[str] | None = None) -> int:
             row["param_checksum_per_rank"] = sums
             row["param_checksum_max_diff"] = max(sums) - min(sums)
             row["local_loss_per_rank"] = [float(e[1]) for e in every]
-        if dev.type == "cuda":
-            row["peak_mem_GB"] = round(torch.cuda.max_memory_allocated(dev) / 1e9, 2)
-            torch.cuda.reset_peak_memory_stats(dev)
         rows.append(row)
         del trainer, comps
         if dev.type == "cuda":
             torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats(dev)
     if rank == 0:
-        print(f"bench_step case={args.case} device={device_name(dev)} world={world} torch={torch.__version__}")
-        print(f"{'variant':<16}{'median ms':>11}{'Mrays/s':>10}{'Gpts/s':>9}{'loss':>12}{'param diff':>12}")
+        print(f"bench_step case={args.case} device={device_name(dev)} world={world} torch={torch.__version__} "
+              f"process start -> first step {first_step_s:.2f} s")
+        print(f"{'variant':<20}{'graph':>6}{'median ms':>11}{'Mrays/s':>10}{'Gpts/s':>9}{'peak GB':>9}"
+              f"{'loss':>12}  phases ms (eager: sampler/fwd/bwd/opt)")
         for r in rows:
-            print(f"{r['variant']:<16}{r['median_ms']:>11.2f}{r['rays_per_s'] / 1e6:>10.3f}"
-                  f"{r['points_per_s'] / 1e9:>9.3f}{r['final_loss']:>12.4e}{r.get('param_checksum_max_diff', 0.0):>12.3e}")
+            ph = r.get("phases_eager", {})
+            print(f"{r['variant']:<20}{str(r['cuda_graph']):>6}{r['median_ms']:>11.2f}{r['rays_per_s'] / 1e6:>10.3f}"
+                  f"{r['points_per_s'] / 1e9:>9.3f}{r.get('peak_mem_GB', 0.0):>9.2f}{r['final_loss']:>12.4e}  "
+                  + "/".join(f"{ph.get(f'{q}_ms', float('nan')):.2f}" for q in PHASES))
         if not args.no_write:
             case = args.case if world == 1 else f"{args.case}-ddp{world}"
             argv_used = sys.argv[1:] if argv is None else argv
             for out in [None] + ([Path(os.environ["OUT"])] if os.environ.get("OUT") else []):
                 path = write_result("bench_step", case, device_name(dev), rows, argv=argv_used, out_dir=out,
-                                    steps=args.steps, warmup=args.warmup, overrides=args.extra)
+                                    steps=args.steps, warmup=args.warmup, overrides=args.extra,
+                                    process_to_first_step_s=round(first_step_s, 3),
+                                    process_start_exact=timeline.EXACT)
             print(f"wrote {path.name}")
     return 0
 

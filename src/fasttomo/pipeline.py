@@ -174,6 +174,7 @@ def run_reconstruction(cfg: Config) -> dict:
             stop.phase = "training"
             log.info("training from step %d to %d (Ctrl-C or SIGTERM: stop after the current step and save)",
                      trainer.step, cfg.optim.steps)
+            t_fit = time.perf_counter()
             try:
                 trainer.fit()
             except DivergenceError as exc:  # the guard rolled back to the last good state: keep it if it is new
@@ -212,6 +213,7 @@ def run_reconstruction(cfg: Config) -> dict:
                 else:
                     written["checkpoints/last.pt"] = ckpt_path
                 metrics = _summarize(cfg, comps, trainer, steps_before, trainer.train_seconds - seconds_before, volume)
+                metrics["timeline"] = _timeline(t0, t_fit, trainer)
                 metrics["status"] = ("interrupted" if interrupted else "finished") if finite else "diverged"
                 metrics["guard"] = trainer.guard.summary()
                 if cfg.resume:
@@ -396,6 +398,10 @@ def _finish(cfg: Config, ts, out_dir: Path, volume, metrics: dict, written: dict
     if pictures:
         _pictures(cfg, out_dir, volume, ts, metrics, failed)
     metrics["wall_seconds"] = time.perf_counter() - t0
+    if "timeline" in metrics:
+        from fasttomo import timeline
+
+        metrics["timeline"]["process_to_end_s"] = round(timeline.since_start(), 3)
     try:
         _write_text(out_dir / "metrics.json", dumps(metrics), True)
     except OSError as exc:
@@ -546,6 +552,27 @@ def _subset(ts, keep: np.ndarray):
     sub = lambda a: None if a is None else np.ascontiguousarray(a[keep])  # noqa: E731
     return TiltSeries(stack=sub(ts.stack), angles=ts.angles[keep], pixel_size=ts.pixel_size, source=ts.source,
                       metadata=dict(ts.metadata), ground_truth=ts.ground_truth, valid=sub(ts.valid))
+
+
+def _timeline(t0: float, t_fit: float, trainer) -> dict:
+    """Where a run's time goes outside the steps (seconds; ``process_to_*`` count from the moment
+    the process started, interpreter and imports included): run start, training start, the end of
+    the first step (compilation, autotuning, CUDA-graph capture), validation and image time inside
+    training; ``process_to_end_s`` (added when metrics.json is written) closes it."""
+    from fasttomo import timeline
+
+    tm = trainer.timing
+    first = tm["first_step_done"]
+    return {
+        "process_to_run_start_s": round(timeline.since_start(t0), 3),
+        "process_to_training_start_s": round(timeline.since_start(t_fit), 3),
+        "process_to_first_step_s": round(timeline.since_start(first), 3) if first else None,
+        "first_step_s": round(first - t_fit, 3) if first else None,
+        "validation_s": round(tm["validation_seconds"], 3),
+        "images_s": round(tm["image_seconds"], 3),
+        "graph_capture_s": round(trainer.graphed.capture_seconds, 3) if trainer.graphed is not None else None,
+        "process_start_exact": timeline.EXACT,
+    }
 
 
 def _summarize(cfg: Config, comps, trainer, steps_before: int, seconds: float, volume: np.ndarray) -> dict:

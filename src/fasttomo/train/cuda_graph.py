@@ -57,6 +57,7 @@ class GraphedStep:
         self._batch = None
         self._noise = None
         self._out = None
+        self.capture_seconds = 0.0  # wall time of the capture (synchronized), for the run's timeline
         tensor_lrs(optimizer, device)
 
     def __call__(self, batch, noise):
@@ -83,6 +84,9 @@ class GraphedStep:
             self._noise.copy_(noise, non_blocking=True)
 
     def _capture(self, batch, noise) -> None:
+        import time
+
+        t = time.perf_counter()
         self._batch = dataclasses.replace(batch, **{f.name: getattr(batch, f.name).clone()
                                                     for f in dataclasses.fields(batch)})
         self._noise = noise.clone() if noise is not None else None
@@ -92,6 +96,8 @@ class GraphedStep:
         with torch.cuda.graph(graph):
             self._out = self.body(self._batch, self._noise)
         self.graph = graph
+        torch.cuda.synchronize(self.device)
+        self.capture_seconds = time.perf_counter() - t
         log.info("training step captured in a CUDA graph after %d eager warm-up steps", WARMUP)
 
 

@@ -57,6 +57,12 @@ class Trainer:
                            check_grads=not c.precision.scaler.is_enabled(),
                            base_lrs={g["name"]: b for g, b in zip(c.optimizer.param_groups, c.base_lrs)})
         self.stop = None  # an object with should_stop(step) -> bool (fasttomo.stop.StopRequests), checked per step
+        self.timing = {"first_step_done": None, "validation_seconds": 0.0, "image_seconds": 0.0}
+        """Fixed costs inside fit (perf_counter of the first step's end, synchronized once; seconds
+        spent validating and rendering TensorBoard images), reported in metrics.json's timeline."""
+        self.phase_mark = None
+        """Optional callable(name) called inside the step body at 'forward', 'backward', 'optimizer'
+        and 'done' (scripts/bench_step.py times the phases with CUDA events; eager steps only)."""
 
     # ------------------------------------------------------------------ one step
     def _weighted_errors(self, pred: torch.Tensor, batch) -> torch.Tensor:
@@ -100,6 +106,9 @@ class Trainer:
     def _step_body(self, batch, noise) -> tuple[torch.Tensor, dict]:
         """Forward, backward and update: the eager step, and what a CUDA graph captures."""
         c = self.c
+        mark = self.phase_mark
+        if mark:
+            mark("forward")
         c.optimizer.zero_grad(set_to_none=True)
         k = self._subgrid_noise
         with c.precision.autocast():
@@ -108,11 +117,17 @@ class Trainer:
         with c.precision.autocast():
             reg, parts = regularization(c.projector.field, self.cfg.loss, c.reg_generator, noise[:k] if k else None)
         loss = sum(data_parts.values()) + reg.float()
+        if mark:
+            mark("backward")
         c.precision.backward(loss)
+        if mark:
+            mark("optimizer")
         params = [p for g in c.optimizer.param_groups for p in g["params"]]
         skip = self.guard.inspect(loss, params)  # device flag: a non-finite or exploding step changes nothing
         c.precision.step(c.optimizer, params, self.cfg.optim.grad_clip, skip=skip,
                          grad_norm=self.guard.grad_norm if skip is not None and self.guard.check_grads else None)
+        if mark:
+            mark("done")
         return loss.detach(), {**{k: v.detach() for k, v in data_parts.items()},
                                **{k: v.detach() for k, v in parts.items()}}
 
@@ -327,6 +342,10 @@ class Trainer:
                 batch = c.sampler.next_batch()
                 loss, parts = self.train_step(batch)
                 self.step = step + 1
+                if self.timing["first_step_done"] is None:
+                    if c.device.type == "cuda":
+                        torch.cuda.synchronize(c.device)
+                    self.timing["first_step_done"] = time.perf_counter()
                 run_log.progress(1)
                 last = self.step == cfg.optim.steps
                 if self.step % lg.log_every == 0 or last:
@@ -345,7 +364,9 @@ class Trainer:
                     if run_log.bar is not None:
                         run_log.bar.set_postfix(loss=f"{vals['loss/train']:.3e}", refresh=False)
                 if self.step % lg.val_every == 0 or last:
+                    t_val = time.perf_counter()
                     v = self.validate()
+                    self.timing["validation_seconds"] += time.perf_counter() - t_val
                     self.val_history.append([self.step, v])
                     run_log.scalars(self.step, {"loss/val": v})
                     if c.plateau is not None:
@@ -358,8 +379,10 @@ class Trainer:
                         break
                 image_step = lg.image_every > 0 and self.step % lg.image_every == 0
                 if (image_step or last) and self.main and lg.tensorboard:
+                    t_img = time.perf_counter()
                     for name, img in self.central_slices().items():
                         run_log.image(self.step, f"slices/{name}", img)
+                    self.timing["image_seconds"] += time.perf_counter() - t_img
                 if self.guard.due(self.step) or self.step == end:
                     self.guard.check(self.step, final=last)  # may roll back, or raise DivergenceError
                 if self.probe is not None and every and (self.step % every == 0 or last):

@@ -1,0 +1,34 @@
+"""Seconds since this process started (not since an import): the clock of the fixed costs.
+
+``since_start()`` counts from the moment the operating system started the process (Linux:
+``/proc/self/stat``), so interpreter start-up and imports are included; elsewhere it counts from
+the first import of this module. Used for the run's ``timeline`` in metrics.json and by
+``scripts/bench_step.py`` (process start to the first training step).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+
+def _seconds_since_process_start() -> float | None:
+    try:
+        with open("/proc/self/stat", encoding="ascii") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        with open("/proc/uptime", encoding="ascii") as f:
+            uptime = float(f.read().split()[0])
+        return max(0.0, uptime - int(fields[19]) / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError, AttributeError):
+        return None
+
+
+_AGO = _seconds_since_process_start()
+PROCESS_START = time.perf_counter() - (_AGO or 0.0)
+"""perf_counter() value at process start (at this module's import where the OS does not say)."""
+EXACT = _AGO is not None
+
+
+def since_start(t: float | None = None) -> float:
+    """Seconds from process start to perf_counter() value ``t`` (default: now)."""
+    return (time.perf_counter() if t is None else t) - PROCESS_START
