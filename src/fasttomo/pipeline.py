@@ -29,6 +29,7 @@ match (refused otherwise).
 from __future__ import annotations
 
 import logging
+import sys
 import time
 from pathlib import Path
 
@@ -572,6 +573,7 @@ def _timeline(t0: float, t_fit: float, trainer) -> dict:
         "images_s": round(tm["image_seconds"], 3),
         "graph_capture_s": round(trainer.graphed.capture_seconds, 3) if trainer.graphed is not None else None,
         "process_start_exact": timeline.EXACT,
+        "torch_dynamo_imported": "torch._dynamo" in sys.modules,  # seconds of start-up when true
     }
 
 
