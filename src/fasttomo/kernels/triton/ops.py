@@ -5,7 +5,7 @@ Importing this module imports triton and registers the ops ``torch.ops.fasttomo.
 imports nothing of the door back (backward passes are counted in ``kernels/counters.py``). The ops
 carry the plane layout as ``(n_rot, channels, flat_resolutions)`` and rebuild it with
 ``PlaneLayout.from_flat``: offsets come from ``PlaneLayout`` only.
-The ops are opaque to torch.compile (custom_op) and allocate their outputs with torch, so they work
+The ops are opaque to torch.compile (torch.library ops with fake kernels) and allocate their outputs with torch, so they work
 inside CUDA-graph capture once the kernels are compiled and the plane-TV table is built (any call
 before capture does both).
 
@@ -13,6 +13,12 @@ The tomography ops ``fasttomo::ray_project`` and ``fasttomo::voxel_backproject``
 projector pair) are FORWARD-ONLY: they have a fake registration but no autograd one, and
 ``dispatch`` routes any call that would need a gradient (grad mode on and an input requiring it) to
 the pure-torch twin.
+
+The ops are defined with ``torch.library.define`` / ``impl`` (not ``torch.library.custom_op``):
+custom_op wraps each kernel in ``torch._disable_dynamo``, whose first call imports ``torch._dynamo``
+(3.6 s of a run's start on an H200), although nothing here is compiled. With ``define`` the
+dispatcher calls the Python function directly; the fake and autograd registrations are the same
+public ``torch.library`` calls.
 
 Double backward: the registered backward checks ``torch.is_grad_enabled()`` (true only for a
 ``create_graph=True`` backward) and then computes the gradient through the pure-torch twin with a
@@ -35,21 +41,42 @@ def _layout(n_rot: int, channels: int, resolutions) -> PlaneLayout:
     return PlaneLayout.from_flat(n_rot, channels, resolutions)
 
 
+_LIB = torch.library.Library("fasttomo", "FRAGMENT")  # kept alive: the registrations live with it
+
+
+def _op(schema: str):
+    """Define ``fasttomo::<schema>`` and register the decorated function as its kernel for every
+    device (CompositeExplicitAutograd, as custom_op does). Returns the function."""
+    name = schema.split("(", 1)[0]
+
+    def deco(fn):
+        _LIB.define(schema)
+        torch.library.impl(f"fasttomo::{name}", "default", fn, lib=_LIB)
+        return fn
+    return deco
+
+
+def _fake(name: str):
+    return torch.library.register_fake(f"fasttomo::{name}", lib=_LIB)
+
+
 # ------------------------------------------------------------------------- op 1: tilted k-planes
-@torch.library.custom_op("fasttomo::tilted_kplanes", mutates_args=())
+@_op("tilted_kplanes(Tensor points, Tensor matrices, Tensor plane_data, int n_rot, int channels, "
+     "int[] resolutions, bool out_bf16) -> Tensor")
 def tilted_kplanes(points: torch.Tensor, matrices: torch.Tensor, plane_data: torch.Tensor,
                    n_rot: int, channels: int, resolutions: list[int], out_bf16: bool) -> torch.Tensor:
     return _kp.kplanes_forward(points.contiguous(), matrices.contiguous(), plane_data.contiguous(),
                                _layout(n_rot, channels, resolutions), out_bf16)
 
 
-@tilted_kplanes.register_fake
+@_fake("tilted_kplanes")
 def _(points, matrices, plane_data, n_rot, channels, resolutions, out_bf16):
     return points.new_empty((points.shape[0], _layout(n_rot, channels, resolutions).n_features),
                             dtype=torch.bfloat16 if out_bf16 else torch.float32)
 
 
-@torch.library.custom_op("fasttomo::tilted_kplanes_bwd", mutates_args=())
+@_op("tilted_kplanes_bwd(Tensor grad, Tensor points, Tensor matrices, Tensor plane_data, int n_rot, "
+     "int channels, int[] resolutions, bool need_dq) -> (Tensor, Tensor)")
 def tilted_kplanes_bwd(grad: torch.Tensor, points: torch.Tensor, matrices: torch.Tensor,
                        plane_data: torch.Tensor, n_rot: int, channels: int,
                        resolutions: list[int], need_dq: bool) -> tuple[torch.Tensor, torch.Tensor]:
@@ -58,7 +85,7 @@ def tilted_kplanes_bwd(grad: torch.Tensor, points: torch.Tensor, matrices: torch
                                 need_dq)
 
 
-@tilted_kplanes_bwd.register_fake
+@_fake("tilted_kplanes_bwd")
 def _(grad, points, matrices, plane_data, n_rot, channels, resolutions, need_dq):
     n = points.shape[0] if need_dq else 0
     return (torch.empty_like(plane_data),
@@ -97,28 +124,28 @@ def _kp_backward(ctx, grad):
     return gp, gm, (gplanes if need_x else None), None, None, None, None
 
 
-tilted_kplanes.register_autograd(_kp_backward, setup_context=_kp_setup)
+torch.library.register_autograd("fasttomo::tilted_kplanes", _kp_backward, setup_context=_kp_setup, lib=_LIB)
 
 
 # ------------------------------------------------------------------------- op 3: plane TV
-@torch.library.custom_op("fasttomo::plane_tv", mutates_args=())
+@_op("plane_tv(Tensor plane_data, int n_rot, int channels, int[] resolutions) -> Tensor")
 def plane_tv(plane_data: torch.Tensor, n_rot: int, channels: int,
              resolutions: list[int]) -> torch.Tensor:
     return _tv.plane_tv_forward(plane_data.contiguous(), _layout(n_rot, channels, resolutions))
 
 
-@plane_tv.register_fake
+@_fake("plane_tv")
 def _(plane_data, n_rot, channels, resolutions):
     return plane_data.new_empty(())
 
 
-@torch.library.custom_op("fasttomo::plane_tv_bwd", mutates_args=())
+@_op("plane_tv_bwd(Tensor grad, Tensor plane_data, int n_rot, int channels, int[] resolutions) -> Tensor")
 def plane_tv_bwd(grad: torch.Tensor, plane_data: torch.Tensor, n_rot: int, channels: int,
                  resolutions: list[int]) -> torch.Tensor:
     return _tv.plane_tv_backward(grad, plane_data.contiguous(), _layout(n_rot, channels, resolutions))
 
 
-@plane_tv_bwd.register_fake
+@_fake("plane_tv_bwd")
 def _(grad, plane_data, n_rot, channels, resolutions):
     return torch.empty_like(plane_data)
 
@@ -142,26 +169,26 @@ def _ptv_backward(ctx, grad):
             None, None, None)
 
 
-plane_tv.register_autograd(_ptv_backward, setup_context=_ptv_setup)
+torch.library.register_autograd("fasttomo::plane_tv", _ptv_backward, setup_context=_ptv_setup, lib=_LIB)
 
 
 # ------------------------------------------------------------------------- op 2: volume TV
-@torch.library.custom_op("fasttomo::volume_tv", mutates_args=())
+@_op("volume_tv(Tensor volume, bool l1) -> Tensor")
 def volume_tv(volume: torch.Tensor, l1: bool) -> torch.Tensor:
     return _tv.volume_tv_forward(volume.contiguous(), l1)
 
 
-@volume_tv.register_fake
+@_fake("volume_tv")
 def _(volume, l1):
     return volume.new_empty(())
 
 
-@torch.library.custom_op("fasttomo::volume_tv_bwd", mutates_args=())
+@_op("volume_tv_bwd(Tensor grad, Tensor volume, bool l1) -> Tensor")
 def volume_tv_bwd(grad: torch.Tensor, volume: torch.Tensor, l1: bool) -> torch.Tensor:
     return _tv.volume_tv_backward(grad, volume.contiguous(), l1)
 
 
-@volume_tv_bwd.register_fake
+@_fake("volume_tv_bwd")
 def _(grad, volume, l1):
     return torch.empty_like(volume)
 
@@ -183,28 +210,28 @@ def _vtv_backward(ctx, grad):
     return torch.ops.fasttomo.volume_tv_bwd(grad, volume, ctx.l1), None
 
 
-volume_tv.register_autograd(_vtv_backward, setup_context=_vtv_setup)
+torch.library.register_autograd("fasttomo::volume_tv", _vtv_backward, setup_context=_vtv_setup, lib=_LIB)
 
 
 # ------------------------------------------------------------------------- ops 4, 5: SIRT projectors
 # Forward-only (no register_autograd): the door sends calls that need a gradient to the twins.
-@torch.library.custom_op("fasttomo::ray_project", mutates_args=())
+@_op("ray_project(Tensor volume, Tensor rot, Tensor shift, int height, int width, float step) -> Tensor")
 def ray_project(volume: torch.Tensor, rot: torch.Tensor, shift: torch.Tensor, height: int,
                 width: int, step: float) -> torch.Tensor:
     return _tomo.ray_project(volume.contiguous(), rot, shift, height, width, step)
 
 
-@ray_project.register_fake
+@_fake("ray_project")
 def _(volume, rot, shift, height, width, step):
     return volume.new_empty((rot.shape[0], height, width), dtype=torch.float32)
 
 
-@torch.library.custom_op("fasttomo::voxel_backproject", mutates_args=())
+@_op("voxel_backproject(Tensor images, Tensor rot, Tensor shift, int depth, int height, int width) -> Tensor")
 def voxel_backproject(images: torch.Tensor, rot: torch.Tensor, shift: torch.Tensor, depth: int,
                       height: int, width: int) -> torch.Tensor:
     return _tomo.voxel_backproject(images.contiguous(), rot, shift, depth, height, width)
 
 
-@voxel_backproject.register_fake
+@_fake("voxel_backproject")
 def _(images, rot, shift, depth, height, width):
     return images.new_empty((depth, height, width), dtype=torch.float32)
