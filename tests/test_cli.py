@@ -201,3 +201,47 @@ def test_simulate_outputs_in_the_repository_are_git_ignored():
     assert sorted(res.stdout.split()) == sorted(names)
     kept = subprocess.run(["git", "check-ignore", "data/phantom32.mrc"], cwd=REPO, capture_output=True, text=True)
     assert kept.returncode == 1                                             # the shipped sample stays tracked
+
+
+# --------------------------------------------------------------------------------------- console handler
+def test_messages_go_above_the_progress_bar_and_ranks_stay_quiet(capsys):
+    import io
+    import logging
+
+    from tqdm import tqdm
+
+    from fasttomo.logging import PROGRESS_LOGGER, ConsoleHandler, quiet_other_ranks, restore_ranks
+
+    handler = ConsoleHandler()
+    handler.setFormatter(logging.Formatter("%(levelname)s %(message)s"))
+    logger = logging.getLogger("fasttomo.test_console")  # level NOTSET: it follows "fasttomo", as the real ones do
+    logger.addHandler(handler)
+    parent = logging.getLogger("fasttomo")
+    level = parent.level
+    parent.setLevel(logging.INFO)
+    try:
+        bar_out = io.StringIO()
+        with tqdm(total=10, file=bar_out) as bar:
+            bar.update(3)
+            logger.info("kernels: chosen")
+            logging.getLogger(PROGRESS_LOGGER).handle(logging.LogRecord(PROGRESS_LOGGER, logging.INFO, "", 0,
+                                                                        "step 3/10", None, None))
+            handler.handle(logging.LogRecord(PROGRESS_LOGGER, logging.INFO, "", 0, "step 3/10", None, None))
+            logger.warning("careful")
+        out = capsys.readouterr()
+        assert out.out == "INFO kernels: chosen\n"                     # a whole line of its own, not inside the bar
+        assert out.err == "WARNING careful\n"
+        assert "step 3/10" not in out.out + out.err                       # the bar shows the progress
+        token = quiet_other_ranks(1, all_ranks=False)
+        logging.getLogger("fasttomo.test_console").info("rank 1 says hello")
+        logging.getLogger("fasttomo.test_console").error("rank 1 fails")
+        restore_ranks(token)
+        token = quiet_other_ranks(1, all_ranks=True)
+        logger.info("now every rank")
+        restore_ranks(token)
+        out = capsys.readouterr()
+        assert "hello" not in out.out and "ERROR rank 1 fails" in out.err
+        assert out.out == "[rank 1] INFO now every rank\n"
+    finally:
+        logger.removeHandler(handler)
+        parent.setLevel(level)

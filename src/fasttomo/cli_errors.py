@@ -26,7 +26,7 @@ import time
 import typing
 from typing import Any, Union
 
-from fasttomo.cli_help import Program, dataclasses_in, fmt_value, schema_keys, sections
+from fasttomo.cli_help import Program, fmt_value, schema_keys, sections
 
 EXIT_USER_ERROR = 2
 

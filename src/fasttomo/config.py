@@ -569,7 +569,8 @@ class LoggingConfig:
         for name in ("image_every", "checkpoint_every"):
             v = getattr(self, name)
             _require(isinstance(v, int) and v >= 0, f"logging.{name}", f"must be an integer >= 0, got {v!r}.")
-        _require(isinstance(self.all_ranks, bool), "logging.all_ranks", f"must be true or false, got {self.all_ranks!r}.")
+        _require(isinstance(self.all_ranks, bool), "logging.all_ranks",
+                 f"must be true or false, got {self.all_ranks!r}.")
 
 
 # --------------------------------------------------------------------------------------- evaluation
