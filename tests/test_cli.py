@@ -4,9 +4,11 @@ fasttomo-simulate consistent with its messages. Every command runs as a real pro
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import sys
 from pathlib import Path
+from typing import Optional, Union
 
 import numpy as np
 import pytest
@@ -245,3 +247,48 @@ def test_messages_go_above_the_progress_bar_and_ranks_stay_quiet(capsys):
     finally:
         logger.removeHandler(handler)
         parent.setLevel(level)
+
+
+# --------------------------------------------------------------------------------------- generic schemas
+@dataclasses.dataclass
+class _PhantomData:
+    width: int = 64
+    """Image width."""
+
+
+@dataclasses.dataclass
+class _FileData:
+    path: Optional[str] = None
+    """The stack file."""
+
+
+@dataclasses.dataclass
+class _Base:
+    steps: int = 10
+    """Steps."""
+
+
+@dataclasses.dataclass
+class _Fancy(_Base):
+    momentum: float = 0.9
+    """Only the fancy option has it."""
+
+
+@dataclasses.dataclass
+class _Root:
+    data: Union[_PhantomData, _FileData] = dataclasses.field(default_factory=_PhantomData)
+    optim: _Base = dataclasses.field(default_factory=_Base)
+    name: str = "x"
+    """Run name."""
+
+
+def test_help_reads_schemas_split_per_group_option():
+    """One schema per group option (a Union, or subclasses of a base): --help and the checks know
+    the keys and docstrings of all of them."""
+    from fasttomo.cli_help import field_type, schema_keys
+
+    keys = schema_keys(_Root)
+    assert set(keys) == {"data.width", "data.path", "optim.steps", "optim.momentum", "name"}
+    assert keys["data.path"].type_text == "str or null" and keys["data.path"].doc == "The stack file."
+    assert keys["optim.momentum"].doc == "Only the fancy option has it." and keys["optim.steps"].default == 10
+    assert field_type(_Root, "optim.momentum") is float and field_type(_Root, "data.nope") is None

@@ -26,7 +26,7 @@ import time
 import typing
 from typing import Any, Union
 
-from fasttomo.cli_help import Program, fmt_value, schema_keys, sections
+from fasttomo.cli_help import Program, fmt_value, option_values, schema_keys, sections
 
 EXIT_USER_ERROR = 2
 
@@ -177,7 +177,7 @@ def check_overrides(p: Program, argv: list[str]) -> None:
             raise CommandLineError(f"{token}: this is not a valid key=value ({first}); quote values with spaces or "
                                    "special characters, e.g. key='a b'.") from None
         key = ov.key_or_group
-        if key.startswith("hydra.") or key == "hydra" or ov.package is not None:
+        if key.split(".")[0].split("/")[0] == "hydra" or ov.package is not None:
             continue
         raw = token.split("=", 1)[1] if "=" in token else ""
         values = list(ov.sweep_string_iterator()) if ov.is_sweep_override() else None
@@ -205,11 +205,13 @@ def check_overrides(p: Program, argv: list[str]) -> None:
                 if msg:
                     raise CommandLineError(msg)
             continue
+        head = key.split(".")[0]
+        if head in groups and any(key in option_values(p.config_dir, head, o) for o in groups[head]):
+            continue  # a key an option's file sets, that no schema here declares: Hydra and the schema decide
         if key in secs:
             raise CommandLineError(f"{key}: is a group of settings, not a value; set one of its keys, e.g. "
                                    f"{_first_key(keys, key)}=<value> ({p.prog} --help {key} lists them).")
         # an unknown key: the nearest keys, by the whole name and by the last part within its group
-        head = key.split(".")[0]
         near = _near(key, keys)
         if not near and "." in key:
             in_group = [k for k in keys if k.startswith(head + ".")]

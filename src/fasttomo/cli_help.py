@@ -69,12 +69,23 @@ def field_docs(cls: type) -> dict[str, str]:
 
 
 def dataclasses_in(tp: Any) -> list[type]:
-    """The dataclasses a field type names: itself, or the members of a Union / Optional."""
+    """The dataclasses a field type names: itself, or the members of a Union / Optional, each
+    followed by its dataclass subclasses (a group whose options have schemas of their own, as a
+    Union or as subclasses of one base, holds the keys of all of them)."""
     if dataclasses.is_dataclass(tp) and isinstance(tp, type):
-        return [tp]
-    if typing.get_origin(tp) in (Union, types.UnionType):
-        return [a for a in typing.get_args(tp) if dataclasses.is_dataclass(a) and isinstance(a, type)]
-    return []
+        found = [tp]
+    elif typing.get_origin(tp) in (Union, types.UnionType):
+        found = [a for a in typing.get_args(tp) if dataclasses.is_dataclass(a) and isinstance(a, type)]
+    else:
+        return []
+    out: list[type] = []
+    stack = list(found)
+    while stack:
+        cls = stack.pop(0)
+        if cls not in out:
+            out.append(cls)
+            stack += [c for c in cls.__subclasses__() if dataclasses.is_dataclass(c)]
+    return out
 
 
 def type_text(tp: Any) -> str:
@@ -318,7 +329,9 @@ def overview(p: Program) -> str:
               f"  {p.prog} --help [GROUP | KEY]       the full documentation of one part (e.g. --help "
               f"{(p.common or ('x',))[0]})"]
     if p.examples:
-        lines += ["", "examples:"] + [f"  {e}" for e in p.examples]
+        split = [(e.split("#", 1)[0].rstrip(), e.split("#", 1)[1].strip() if "#" in e else "") for e in p.examples]
+        col = min(64, max((len(c) for c, note in split if note), default=0))
+        lines += ["", "examples:"] + [f"  {c.ljust(col)}  # {note}" if note else f"  {c}" for c, note in split]
     defaults_opt = default_options(p.config_dir, p.primary)
     if groups:
         lines += ["", "groups (choose one option of a group with group=option; * marks the default):"]
