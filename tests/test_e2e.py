@@ -178,7 +178,7 @@ def test_overwrite_true_replaces_results(tmp_path):
     assert metrics["steps"] == 4
     assert json.loads((out / "metrics.json").read_text())["steps"] == 4
     second_log = (out / "reconstruct.log").read_text()
-    assert "done in" in second_log and second_log != first_log
+    assert f"run folder: {out}" in second_log and second_log != first_log
 
 
 def test_continuous_rotation_per_line_angles(tmp_path):
