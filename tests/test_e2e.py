@@ -75,7 +75,8 @@ def test_slices_config_and_checkpoint(tiny_run):
     assert img.size[0] > 24 and img.size[1] >= 20
     assert (out / "config.yaml").read_text().count("steps: 40") == 1
     assert (out / "checkpoints" / "last.pt").stat().st_size > 1000
-    assert "done in" in (out / "reconstruct.log").read_text()
+    log_text = (out / "reconstruct.log").read_text()
+    assert "finished." in log_text and f"run folder: {out}" in log_text and "done in" not in log_text
 
 
 def test_tensorboard_events_read_back(tiny_run):
@@ -177,7 +178,7 @@ def test_overwrite_true_replaces_results(tmp_path):
     assert metrics["steps"] == 4
     assert json.loads((out / "metrics.json").read_text())["steps"] == 4
     second_log = (out / "reconstruct.log").read_text()
-    assert "done in" in second_log and second_log != first_log
+    assert f"run folder: {out}" in second_log and second_log != first_log
 
 
 def test_continuous_rotation_per_line_angles(tmp_path):

@@ -184,7 +184,8 @@ def test_overwrite_removes_every_file_of_the_previous_run_and_nothing_else(tmp_p
     run(compose_config([*TINY, "optim.steps=3", "output.overwrite=true", f"output.dir={out}"]))
     after = sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file())
     assert after == ["checkpoints/last.pt", "config.yaml", "fsc_truth.png", "loss.png", "manifest.json",
-                     "metrics.json", "notes.txt", "reconstruct.log", "slices.png", "volume.h5", "volume.mrc"]
+                     "metrics.json", "notes.txt", "reconstruct.log", "report.png", "slices.png", "volume.h5",
+                     "volume.mrc"]
     assert not (out / "tb").exists()
     assert "removed the" in (out / "reconstruct.log").read_text()
 

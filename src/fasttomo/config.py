@@ -552,9 +552,15 @@ class LoggingConfig:
     tensorboard: bool = True
     """Write TensorBoard events under <run>/tb."""
     progress: bool = True
-    """Show a tqdm progress bar with ETA."""
+    """Show a tqdm progress bar with ETA when stderr is a terminal (a redirected output gets a
+    progress line every tenth of the run instead, without carriage returns; reconstruct.log always
+    gets those lines)."""
     checkpoint_every: int = 0
-    """Write a checkpoint every N steps (0: only at the end)."""
+    """Write a checkpoint every N steps as checkpoints/step<N>.pt, N zero-padded to 7 digits
+    (0: only checkpoints/last.pt at the end)."""
+    all_ranks: bool = False
+    """Under torchrun: every process logs, each line prefixed with its rank (default: rank 0
+    alone logs; the others print errors only)."""
 
     def __post_init__(self) -> None:
         for name in ("log_every", "val_every"):
@@ -563,6 +569,8 @@ class LoggingConfig:
         for name in ("image_every", "checkpoint_every"):
             v = getattr(self, name)
             _require(isinstance(v, int) and v >= 0, f"logging.{name}", f"must be an integer >= 0, got {v!r}.")
+        _require(isinstance(self.all_ranks, bool), "logging.all_ranks",
+                 f"must be true or false, got {self.all_ranks!r}.")
 
 
 # --------------------------------------------------------------------------------------- evaluation

@@ -201,7 +201,15 @@ def score_against_truth(vol: np.ndarray, truth: np.ndarray, voxel_size_A: float,
 
 def fsc_plot(path: Path, curves: dict, title: str, tilt_range=None, overwrite: bool = False) -> str:
     """FSC curves (all / measured / wedge) with the 0.5 and 0.143 lines; x in 1/A, resolution on top."""
-    from fasttomo.plots import RefLine, Series, line_plot
+    from fasttomo.data.io.atomic import atomic_write
+
+    img = render_fsc(curves, title, tilt_range)
+    return atomic_write(path, lambda tmp: img.save(tmp, format="PNG"), overwrite=overwrite)
+
+
+def render_fsc(curves: dict, title: str, tilt_range=None, size: tuple[int, int] | None = None):
+    """The picture of :func:`fsc_plot` (a PIL image), e.g. for the run's report.png."""
+    from fasttomo.plots import RefLine, Series, render_line_plot
 
     names = {"all": "all of Fourier space", "measured": "measured region", "wedge": "missing wedge"}
     if tilt_range is not None:
@@ -216,11 +224,12 @@ def fsc_plot(path: Path, curves: dict, title: str, tilt_range=None, overwrite: b
         if finite.size:
             lo = min(lo, float(finite.min()))
     nyq = next(iter(curves.values())).nyquist_inv_A
-    return line_plot(path, series, title, "spatial frequency (1/A)", "Fourier shell correlation",
-                     hlines=[RefLine(0.5, "FSC = 0.5"), RefLine(0.143, "FSC = 0.143")],
-                     xlim=(0.0, nyq), ylim=(max(-1.0, lo - 0.05), 1.05),
-                     top_ticks=lambda k: f"{1.0 / k:.3g}" if k > 0 else "", top_label="resolution (A)",
-                     legend="below", size=(760, 470 + 22 * len(series)), overwrite=overwrite)
+    img, _ = render_line_plot(series, title, "spatial frequency (1/A)", "Fourier shell correlation",
+                              hlines=[RefLine(0.5, "FSC = 0.5"), RefLine(0.143, "FSC = 0.143")],
+                              xlim=(0.0, nyq), ylim=(max(-1.0, lo - 0.05), 1.05),
+                              top_ticks=lambda k: f"{1.0 / k:.3g}" if k > 0 else "", top_label="resolution (A)",
+                              legend="below", size=size or (760, 470 + 22 * len(series)))
+    return img
 
 
 def _short(s: dict, key: str) -> str:
@@ -480,11 +489,30 @@ def summary_lines(m: dict) -> list[str]:
     return lines
 
 
+DESCRIPTION = """score a reconstructed volume against a ground truth (Pearson, PSNR, FSC with its
+0.5 and 0.143 crossings, also in the measured region and the missing wedge) and/or against the tilt
+series it was reconstructed from (each view forward-projected and compared: per-view correlation
+and residual, no ground truth needed). Results go to <volume stem>_eval/ (metrics.json and plots)."""
+
+
+def program():
+    """What ``--help`` and the command-line checks know of this command (fasttomo.cli_help)."""
+    from fasttomo.cli_help import Program
+    from fasttomo.reconstruct import config_dir
+
+    return Program("fasttomo-evaluate", DESCRIPTION, EvaluateConfig, config_dir(), "evaluate",
+                   ("volume", "truth", "tiltseries", "angles", "tilt_range", "held_out_views", "out", "overwrite"),
+                   examples=("fasttomo-evaluate volume=run/volume.mrc truth=phantom_truth.mrc tilt_range=[-60,60]",
+                             "fasttomo-evaluate volume=run/volume.mrc tiltseries=tilts.ali angles=tilts.tlt"),
+                   groups=())
+
+
 def main() -> None:
     import hydra
     from hydra.core.config_store import ConfigStore
     from omegaconf import DictConfig, OmegaConf
 
+    from fasttomo.cli_errors import run_checked
     from fasttomo.config import from_dict
     from fasttomo.data.tiltseries import TiltSeriesError
     from fasttomo.reconstruct import config_dir
@@ -501,7 +529,7 @@ def main() -> None:
             log.error("%s", exc)
             sys.exit(2)
 
-    _app()
+    run_checked(program(), sys.argv[1:], _app)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,16 @@
-"""Run logging: a rank-0 TensorBoard writer, a tqdm progress bar and the run's log file.
+"""Run logging: the console handler, a rank-0 TensorBoard writer, a tqdm progress bar and the
+run's log file.
 
-Everything here is a no-op on ranks other than 0, so callers never branch on the rank.
+* :class:`ConsoleHandler` (configs/hydra/job_logging/fasttomo.yaml) prints INFO to stdout and
+  warnings and errors to stderr; while a progress bar is on screen it prints through
+  ``tqdm.write``, so messages appear above the bar instead of inside it.
+* The bar is drawn only when stderr is a terminal: a redirected log gets no carriage returns, and
+  periodic progress lines (logger ``fasttomo.progress``) take its place. Those lines always go to
+  reconstruct.log; on the console they show only when there is no bar.
+* Under DDP only rank 0 logs (:func:`quiet_other_ranks`), unless ``logging.all_ranks=true``: then
+  every rank logs, each line prefixed with its rank.
+
+RunLogger is a no-op on ranks other than 0, so callers never branch on the rank.
 """
 
 from __future__ import annotations
@@ -12,6 +22,86 @@ from pathlib import Path
 import numpy as np
 
 log = logging.getLogger("fasttomo")
+PROGRESS_LOGGER = "fasttomo.progress"
+
+
+def _bars_on_screen() -> bool:
+    try:
+        from tqdm import tqdm
+    except ImportError:  # pragma: no cover
+        return False
+    return any(not getattr(b, "disable", False) for b in list(getattr(tqdm, "_instances", ())))
+
+
+class ConsoleHandler(logging.Handler):
+    """INFO to stdout, WARNING and above to stderr (streams looked up at each message, so a
+    redirected or captured stream is honoured); above the progress bar while one is drawn."""
+
+    prefix = ""
+    """Put before every message (the rank, with logging.all_ranks under DDP)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            bars = _bars_on_screen()
+            if bars and record.name == PROGRESS_LOGGER:
+                return  # the bar shows the progress; the lines go to reconstruct.log only
+            msg = self.prefix + self.format(record)
+            stream = sys.stderr if record.levelno >= logging.WARNING else sys.stdout
+            if bars:
+                from tqdm import tqdm
+
+                tqdm.write(msg, file=stream)
+            else:
+                stream.write(msg + "\n")
+                stream.flush()
+        except Exception:  # noqa: BLE001 - logging must never raise
+            self.handleError(record)
+
+
+def quiet_other_ranks(rank: int, all_ranks: bool) -> object:
+    """Under DDP: only rank 0 logs (other ranks keep their errors), or with ``all_ranks`` every
+    rank logs with a "[rank N] " prefix. Returns a token for :func:`restore_ranks`."""
+    logger = logging.getLogger("fasttomo")
+    token = (logger.level, ConsoleHandler.prefix)
+    if all_ranks:
+        ConsoleHandler.prefix = f"[rank {rank}] "
+    elif rank != 0:
+        logger.setLevel(logging.ERROR)
+    return token
+
+
+def restore_ranks(token: object) -> None:
+    level, prefix = token  # type: ignore[misc]
+    logging.getLogger("fasttomo").setLevel(level)
+    ConsoleHandler.prefix = prefix
+
+
+def progress_line(step: int, total: int, loss: float | None, seconds: float, steps_done: int,
+                  val: float | None = None) -> str:
+    """"step 300/1500 (20 %): loss 1.234e-03, 11.2 steps/s, 1 min 47 s left"."""
+    rate = steps_done / seconds if seconds > 0 else None
+    parts = [f"step {step}/{total} ({100.0 * step / max(total, 1):.0f} %)"]
+    vals = []
+    if loss is not None:
+        vals.append(f"loss {loss:.4g}")
+    if val is not None:
+        vals.append(f"validation {val:.4g}")
+    if rate:
+        vals.append(f"{rate:.3g} steps/s")
+        if step < total:
+            vals.append(f"{duration_text((total - step) / rate)} left")
+    return parts[0] + (": " + ", ".join(vals) if vals else "")
+
+
+def duration_text(seconds: float) -> str:
+    """12.3 s, 4 min 05 s, 1 h 02 min."""
+    if seconds < 60:
+        return f"{seconds:.1f} s"
+    m, s = divmod(int(round(seconds)), 60)
+    if m < 60:
+        return f"{m} min {s:02d} s"
+    h, m = divmod(m, 60)
+    return f"{h} h {m:02d} min"
 
 
 def add_file_log(path: Path, overwrite: bool = False, append: bool = False) -> logging.Handler:
@@ -35,6 +125,13 @@ def to_uint8(img: np.ndarray, lo: float | None = None, hi: float | None = None) 
     return (np.clip((img - lo) / (hi - lo), 0, 1) * 255).astype(np.uint8)
 
 
+def _is_terminal(stream) -> bool:
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError):
+        return False
+
+
 class RunLogger:
     """TensorBoard scalars/images and a progress bar, active on the main rank only."""
 
@@ -47,7 +144,7 @@ class RunLogger:
             from torch.utils.tensorboard import SummaryWriter
 
             self.writer = SummaryWriter(log_dir=str(Path(out_dir) / "tb"))
-        if main and progress:
+        if main and progress and _is_terminal(sys.stderr):
             from tqdm.auto import tqdm
 
             self.bar = tqdm(total=total, initial=initial, desc="reconstruct", unit="step", dynamic_ncols=True,
@@ -72,6 +169,7 @@ class RunLogger:
     def close(self) -> None:
         if self.bar is not None:
             self.bar.close()
+            self.bar = None
         if self.writer is not None:
             self.writer.flush()
             self.writer.close()

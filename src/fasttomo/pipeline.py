@@ -38,7 +38,7 @@ import torch
 import yaml
 
 from fasttomo.config import Config, ConfigError, to_dict
-from fasttomo.logging import add_file_log, to_uint8
+from fasttomo.logging import add_file_log, quiet_other_ranks, restore_ranks
 from fasttomo.runfolder import OutputExistsError, OutputFolderError  # noqa: F401 - OutputExistsError: public here
 
 log = logging.getLogger("fasttomo")
@@ -50,7 +50,7 @@ def planned_outputs(cfg: Config) -> list[str]:
     from fasttomo.outputs import volume_names
 
     names = ["reconstruct.log", "config.yaml", *volume_names(cfg), "checkpoints/last.pt", "checkpoints/step*.pt",
-             "slices.png", "loss.png", "fsc_truth.png", "metrics.json"]
+             "slices.png", "loss.png", "fsc_truth.png", "report.png", "metrics.json"]
     if cfg.evaluation.half_sets:
         names += [*volume_names(cfg, "volume_even", xzy=False), *volume_names(cfg, "volume_odd", xzy=False),
                   "fsc_halfsets.png"]
@@ -59,25 +59,14 @@ def planned_outputs(cfg: Config) -> list[str]:
     return names
 
 
-def slices_png(path: Path, slices: dict[str, np.ndarray], truth: np.ndarray | None, overwrite: bool) -> None:
-    """Orthogonal central slices side by side (XY | XZ | YZ); a second row shows the ground truth."""
-    from PIL import Image
+def slices_png(path: Path, volume: np.ndarray, pixel_size: float, truth: np.ndarray | None, overwrite: bool):
+    """slices.png: the central slices in three planes with a scale bar and a colour bar; a second
+    row shows the ground truth (report.slice_panel). Returns the image."""
+    from fasttomo.report import save_png, slice_panel
 
-    from fasttomo.data.io.atomic import atomic_write
-
-    rows = [[slices["xy"], slices["xz"], slices["yz"].T]]
-    lo, hi = np.percentile(np.concatenate([s.ravel() for s in rows[0]]), [0.5, 99.5])
-    if truth is not None:
-        z, y, x = truth.shape
-        rows.append([truth[z // 2], truth[:, y // 2], truth[:, :, x // 2].T])
-    height = max(max(a.shape[0] for a in r) for r in rows)
-    lines = []
-    for r in rows:
-        padded = [np.pad(to_uint8(a, lo, hi), ((0, height - a.shape[0]), (0, 2)), constant_values=0) for a in r]
-        lines.append(np.concatenate(padded, axis=1))
-    width = max(line.shape[1] for line in lines)
-    img = np.concatenate([np.pad(line, ((0, 2), (0, width - line.shape[1]))) for line in lines], axis=0)
-    atomic_write(path, lambda tmp: Image.fromarray(img).save(tmp, format="PNG"), overwrite=overwrite)
+    img = slice_panel(volume, pixel_size, truth)
+    save_png(path, img, overwrite=overwrite)
+    return img
 
 
 def _write_text(path: Path, text: str, overwrite: bool) -> None:
@@ -144,6 +133,7 @@ def run_reconstruction(cfg: Config) -> dict:
     resume_cmd = f"fasttomo-reconstruct resume={out_dir} hydra.run.dir={out_dir}"
     stop = StopRequests(world_size=world)
     trainer = None
+    ranks = quiet_other_ranks(rank, cfg.logging.all_ranks) if world > 1 else None
     try:
         with stop:
             ts = load_tiltseries(cfg.data)
@@ -226,10 +216,6 @@ def run_reconstruction(cfg: Config) -> dict:
                                                       resume_cmd) if main else None)
             if problem:
                 raise problem[0](problem[1])
-            if main and not interrupted:
-                log.info("done in %.1f s: %s", metrics["wall_seconds"],
-                         ", ".join(f"{k}={metrics[k]:.4f}" for k in ("pearson_global", "pearson_foreground")
-                                   if isinstance(metrics.get(k), float)))
         if interrupted:
             name = signal_name(stop.signum)
             raise RunInterrupted(stop.signum, f"stopped at step {trainer.step} of {cfg.optim.steps} ({name}); the "
@@ -238,6 +224,7 @@ def run_reconstruction(cfg: Config) -> dict:
             log.info("%s arrived after the last step; the run finished", signal_name(stop.signum))
         if main:
             folder.finish("finished", step=trainer.step)
+            _closing_summary(cfg, out_dir, metrics)
         if joined:  # leave the process group we joined (after a successful run; on errors the process exits)
             destroy_distributed()
         return metrics
@@ -249,6 +236,8 @@ def run_reconstruction(cfg: Config) -> dict:
             folder.finish(status, error=_one_line(exc), step=trainer.step if trainer is not None else None)
         raise
     finally:
+        if ranks is not None:
+            restore_ranks(ranks)
         if handler is not None:
             logging.getLogger("fasttomo").removeHandler(handler)
             handler.close()
@@ -390,14 +379,16 @@ def _finish(cfg: Config, ts, out_dir: Path, volume, metrics: dict, written: dict
     written is recorded in ``failed``."""
     from fasttomo.outputs import dumps
 
+    half_curves = None
     if half_sets and cfg.evaluation.half_sets:
-        halves = _half_sets(cfg, ts, out_dir, rank, world, local_rank, written, failed)
+        halves, half_curves = _half_sets(cfg, ts, out_dir, rank, world, local_rank, written, failed)
         if rank == 0:
             metrics["half_sets"] = halves
     if rank != 0:
         return
+    metrics["wall_seconds"] = time.perf_counter() - t0  # again below, with the pictures
     if pictures:
-        _pictures(cfg, out_dir, volume, ts, metrics, failed)
+        _pictures(cfg, out_dir, volume, ts, metrics, failed, half_curves)
     metrics["wall_seconds"] = time.perf_counter() - t0
     if "timeline" in metrics:
         from fasttomo import timeline
@@ -410,20 +401,22 @@ def _finish(cfg: Config, ts, out_dir: Path, volume, metrics: dict, written: dict
 
 
 # --------------------------------------------------------------------------------------- pictures
-def _pictures(cfg: Config, out_dir: Path, volume: np.ndarray, ts, metrics: dict, failed: dict) -> None:
-    """Scores against a ground truth (into ``metrics``), slices.png, fsc_truth.png and loss.png
-    (rank 0); a picture that cannot be written is recorded in ``failed``."""
+def _pictures(cfg: Config, out_dir: Path, volume: np.ndarray, ts, metrics: dict, failed: dict,
+              half_curves: dict | None = None) -> None:
+    """Scores against a ground truth (into ``metrics``), slices.png, fsc_truth.png, loss.png and
+    report.png, which holds them all (and the half-set FSC, the quality curve and the learned
+    poses when they exist) and goes into TensorBoard too (rank 0); a picture that cannot be
+    written is recorded in ``failed``."""
     from fasttomo.evaluate import fsc_plot
+    from fasttomo.report import add_to_tensorboard, report_image, save_png
     from fasttomo.scoring import truth_scores
 
     curves = None
     if ts.ground_truth is not None and volume.shape == ts.ground_truth.shape:
         report, curves = truth_scores(volume, ts.ground_truth, ts.pixel_size, _tilt_range(ts))
         metrics.update(report)
-    z, y, x = volume.shape
-    slices = {"xy": volume[z // 2], "xz": volume[:, y // 2], "yz": volume[:, :, x // 2]}
-    jobs = [("slices.png", lambda: slices_png(out_dir / "slices.png", slices,
-                                               ts.ground_truth if metrics.get("pearson_global") else None, True)),
+    truth = ts.ground_truth if metrics.get("pearson_global") else None
+    jobs = [("slices.png", lambda: slices_png(out_dir / "slices.png", volume, ts.pixel_size, truth, True)),
             ("loss.png", lambda: _loss_plot(out_dir / "loss.png", metrics, True))]
     if curves is not None:
         jobs.append(("fsc_truth.png", lambda: fsc_plot(out_dir / "fsc_truth.png", curves, "FSC of the reconstruction "
@@ -433,22 +426,51 @@ def _pictures(cfg: Config, out_dir: Path, volume: np.ndarray, ts, metrics: dict,
             job()
         except OSError as exc:
             failed[name] = exc.strerror or str(exc)
+    title = (f"fasttomo{'' if cfg.name == 'fasttomo' else ' ' + cfg.name}: {_shown_path(out_dir)}"
+             + (" (SIRT)" if cfg.model.kind == "sirt" else ""))
+    try:
+        img = report_image(volume, ts.pixel_size, metrics, title, truth, curves, half_curves, _tilt_range(ts))
+    except Exception as exc:  # noqa: BLE001 - a picture must never cost the run its results
+        log.warning("could not draw report.png (%s: %s); the other results are written", type(exc).__name__, exc)
+        return
+    try:
+        save_png(out_dir / "report.png", img)
+    except OSError as exc:
+        failed["report.png"] = exc.strerror or str(exc)
+    if cfg.logging.tensorboard:
+        try:
+            add_to_tensorboard(out_dir / "tb", "report", img, int(metrics.get("steps") or 0))
+        except OSError as exc:
+            log.warning("could not add report.png to TensorBoard (%s)", exc.strerror or exc)
+
+
+def _shown_path(path: Path) -> str:
+    """``path`` relative to the working folder when it lies inside it."""
+    try:
+        return str(path.resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path)
 
 
 def _loss_plot(path: Path, metrics: dict, overwrite: bool) -> None:
     """loss.png: the training loss and the validation loss (held-out pixels) against the step."""
-    from fasttomo.plots import Series, line_plot
+    from fasttomo.plots import line_plot
+    from fasttomo.report import loss_series
 
-    series = []
-    for key, label in (("loss", "training loss (batch, with regularizers)"), ("val_loss", "validation loss (held-out pixels)")):
-        curve = [c for c in ((metrics.get(key) or {}).get("curve") or []) if c[1] is not None and np.isfinite(c[1])]
-        if curve:
-            series.append(Series(label, [c[0] for c in curve], [c[1] for c in curve]))
-    if "best_val" in metrics:
-        series.append(Series(f"exported: step {metrics['best_val']['step']}", [metrics["best_val"]["step"]],
-                             [metrics["best_val"]["loss"]], width=0, markers=True))
+    series = loss_series(metrics)
     if series:
         line_plot(path, series, "Loss curves", "step", "loss", log_y=True, legend="below", overwrite=overwrite)
+
+
+def _closing_summary(cfg: Config, out_dir: Path, metrics: dict) -> None:
+    """The last lines of a finished run: folder, files and sizes, time, speed, quality, how to look."""
+    from fasttomo.report import summary_lines
+
+    try:
+        lines = summary_lines(out_dir, metrics, cfg.logging.tensorboard)
+    except OSError as exc:  # the folder vanished or cannot be listed: say so, the run itself is done
+        lines = [f"run folder: {out_dir} (cannot be listed: {exc.strerror or exc})"]
+    log.info("finished.\n%s", "\n".join(lines))
 
 
 def _tilt_range(ts) -> tuple[float, float]:
@@ -480,10 +502,8 @@ def _sirt_run(cfg: Config, ts, hold, out_dir: Path, folder, main: bool, rank: in
     if problem:
         raise OutputWriteError(problem)
     if main:
-        log.info("done in %.1f s: %s", metrics["wall_seconds"],
-                 ", ".join(f"{k}={metrics[k]:.4f}" for k in ("pearson_global", "pearson_foreground")
-                           if isinstance(metrics.get(k), float)))
         folder.finish("finished", step=cfg.model.iterations)
+        _closing_summary(cfg, out_dir, metrics)
     if joined:
         destroy_distributed()
     return metrics
@@ -491,8 +511,8 @@ def _sirt_run(cfg: Config, ts, hold, out_dir: Path, folder, main: bool, rank: in
 
 # --------------------------------------------------------------------------------------- half sets
 def _half_sets(cfg: Config, ts, out_dir: Path, rank: int, world: int, local_rank: int, written: dict,
-               failed: dict) -> dict | None:
-    """The even and the odd views (in tilt order) reconstructed apart, their volumes written as
+               failed: dict) -> tuple[dict | None, dict | None]:
+    """(FSC report, FSC curves) of the even and the odd views (in tilt order) reconstructed apart, their volumes written as
     volume_even.* / volume_odd.*, and their FSC (rank 0). Each half gets its own seed, so the two
     share no initial noise that the data does not overwrite. Collective under DDP."""
     import dataclasses as dc
@@ -527,7 +547,7 @@ def _half_sets(cfg: Config, ts, out_dir: Path, rank: int, world: int, local_rank
             written.update(w)
             failed.update(f)
     if rank != 0:
-        return None
+        return None, None
     res, curves = pair_fsc(vols["even"], vols["odd"], ts.pixel_size, _tilt_range(ts))
     try:
         fsc_plot(out_dir / "fsc_halfsets.png", curves, "FSC of the even-view and odd-view reconstructions",
@@ -535,7 +555,7 @@ def _half_sets(cfg: Config, ts, out_dir: Path, rank: int, world: int, local_rank
     except OSError as exc:
         failed["fsc_halfsets.png"] = exc.strerror or str(exc)
     log.info("half sets: FSC 0.143 at %s, 0.5 at %s", _res(res, "fsc0143"), _res(res, "fsc05"))
-    return res
+    return res, curves
 
 
 def _res(report: dict, key: str) -> str:

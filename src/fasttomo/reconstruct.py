@@ -29,7 +29,7 @@ import yaml
 from hydra.core.config_store import ConfigStore
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import MissingMandatoryValue
+from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
 
 from fasttomo.config import Config, ConfigError, from_dict
 
@@ -100,6 +100,10 @@ def to_config(cfg: DictConfig, overrides: list[str] | None = None) -> Config:
     except MissingMandatoryValue as exc:
         key = getattr(exc, "full_key", None) or str(exc)
         raise ConfigError(f"{key}: this value is required and was not given; set {key}=<value> on the command line.") from exc
+    except OmegaConfBaseException as exc:  # e.g. an interpolation ${...} that does not resolve
+        key = getattr(exc, "full_key", None)
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise ConfigError(f"{key}: {first}" if key else first) from None
     data.pop("hydra", None)
     if resume:
         data = _resumed(data, list(overrides or []))
@@ -208,7 +212,8 @@ def _prune_new_empty(folder: str | Path) -> None:
 def _app(cfg: DictConfig) -> float | None:
     hydra_dir = HydraConfig.get().runtime.output_dir
     try:
-        config = to_config(cfg, list(HydraConfig.get().overrides.task))
+        # the override strings as typed (iterating the ListConfig would resolve a ${...} in them)
+        config = to_config(cfg, OmegaConf.to_container(HydraConfig.get().overrides.task, resolve=False))
         if not config.output.dir:
             config.output.dir = hydra_dir
         metrics = run(config)
@@ -229,9 +234,39 @@ def _app(cfg: DictConfig) -> float | None:
     return metrics.get("pearson_global") if metrics else None
 
 
+DESCRIPTION = """reconstruct a 3-D volume from an electron-tomography tilt series by fitting a
+neural field (multi-scale K-Planes in learned rotated frames, decoded by a small MLP) to the measured
+pixels through differentiable line integrals, optionally refining the per-view poses. Without
+arguments it reconstructs the built-in synthetic phantom (61 tilts over +-60 degrees).
+
+Settings are composed from config groups (choose one option each, e.g. data=mrc) and single keys
+(key=value). A run writes its folder (outputs/<date>/<time>/ unless hydra.run.dir=... is given):
+the volume (MRC with the voxel size, HDF5), report.png, metrics.json, the loss curves, a
+checkpoint, the log and TensorBoard events."""
+
+COMMON_KEYS = ("data.path", "data.angles", "data.pixel_size", "data.thickness", "data.exclude_views", "data.binning",
+               "optim.steps", "model.resolutions", "pose.learn", "runtime.device", "evaluation.half_sets",
+               "evaluation.truth", "logging.checkpoint_every", "output.overwrite", "resume", "dry_run")
+
+
+def program():
+    """What ``--help`` and the command-line checks know of this command (fasttomo.cli_help)."""
+    from fasttomo.cli_help import Program
+
+    return Program("fasttomo-reconstruct", DESCRIPTION, Config, config_dir(), "reconstruct", COMMON_KEYS, examples=(
+        "fasttomo-reconstruct                                  # the built-in phantom",
+        "fasttomo-reconstruct data=mrc data.path=tilts.mrc data.angles=tilts.rawtlt data.thickness=120",
+        "fasttomo-reconstruct experiment=quality pose=refine     # a recipe, pose refinement",
+        "fasttomo-reconstruct -m optim.steps=500,1000            # a sweep: one run folder per job",
+        "fasttomo-reconstruct resume=outputs/2026-01-01/10-00-00  # continue a run from its checkpoint",
+        "tensorboard --logdir outputs/"))
+
+
 def main() -> None:
+    from fasttomo.cli_errors import run_checked
+
     _note_existing_folders(sys.argv[1:])
-    _app()
+    run_checked(program(), sys.argv[1:], _app)
 
 
 def cli() -> None:

@@ -59,17 +59,33 @@ def simulate(data_cfg: DataConfig, out: str, fmt: str, overwrite: bool = False) 
     base = Path(out)
     true_poses = ts.metadata.get("true_poses")
     pose_file = Path(poses_path(base))
-    if true_poses is not None and not overwrite and pose_file.exists():
-        # checked first, so a refused run leaves no new stack beside an old poses file
-        raise OutputExistsError(f"{pose_file}: file already exists; refusing to overwrite it. Choose another out= "
-                                "name, or set overwrite=true to replace it.")
-    written = write_tiltseries(base.with_suffix(f".{fmt}"), ts, fmt, overwrite=overwrite)
-    paths = [Path(p) for p in written] if isinstance(written, (list, tuple)) else [Path(written)]
-    if fmt == "mrc" and ts.ground_truth is not None:
-        truth = base.parent / f"{base.name}_truth.mrc"
-        write_volume(truth, ts.ground_truth, ts.pixel_size, label="fasttomo phantom ground truth",
-                     attrs={"source": "fasttomo-simulate"}, fmt="mrc", overwrite=overwrite)
-        paths.append(truth)
+    targets = [base.with_suffix(f".{fmt}")]
+    if fmt == "mrc":
+        targets += [base.with_suffix(".rawtlt"), base.parent / f"{base.name}_truth.mrc"]
+    if true_poses is not None:
+        targets.append(pose_file)
+    existing = [t for t in targets if t.exists()]
+    if existing and not overwrite:
+        # checked first, so a refused run writes nothing (no new stack beside an old poses file)
+        names = ", ".join(str(t) for t in existing)
+        raise OutputExistsError(f"{names}: {'file already exists' if len(existing) == 1 else 'files already exist'}; "
+                                "refusing to overwrite. Choose another out= name, or set overwrite=true to replace "
+                                f"{'it' if len(existing) == 1 else 'them'}.")
+    stack_ts = ts
+    if fmt == "mrc":  # the ground truth goes to its own file below, not into the stack's MRC
+        stack_ts = dataclasses.replace(ts, ground_truth=None)
+    try:
+        written = write_tiltseries(base.with_suffix(f".{fmt}"), stack_ts, fmt, overwrite=overwrite)
+        paths = [Path(p) for p in written] if isinstance(written, (list, tuple)) else [Path(written)]
+        if fmt == "mrc" and ts.ground_truth is not None:
+            truth = base.parent / f"{base.name}_truth.mrc"
+            write_volume(truth, ts.ground_truth, ts.pixel_size, label="fasttomo phantom ground truth",
+                         attrs={"source": "fasttomo-simulate"}, fmt="mrc", overwrite=overwrite)
+            paths.append(truth)
+    except OutputExistsError as exc:  # the writers name reconstruct's key; here it is overwrite=true
+        raise OutputExistsError(str(exc).replace("Choose another output folder or file name, or set "
+                                                 "output.overwrite=true", "Choose another out= name, or set "
+                                                 "overwrite=true")) from None
     if true_poses is not None:
         meta = ts.metadata
         source = {"made_by": "fasttomo-simulate", "pose_error_shift_px": meta["pose_error_shift_px"],
@@ -81,7 +97,33 @@ def simulate(data_cfg: DataConfig, out: str, fmt: str, overwrite: bool = False) 
     return paths
 
 
+DESCRIPTION = """write the built-in synthetic tilt series (fasttomo's phantom, projected with exact
+analytic line integrals) and its ground truth to files, to inspect them or to feed them back to
+fasttomo-reconstruct as if they were measured: <out>.mrc + <out>.rawtlt + <out>_truth.mrc
+(format=mrc) or <out>.h5 (format=h5, all in one file), plus <out>_poses.json, the true poses, when
+the views are misaligned (data.pose_error_shift / data.pose_error_rotation). Existing files are
+never replaced unless overwrite=true.
+
+Every data.* key of the phantom works here as in fasttomo-reconstruct (--help data lists them)."""
+
+
+def program():
+    """What ``--help`` and the command-line checks know of this command (fasttomo.cli_help)."""
+    from fasttomo.cli_help import Program
+    from fasttomo.reconstruct import config_dir
+
+    return Program("fasttomo-simulate", DESCRIPTION, SimulateConfig, config_dir(), "simulate",
+                   ("out", "format", "overwrite", "data.width", "data.height", "data.n_tilts", "data.noise",
+                    "data.phantom", "data.pose_error_shift", "data.pose_error_rotation", "data.phantom_seed"),
+                   examples=("fasttomo-simulate out=phantom format=mrc data.width=96 data.noise=0.05",
+                             "fasttomo-simulate out=mis data.phantom=ellipsoids data.pose_error_shift=3 "
+                             "data.pose_error_rotation=1",
+                             "fasttomo-reconstruct data=mrc data.path=phantom.mrc data.angles=phantom.rawtlt"),
+                   groups=())
+
+
 def main() -> None:
+    from fasttomo.cli_errors import run_checked
     from fasttomo.data.tiltseries import TiltSeriesError
     from fasttomo.reconstruct import config_dir
 
@@ -94,7 +136,7 @@ def main() -> None:
             log.error("%s", exc)
             sys.exit(2)
 
-    _app()
+    run_checked(program(), sys.argv[1:], _app)
 
 
 if __name__ == "__main__":

@@ -124,6 +124,7 @@ def test_two_gloo_ranks_train_identically_and_resume_exactly(tmp_path):
     assert len(run2) == 1 and re.fullmatch(r"\d{4}-\d\d-\d\d/\d\d-\d\d-\d\d-ddp",
                                            str(run2[0].relative_to(tmp_path / "outputs"))), run2
     assert f"resumed from {run1 / 'checkpoints'}" in out.stdout
+    assert out.stdout.count("training from step") == 1 and out.stdout.count("finished.") == 1  # rank 0 alone logs
     resumed = load_checkpoint(run2[0] / "checkpoints/last.pt")
     assert resumed["step"] == N + M
     for k, v in straight["model"].items():

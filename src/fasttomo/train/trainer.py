@@ -20,13 +20,14 @@ import torch
 from fasttomo.build import Components
 from fasttomo.config import to_dict
 from fasttomo import losses
-from fasttomo.logging import RunLogger
+from fasttomo.logging import PROGRESS_LOGGER, RunLogger, progress_line
 from fasttomo.models.regularizers import SUBGRID_NOISE, needs_noise, regularization
 from fasttomo.train import checkpoint as ckpt
 from fasttomo.train.distributed import all_reduce_mean
 from fasttomo.train.guard import Guard
 
 log = logging.getLogger("fasttomo.train")
+progress_log = logging.getLogger(PROGRESS_LOGGER)
 
 
 class Trainer:
@@ -334,6 +335,11 @@ class Trainer:
         t_mark, step_mark = t_start, self.step
         paused = 0.0  # seconds spent in the probe, not fit time
         every = self.cfg.evaluation.curve_every
+        # a progress line every tenth of the run (at a log step): reconstruct.log always, the console
+        # when no bar is drawn (a redirected output)
+        progress_every = max(1, cfg.optim.steps // 10)
+        next_progress = (self.step // progress_every + 1) * progress_every
+        step_start = self.step
         self.guard.start(self.step)
         try:
             while self.step < end:
@@ -363,6 +369,11 @@ class Trainer:
                     run_log.scalars(self.step, vals)
                     if run_log.bar is not None:
                         run_log.bar.set_postfix(loss=f"{vals['loss/train']:.3e}", refresh=False)
+                    if self.main and (self.step >= next_progress or last):
+                        next_progress = (self.step // progress_every + 1) * progress_every
+                        progress_log.info("%s", progress_line(
+                            self.step, cfg.optim.steps, vals["loss/train"], now - t_start - paused,
+                            self.step - step_start, self.val_history[-1][1] if self.val_history else None))
                 if self.step % lg.val_every == 0 or last:
                     t_val = time.perf_counter()
                     v = self.validate()
@@ -395,7 +406,7 @@ class Trainer:
                     t_mark += time.perf_counter() - t_probe  # keep time/step_ms a measure of steps
                 if lg.checkpoint_every and self.step % lg.checkpoint_every == 0 and not last:
                     try:
-                        self.save(f"step{self.step:07d}.pt")
+                        self.save(f"step{self.step:07d}.pt")  # the README's checkpoints/step<N>.pt
                     except OSError as exc:  # a full disk must not end the training: the end still tries
                         log.error("could not write the checkpoint of step %d (%s); training goes on", self.step,
                                   exc.strerror or exc)
