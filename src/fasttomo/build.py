@@ -70,13 +70,13 @@ def auto_batch_size(ts: TiltSeries) -> int:
 
 
 def samples_per_ray(cfg: Config, box: Box, ts: TiltSeries) -> int:
-    """sampler.samples_per_ray, or the automatic count for this box and these tilts."""
+    """model.samples_per_ray, or the automatic count for this box and these tilts."""
     from fasttomo.geometry.rays import auto_samples_per_ray
 
-    if cfg.sampler.samples_per_ray is not None:
-        return cfg.sampler.samples_per_ray
+    if cfg.model.samples_per_ray is not None:
+        return cfg.model.samples_per_ray
     s = auto_samples_per_ray(box, ts.angles)
-    log.info("sampler: %d samples per ray (one per 4/3 voxel of the longest chord; set sampler.samples_per_ray "
+    log.info("projector: %d samples per ray (one per 4/3 voxel of the longest chord; set model.samples_per_ray "
              "to choose)", s)
     return s
 
@@ -148,9 +148,10 @@ def build(cfg: Config, ts: TiltSeries, *, rank: int = 0, world_size: int = 1, lo
     box = reconstruction_box(cfg, ts)
     torch.manual_seed(cfg.runtime.seed)
     field = build_field(cfg.model, box)
-    poses = Poses(ts.angles, ts.reference_index(), learn_rotations=cfg.pose.learn and cfg.pose.learn_rotations,
-                  learn_shifts=cfg.pose.learn and cfg.pose.learn_shifts, learn_z1=cfg.pose.learn_z1,
-                  free_reference_shift=cfg.pose.free_reference_shift)
+    refine = cfg.pose.learn  # pose=refine: a PoseRefineConfig
+    poses = Poses(ts.angles, ts.reference_index(), learn_rotations=refine and cfg.pose.learn_rotations,
+                  learn_shifts=refine and cfg.pose.learn_shifts, learn_z1=refine and cfg.pose.learn_z1,
+                  free_reference_shift=refine and cfg.pose.free_reference_shift)
     if cfg.sampler.batch_size is None:
         cfg = dataclasses.replace(cfg, sampler=dataclasses.replace(cfg.sampler, batch_size=auto_batch_size(ts)))
         log.info("sampler: %d rays per step (about 1/256 of the series' %d pixels; set sampler.batch_size to "

@@ -36,7 +36,7 @@ import numpy as np
 import torch
 import yaml
 
-from fasttomo.config import Config, ConfigError, to_dict
+from fasttomo.config import Config, ConfigError, to_dict, upgrade
 from fasttomo.logging import add_file_log, to_uint8
 from fasttomo.runfolder import OutputExistsError, OutputFolderError  # noqa: F401 - OutputExistsError: public here
 
@@ -118,6 +118,7 @@ def run_reconstruction(cfg: Config) -> dict:
         resume_path = find_checkpoint(cfg.resume)
         resume_state = load_checkpoint(resume_path, map_location="cpu")
         if isinstance(resume_state.get("config"), dict):
+            resume_state["config"] = upgrade(resume_state["config"])  # an older fasttomo's keys, today's names
             refuse_immutable(resume_state["config"], to_dict(cfg), str(resume_path))
 
     folder, problem = None, None

@@ -31,14 +31,16 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue
 
-from fasttomo.config import Config, ConfigError, from_dict
+from fasttomo.config import Config, ConfigError, from_dict, hydra_schema, strip_unset, upgrade
 
 log = logging.getLogger("fasttomo")
 
-# The typed schema is the first entry of configs/reconstruct.yaml's defaults list: every field of
-# every group exists (with its default and type) whichever group option is chosen, so any value
-# can be overridden from the command line and a misspelled key is rejected by Hydra at once.
-ConfigStore.instance().store(name="fasttomo_schema", node=Config)
+# The typed schema is the first entry of configs/reconstruct.yaml's defaults list: every key of
+# every option of every group exists (typed, left unset) whichever group option is chosen, so any
+# value can be overridden from the command line and a misspelled key is rejected by Hydra at once.
+# The keys nothing set are dropped before from_dict, which takes their defaults from the chosen
+# option's dataclass and refuses a key that option does not read.
+ConfigStore.instance().store(name="fasttomo_schema", node=hydra_schema(Config))
 
 EXIT_USER_ERROR = 2   # config, input data, output folder, checkpoint: one line, no traceback
 EXIT_DIVERGED = 3     # training diverged and could not be recovered
@@ -83,6 +85,7 @@ def _resumed(data: dict, overrides: list[str]) -> dict:
     saved = read_config(path)
     if saved is None:  # a checkpoint without its config: the command line is the config
         return {**data, "resume": str(path)}
+    saved = upgrade(saved)  # a checkpoint of an older fasttomo: moved keys renamed, unread keys dropped
     named = rs.named_keys(overrides, saved, _option_values)
     merged = rs.merge(saved, data, named)
     merged["resume"] = str(path)
@@ -94,22 +97,15 @@ def to_config(cfg: DictConfig, overrides: list[str] | None = None) -> Config:
     """Hydra/omegaconf config -> typed Config (errors name the field and the fix). With
     ``resume=...`` the settings come from the checkpoint, changed only by what ``overrides`` (the
     command line) name."""
-    resume = OmegaConf.select(cfg, "resume", default=None)
     try:
-        data = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=not resume)
-    except MissingMandatoryValue as exc:
+        data = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=False)
+    except MissingMandatoryValue as exc:  # pragma: no cover - interpolation of an unset key
         key = getattr(exc, "full_key", None) or str(exc)
         raise ConfigError(f"{key}: this value is required and was not given; set {key}=<value> on the command line.") from exc
     data.pop("hydra", None)
-    if resume:
+    if data.get("resume") not in (None, "???"):
         data = _resumed(data, list(overrides or []))
-        from fasttomo.resume import flatten
-
-        missing = [k for k, v in flatten(data).items() if v == "???"]
-        if missing:
-            raise ConfigError(f"{missing[0]}: this value is required and was not given; set {missing[0]}=<value> on "
-                              "the command line.")
-    return from_dict(Config, data)
+    return from_dict(Config, strip_unset(data))
 
 
 def compose_config(overrides: list[str] | None = None) -> Config:

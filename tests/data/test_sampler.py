@@ -226,4 +226,4 @@ def test_scale_is_robust_and_guards():
     with pytest.raises(ConfigError, match="batch_size"):
         build_sampler(make_ts(n=2, h=3, w=3), cfg(batch_size=64), seed=0, device=CPU)
     with pytest.raises(ConfigError, match="num_workers"):
-        SamplerConfig(num_workers=-1)
+        SamplerConfig(kind="dataloader", num_workers=-1)

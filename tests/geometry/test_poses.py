@@ -4,7 +4,6 @@ import numpy as np
 import pytest
 import torch
 
-from fasttomo.config import PoseConfig
 from fasttomo.data.tiltseries import TiltSeries
 from fasttomo.geometry.poses import Poses
 from fasttomo.geometry.rays import project_points
@@ -117,7 +116,7 @@ def test_per_line_angles_select_the_row():
 
 def test_from_tiltseries_describe_and_fp32_under_autocast():
     ts = TiltSeries(stack=np.zeros((5, 4, 6), np.float32), angles=np.array([-40, -20, 1, 20, 40.0]))
-    poses = Poses.from_tiltseries(ts, PoseConfig(learn=True, learn_shifts=False))
+    poses = Poses(ts.angles, ts.reference_index(), learn_rotations=True, learn_shifts=False)
     assert poses.reference_index == 2 and poses.learn_rotations and not poses.learn_shifts
     with torch.no_grad():
         poses.z1[0] = math.radians(2.0)

@@ -11,7 +11,7 @@ from fasttomo.data.phantom import make_tiltseries
 from fasttomo.reconstruct import compose_config, run
 
 TINY = ["experiment=quick", "logging=quiet", "runtime=cpu", "runtime.threads=1", "model.resolutions=[8]",
-        "sampler.batch_size=128", "sampler.samples_per_ray=16"]
+        "sampler.batch_size=128", "model.samples_per_ray=16"]
 
 
 @pytest.fixture(scope="module")

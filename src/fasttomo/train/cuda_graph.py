@@ -36,7 +36,7 @@ def capture_problem(cfg, device: torch.device, world_size: int) -> str | None:
         return "DDP runs are not captured (gradient all-reduce hooks)"
     if cfg.precision.dtype == "fp16":
         return "fp16's GradScaler checks for inf/NaN on the host every step"
-    if cfg.model.kind == "kplanes_tilted" and cfg.model.learn_rotations and cfg.model.rotation_param == "svd":
+    if cfg.model.kind == "kplanes_tilted" and cfg.model.learn_frames and cfg.model.rotation_param == "svd":
         return "learned 'svd' rotations run torch.linalg.svd, which synchronizes on CUDA (use model.rotation_param=quaternion)"
     if not cfg.sampler.drop_last:
         return "sampler.drop_last=false yields a short last batch (shapes must be fixed)"

@@ -75,7 +75,7 @@ class Trainer:
         f = self.c.schedule.factor(step, self.c.plateau) * self.guard.lr_scale  # lowered by guard rollbacks
         for group, base in zip(self.c.optimizer.param_groups, self.c.base_lrs):
             g = f
-            if group["name"].startswith("pose_") and step < self.cfg.pose.start_step:
+            if group["name"].startswith("pose_") and step < getattr(self.cfg.pose, "start_step", 0):
                 g = 0.0
             if torch.is_tensor(group["lr"]):  # captured step: the graph reads this tensor
                 group["lr"].fill_(base * g)
