@@ -15,6 +15,18 @@ import typing
 from typing import Any, Optional, Union
 
 
+def config_dir() -> str:
+    """The configs folder: shipped inside the package (wheel install) or at the repository top
+    level (source checkout / editable install)."""
+    from pathlib import Path
+
+    here = Path(__file__).resolve().parent
+    for cand in (here / "configs", here.parents[1] / "configs"):
+        if (cand / "reconstruct.yaml").is_file():
+            return str(cand)
+    raise FileNotFoundError(f"fasttomo: no configs folder found next to {here}; reinstall the package.")
+
+
 class ConfigError(ValueError):
     """A configuration value is invalid; the message names the field and how to fix it."""
 

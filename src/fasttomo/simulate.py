@@ -83,7 +83,7 @@ def simulate(data_cfg: DataConfig, out: str, fmt: str, overwrite: bool = False) 
 
 def main() -> None:
     from fasttomo.data.tiltseries import TiltSeriesError
-    from fasttomo.reconstruct import config_dir
+    from fasttomo.config import config_dir
 
     @hydra.main(version_base="1.3", config_path=config_dir(), config_name="simulate")
     def _app(cfg: DictConfig) -> None:

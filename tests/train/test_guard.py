@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from fasttomo.build import build
+from fasttomo.build import build, make_trainer
 from fasttomo.config import GuardConfig
 from fasttomo.data.load import load_tiltseries
 from fasttomo.reconstruct import compose_config, run
@@ -137,7 +137,7 @@ def _nan_at(trainer: Trainer, steps: set[int]):
 def test_one_nan_step_in_a_run_is_skipped_and_the_run_finishes(tmp_path):
     cfg = compose_config([*TINY, "optim.steps=12", f"output.dir={tmp_path / 'r'}"])
     comps = build(cfg, load_tiltseries(cfg.data))
-    trainer = Trainer(comps, None)
+    trainer = make_trainer(comps, None)
     _nan_at(trainer, {6})
     trainer.fit(6)
     before = _params(comps.projector)

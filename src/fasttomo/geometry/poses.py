@@ -56,10 +56,6 @@ class Poses(torch.nn.Module):
     def per_line(self) -> bool:
         return self.theta.dim() == 2
 
-    def trainable_parameters(self) -> list[torch.nn.Parameter]:
-        """The parameters that are learned (for the optimizer's pose group)."""
-        return [p for p in (self.z1, self.z3, self.shifts) if p.requires_grad]
-
     def _effective(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         m = self.free_mask
         return self.z1 * m, self.z3 * m, self.shifts * self.shift_mask.unsqueeze(-1)
