@@ -15,7 +15,7 @@ SRC = str(Path(__file__).resolve().parents[1] / "src")
 # few seconds on one CPU thread; add optim.steps=..., hydra.run.dir=... TINY_RUN holds the run's
 # settings (any data source), TINY_PHANTOM the small phantom's size (data=phantom only: the file
 # sources refuse the phantom's keys), TINY both.
-TINY_RUN = ["experiment=quick", "model.resolutions=[8,16]", "sampler.batch_size=128", "model.samples_per_ray=24",
+TINY_RUN = ["experiment=quick", "model.resolutions=[8,16]", "sampler.batch_size=128", "projector.samples_per_ray=24",
             "logging=quiet", "runtime=cpu", "runtime.threads=1"]
 TINY_PHANTOM = ["data.width=24", "data.height=20", "data.n_tilts=15"]
 TINY = [*TINY_RUN, *TINY_PHANTOM]

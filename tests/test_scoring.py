@@ -16,7 +16,7 @@ from fasttomo.reconstruct import compose_config, run
 from fasttomo.scoring import attach_truth, split_holdout
 
 TINY_RUN = ["experiment=quick", "logging=quiet", "runtime=cpu", "runtime.threads=1", "sampler.batch_size=256",
-            "model.samples_per_ray=16", "optim.steps=30", "logging.val_every=10"]
+            "projector.samples_per_ray=16", "optim.steps=30", "logging.val_every=10"]
 TINY = [*TINY_RUN, "data.width=16", "data.height=16", "data.n_tilts=9"]
 
 

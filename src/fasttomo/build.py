@@ -77,13 +77,13 @@ def auto_batch_size(ts: TiltSeries) -> int:
 
 
 def samples_per_ray(cfg: Config, box: Box, ts: TiltSeries) -> int:
-    """model.samples_per_ray, or the automatic count for this box and these tilts."""
+    """projector.samples_per_ray, or the automatic count for this box and these tilts."""
     from fasttomo.geometry.rays import auto_samples_per_ray
 
-    if cfg.model.samples_per_ray is not None:
-        return cfg.model.samples_per_ray
+    if cfg.projector.samples_per_ray is not None:
+        return cfg.projector.samples_per_ray
     s = auto_samples_per_ray(box, ts.angles)
-    log.info("projector: %d samples per ray (one per 4/3 voxel of the longest chord; set model.samples_per_ray "
+    log.info("projector: %d samples per ray (one per 4/3 voxel of the longest chord; set projector.samples_per_ray "
              "to choose)", s)
     return s
 

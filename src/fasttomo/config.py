@@ -306,20 +306,14 @@ class ModelConfig(GroupOption):
 
 @dataclasses.dataclass
 class FieldConfig(ModelConfig):
-    """What every fitted field reads (the Projector's quadrature and the density activation)."""
+    """What every fitted field reads (the density activation)."""
 
-    samples_per_ray: Optional[int] = None
-    """S: quadrature points per ray (read by the Projector). None: one per SAMPLE_SPACING (4/3)
-    voxels of the longest chord through the box over the series' tilts (48 for the embedded
-    64 x 64 x 32 phantom at +-60)."""
     activation: str = "softplus"
     """Density activation: softplus (shifted) or trunc_exp."""
     density_shift: float = -2.0
     """Shift added to the raw decoder output before the activation (softplus(x + shift))."""
 
     def __post_init__(self) -> None:
-        _require(self.samples_per_ray is None or (isinstance(self.samples_per_ray, int) and self.samples_per_ray >= 1),
-                 "model.samples_per_ray", f"must be an integer >= 1 or null (automatic), got {self.samples_per_ray!r}.")
         _choice(self.activation, ("softplus", "trunc_exp"), "model.activation")
 
 
@@ -460,6 +454,23 @@ class PoseRefineConfig(PoseConfig):
 
 PoseConfig._selector, PoseConfig._group = "learn", "pose"
 PoseConfig._options = {False: PoseConfig, True: PoseRefineConfig}
+
+
+# --------------------------------------------------------------------------------------- projector
+@dataclasses.dataclass
+class ProjectorConfig:
+    """The ``projector`` section: how the line integrals of a fitted field are sampled
+    (src/fasttomo/projector.py; model=sirt has its own projectors and reads none of it, like the
+    optim and loss groups)."""
+
+    samples_per_ray: Optional[int] = None
+    """S: quadrature points per ray. None: one per SAMPLE_SPACING (4/3) voxels of the longest chord
+    through the box over the series' tilts (48 for the embedded 64 x 64 x 32 phantom at +-60)."""
+
+    def __post_init__(self) -> None:
+        _require(self.samples_per_ray is None or (isinstance(self.samples_per_ray, int) and self.samples_per_ray >= 1),
+                 "projector.samples_per_ray",
+                 f"must be an integer >= 1 or null (automatic), got {self.samples_per_ray!r}.")
 
 
 # --------------------------------------------------------------------------------------- intensity
@@ -857,6 +868,7 @@ class Config:
     data: DataConfig = dataclasses.field(default_factory=DataConfig)
     model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
     pose: PoseConfig = dataclasses.field(default_factory=PoseConfig)
+    projector: ProjectorConfig = dataclasses.field(default_factory=ProjectorConfig)
     intensity: IntensityConfig = dataclasses.field(default_factory=IntensityConfig)
     sampler: SamplerConfig = dataclasses.field(default_factory=SamplerConfig)
     optim: OptimConfig = dataclasses.field(default_factory=OptimConfig)
@@ -999,7 +1011,7 @@ def strip_unset(data: Any) -> Any:
 
 
 # --------------------------------------------------------------------------------------- older configs
-MOVED_KEYS = {"sampler.samples_per_ray": "model.samples_per_ray", "model.learn_rotations": "model.learn_frames"}
+MOVED_KEYS = {"sampler.samples_per_ray": "projector.samples_per_ray", "model.learn_rotations": "model.learn_frames"}
 """Keys renamed or moved since configs were first stored in checkpoints: old name -> new name."""
 
 

@@ -162,7 +162,7 @@ def dry_run(cfg: Config) -> dict:
                      f"{human(free)} of {human(total)} free")
         if peak + mem.get("guard snapshots", 0) + mem["optimizer"] > free:
             lines.append("  WARNING: this may not fit in the free device memory; lower sampler.batch_size or "
-                         "model.samples_per_ray, or use precision=bf16.")
+                         "projector.samples_per_ray, or use precision=bf16.")
     lines.append(f"  files: about {human(sum(files.values()))} = "
                  + ", ".join(f"{k} {human(v)}" for k, v in files.items() if v))
     if cfg.output.dir:

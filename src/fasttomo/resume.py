@@ -29,7 +29,7 @@ from fasttomo.config import ConfigError
 FROM_INVOCATION = ("resume", "output.dir", "output.overwrite", "dry_run")
 IMMUTABLE = ("data", "model", "sampler.batch_size", "sampler.val_fraction", "sampler.split_seed", "sampler.drop_last",
              "sampler.skip_masked", "pose.learn", "pose.learn_rotations", "pose.learn_shifts")
-MUTABLE_EXCEPTIONS = ("data.path", "data.angles", "model.samples_per_ray")
+MUTABLE_EXCEPTIONS = ("data.path", "data.angles")
 
 
 def _under(key: str, prefixes: Iterable[str]) -> bool:

@@ -13,7 +13,7 @@ from fasttomo.reconstruct import compose_config
 from fasttomo.train.cuda_graph import WARMUP
 
 TINY = ["logging=quiet", "data.width=24", "data.height=20", "data.n_tilts=15", "model.resolutions=[8,16]",
-        "sampler.batch_size=256", "model.samples_per_ray=24", "optim.steps=20", "output.dir=/tmp/unused",
+        "sampler.batch_size=256", "projector.samples_per_ray=24", "optim.steps=20", "output.dir=/tmp/unused",
         "model.rotation_param=quaternion"]
 CUDA = torch.device("cuda")
 

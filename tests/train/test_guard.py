@@ -20,7 +20,7 @@ from fasttomo.train.precision import Precision
 from fasttomo.train.trainer import Trainer
 
 TINY = ["experiment=quick", "logging=quiet", "runtime=cpu", "runtime.threads=1", "data.width=16", "data.height=16",
-        "data.n_tilts=9", "model.resolutions=[8]", "sampler.batch_size=128", "model.samples_per_ray=16",
+        "data.n_tilts=9", "model.resolutions=[8]", "sampler.batch_size=128", "projector.samples_per_ray=16",
         "guard.check_every=5"]
 
 

@@ -26,7 +26,7 @@ N, M = 8, 6  # batch 256 -> 8 batches per epoch: the pause lands exactly on an e
 TINY = [
     "experiment=quick", "logging=quiet", "runtime=cpu", "runtime.threads=1",
     "data.width=16", "data.height=16", "data.n_tilts=9",
-    "model.resolutions=[8]", "sampler.batch_size=256", "model.samples_per_ray=16",
+    "model.resolutions=[8]", "sampler.batch_size=256", "projector.samples_per_ray=16",
     "pose=refine", "pose.start_step=0",   # poses move from the first step
     "loss=tv",                            # volume TV draws from the regularizer generator
     "schedule=plateau", "schedule.plateau_patience=0", "schedule.warmup_steps=3",

@@ -31,8 +31,8 @@ from fasttomo.kernels import dispatch
 from fasttomo.kernels.layout import PlaneLayout
 from fasttomo.models.decoder import Decoder, density_activation
 
-_MODEL_KEYS = tuple(k for k in option_keys(KPlanesConfig) if k not in ("kind", "samples_per_ray"))
-"""The KPlanesConfig fields the field itself reads (samples_per_ray is the projector's)."""
+_MODEL_KEYS = tuple(k for k in option_keys(KPlanesConfig) if k != "kind")
+"""The KPlanesConfig fields, the keyword arguments of KPlanesTILTED."""
 
 
 class KPlanesTILTED(nn.Module):
