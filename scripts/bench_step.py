@@ -69,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
         ms = median(times)
         if world > 1:  # the slowest rank sets the pace
             ms = float(all_reduce_mean(torch.tensor([ms], device=dev)).item())
-        rays = cfg.sampler.batch_size * world
+        rays = comps.sampler.batch_size * world  # the resolved batch (cfg may say null: automatic)
         row = {
             "variant": variant,
             "median_ms": round(ms, 3),

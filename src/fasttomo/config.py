@@ -493,6 +493,9 @@ class IntensityConfig:
 
     def __post_init__(self) -> None:
         _choice(self.background, ("learn", "learn_per_view", "fixed", "none"), "intensity.background")
+        _require(self.background == "none" and self.background_value is None or self.background != "none",
+                 "intensity.background_value", "intensity.background=none does not read this key (there is no "
+                 "background term); remove it, or choose intensity=fixed|learn|per_view.")
         if self.background_value is not None:
             _require(isinstance(self.background_value, (int, float)) and math.isfinite(self.background_value),
                      "intensity.background_value", f"must be a finite number or null, got {self.background_value!r}.")
