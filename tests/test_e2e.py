@@ -5,7 +5,6 @@ itself (exit codes, clear errors, no overwriting, multirun) and fasttomo-simulat
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -16,7 +15,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from cli_helpers import TINY as TINY_BASE, TINY_LOGGED, TINY_RUN
+from cli_helpers import TINY as TINY_BASE, TINY_LOGGED, TINY_RUN, _env, cli
 from fasttomo.reconstruct import compose_config, run
 
 TINY = [*TINY_BASE, *TINY_LOGGED]
@@ -24,9 +23,9 @@ TINY_FILE = [*TINY_RUN, *TINY_LOGGED]  # for data=mrc: without the phantom's siz
 
 
 def _cli(args: list[str], cwd: Path, timeout: int = 300) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    return subprocess.run([sys.executable, "-m", "fasttomo.reconstruct", *args], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=timeout)
+    """The CLI as a real process on this checkout's sources (cli_helpers: an absolute PYTHONPATH,
+    so a relative PYTHONPATH=src of the test command does not fall back to an installed copy)."""
+    return cli(args, cwd, timeout)
 
 
 def test_loss_drops_and_metrics_written(tiny_run):
@@ -136,7 +135,7 @@ def test_multirun_sweep(tmp_path):
 
 
 def test_simulate_then_reconstruct_from_files(tmp_path):
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    env = _env()
     sim = subprocess.run([sys.executable, "-m", "fasttomo.simulate", f"out={tmp_path / 'ph'}", "format=mrc",
                           "data.width=24", "data.height=20", "data.n_tilts=15"], cwd=tmp_path, env=env,
                          capture_output=True, text=True, timeout=120)

@@ -43,7 +43,9 @@ OVERRIDES = [
 
 
 def _clean_env() -> dict:
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", PYTHON=sys.executable)
+    from cli_helpers import _env  # an absolute PYTHONPATH to this checkout's sources
+
+    env = dict(_env(), OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", PYTHON=sys.executable)
     for key in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
                 "TORCHELASTIC_RUN_ID"):
         env.pop(key, None)
