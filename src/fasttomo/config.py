@@ -129,8 +129,6 @@ class DataConfig(GroupOption):
 class PhantomDataConfig(DataConfig):
     """data=phantom: the built-in synthetic tilt series (src/fasttomo/data/phantom.py)."""
 
-    pixel_size: Optional[float] = 10.0
-    """Pixel size in Angstrom of the phantom's images."""
     width: int = 64
     """Phantom: image width W (pixels, along X)."""
     height: int = 64
