@@ -25,7 +25,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
-from fasttomo.bench import write_result  # noqa: E402
+from benchlib import write_result  # noqa: E402
 from fasttomo.kernels import dispatch, reference  # noqa: E402
 from fasttomo.kernels.layout import PlaneLayout  # noqa: E402
 

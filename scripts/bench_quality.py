@@ -57,7 +57,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
-from fasttomo.bench import write_result  # noqa: E402
+from benchlib import write_result  # noqa: E402
 
 CASES = {
     "default64": dict(phantom="default", width=64, height=64, thickness=32, tilt=60.0, noise=0.0),

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from fasttomo.bench import RESULTS, device_name, write_result
+from benchlib import RESULTS, device_name, write_result
 from fasttomo.config import SamplerConfig
 from fasttomo.data.sampler import build_sampler
 from fasttomo.data.tiltseries import TiltSeries

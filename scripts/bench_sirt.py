@@ -60,7 +60,7 @@ def _pearson(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from fasttomo.bench import cuda_times_ms, device_name, median, write_result
+    from benchlib import cuda_times_ms, device_name, median, write_result
     from fasttomo.conventional import sirt
     from fasttomo.conventional.projectors import view_poses
     from fasttomo.data import phantom as P

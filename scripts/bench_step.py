@@ -78,12 +78,11 @@ def _phase_times(trainer, comps, steps: int) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from fasttomo.bench import cuda_times_ms, device_name, median, write_result
-    from fasttomo.build import build
+    from benchlib import cuda_times_ms, device_name, median, write_result
+    from fasttomo.build import build, make_trainer
     from fasttomo.data.load import load_tiltseries
     from fasttomo.reconstruct import compose_config
     from fasttomo.train.distributed import all_reduce_mean, dist_info, init_distributed
-    from fasttomo.train.trainer import Trainer
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--case", default="flagship", choices=sorted(CASES))
@@ -113,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
         ts = load_tiltseries(cfg.data)
         comps = build(cfg, ts, rank=rank, world_size=world, local_rank=local_rank)
         dev = comps.device
-        trainer = Trainer(comps, None)
+        trainer = make_trainer(comps, None)
         state = {"step": 0}
         losses = []
 
@@ -132,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
         ms = median(times)
         if world > 1:  # the slowest rank sets the pace
             ms = float(all_reduce_mean(torch.tensor([ms], device=dev)).item())
-        rays = comps.cfg.sampler.batch_size * world  # the resolved batch (auto on the default)
+        rays = comps.sampler.batch_size * world  # the resolved batch (cfg may say null: automatic)
         row = {
             "variant": variant,
             "cuda_graph": bool(comps.cuda_graph),

@@ -76,7 +76,7 @@ def _pearson(a, b) -> float:
 def main(argv: list[str] | None = None) -> int:
     import torch
 
-    from fasttomo.bench import write_result
+    from benchlib import write_result
     from fasttomo.conventional import forward_project, sirt
     from fasttomo.data import phantom as P
     from fasttomo.geometry.poses import Poses

@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 BASE = ["experiment=quick", "data.width=24", "data.height=20", "data.n_tilts=15", "model.resolutions=[8,16]",
-        "sampler.batch_size=128", "sampler.samples_per_ray=24", "logging=quiet", "runtime=cpu", "runtime.threads=1",
+        "sampler.batch_size=128", "projector.samples_per_ray=24", "logging=quiet", "runtime=cpu", "runtime.threads=1",
         "pose=refine", "pose.start_step=0"]
 SIGNALS = {"kill": signal.SIGKILL, "term": signal.SIGTERM, "int": signal.SIGINT}
 

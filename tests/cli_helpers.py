@@ -11,9 +11,17 @@ from pathlib import Path
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
 
-# a run of a few seconds on one CPU thread; add optim.steps=..., hydra.run.dir=...
-TINY = ["experiment=quick", "data.width=24", "data.height=20", "data.n_tilts=15", "model.resolutions=[8,16]",
-        "sampler.batch_size=128", "sampler.samples_per_ray=24", "logging=quiet", "runtime=cpu", "runtime.threads=1"]
+# The tiny run, declared once (tests/conftest.py runs it as the ``tiny_run`` fixture): a run of a
+# few seconds on one CPU thread; add optim.steps=..., hydra.run.dir=... TINY_RUN holds the run's
+# settings (any data source), TINY_PHANTOM the small phantom's size (data=phantom only: the file
+# sources refuse the phantom's keys), TINY both.
+TINY_RUN = ["experiment=quick", "model.resolutions=[8,16]", "sampler.batch_size=128", "projector.samples_per_ray=24",
+            "logging=quiet", "runtime=cpu", "runtime.threads=1"]
+TINY_PHANTOM = ["data.width=24", "data.height=20", "data.n_tilts=15"]
+TINY = [*TINY_RUN, *TINY_PHANTOM]
+# the end-to-end run of tests/conftest.py: 40 steps with TensorBoard and frequent logs
+TINY_LOGGED = ["optim.steps=40", "logging.tensorboard=true", "logging.log_every=10", "logging.val_every=20",
+               "logging.image_every=20"]
 
 
 def _env() -> dict:

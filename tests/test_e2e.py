@@ -5,7 +5,6 @@ itself (exit codes, clear errors, no overwriting, multirun) and fasttomo-simulat
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -16,26 +15,17 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from cli_helpers import TINY as TINY_BASE, TINY_LOGGED, TINY_RUN, _env, cli
 from fasttomo.reconstruct import compose_config, run
 
-TINY = ["experiment=quick", "data.width=24", "data.height=20", "data.n_tilts=15", "model.resolutions=[8,16]",
-        "sampler.batch_size=128", "sampler.samples_per_ray=24", "optim.steps=40", "logging.progress=false",
-        "logging.log_every=10", "logging.val_every=20", "logging.image_every=20", "runtime.device=cpu",
-        "runtime.threads=1"]
+TINY = [*TINY_BASE, *TINY_LOGGED]
+TINY_FILE = [*TINY_RUN, *TINY_LOGGED]  # for data=mrc: without the phantom's size
 
 
 def _cli(args: list[str], cwd: Path, timeout: int = 300) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    return subprocess.run([sys.executable, "-m", "fasttomo.reconstruct", *args], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=timeout)
-
-
-@pytest.fixture(scope="module")
-def tiny_run(tmp_path_factory):
-    out = tmp_path_factory.mktemp("run") / "r1"
-    cfg = compose_config([*TINY, f"output.dir={out}"])
-    metrics = run(cfg)
-    return out, cfg, metrics
+    """The CLI as a real process on this checkout's sources (cli_helpers: an absolute PYTHONPATH,
+    so a relative PYTHONPATH=src of the test command does not fall back to an installed copy)."""
+    return cli(args, cwd, timeout)
 
 
 def test_loss_drops_and_metrics_written(tiny_run):
@@ -146,7 +136,7 @@ def test_multirun_sweep(tmp_path):
 
 
 def test_simulate_then_reconstruct_from_files(tmp_path):
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    env = _env()
     sim = subprocess.run([sys.executable, "-m", "fasttomo.simulate", f"out={tmp_path / 'ph'}", "format=mrc",
                           "data.width=24", "data.height=20", "data.n_tilts=15"], cwd=tmp_path, env=env,
                          capture_output=True, text=True, timeout=120)
@@ -160,7 +150,7 @@ def test_simulate_then_reconstruct_from_files(tmp_path):
                            capture_output=True, text=True, timeout=120)
     assert again.returncode == 2 and "overwrite" in again.stdout + again.stderr
     out = tmp_path / "from_files"
-    cfg = compose_config([*TINY, "data=mrc", f"data.path={tmp_path / 'ph.mrc'}",
+    cfg = compose_config([*TINY_FILE, "data=mrc", f"data.path={tmp_path / 'ph.mrc'}",
                           f"data.angles={tmp_path / 'ph.rawtlt'}", "data.thickness=12", "data.normalize=none",
                           f"output.dir={out}"])
     metrics = run(cfg)
@@ -224,7 +214,7 @@ def test_continuous_rotation_per_line_angles(tmp_path):
 
     write_tiltseries(tmp_path / "cr.mrc", TiltSeries(stack, base, pixel_size=10.0), "mrc")
     write_tilt_file(tmp_path / "cr.tlt", per_line)
-    cfg = compose_config([*TINY, "data=mrc", f"data.path={tmp_path / 'cr.mrc'}", f"data.angles={tmp_path / 'cr.tlt'}",
+    cfg = compose_config([*TINY_FILE, "data=mrc", f"data.path={tmp_path / 'cr.mrc'}", f"data.angles={tmp_path / 'cr.tlt'}",
                           f"data.thickness={truth.shape[0]}", "data.normalize=none", "optim.steps=150",
                           "logging.tensorboard=false", f"output.dir={tmp_path / 'run'}"])
     assert load_tiltseries(cfg.data).angles.shape == (n, h)

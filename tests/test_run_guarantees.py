@@ -20,7 +20,7 @@ from pathlib import Path
 import mrcfile
 import numpy as np
 import pytest
-from cli_helpers import TINY, cli, start, strict_json, wait_for_text
+from cli_helpers import TINY, TINY_RUN, cli, start, strict_json, wait_for_text
 
 from fasttomo.outputs import OutputWriteError
 from fasttomo.reconstruct import compose_config, run
@@ -220,7 +220,7 @@ def test_two_runs_started_at_once_into_one_folder_one_is_refused_even_with_overw
 # ----------------------------------------------------------------------------------- case 5
 def test_failed_run_logs_its_error_and_does_not_block_the_rerun(tmp_path):
     out = tmp_path / "run"
-    res = cli([*TINY, "optim.steps=2", "data=mrc", f"data.path={tmp_path / 'missing.mrc'}", f"hydra.run.dir={out}"],
+    res = cli([*TINY_RUN, "optim.steps=2", "data=mrc", f"data.path={tmp_path / 'missing.mrc'}", f"hydra.run.dir={out}"],
               tmp_path)
     assert res.returncode == 2
     logged = (out / "reconstruct.log").read_text()
@@ -305,7 +305,7 @@ def test_cli_resume_needs_no_repeated_overrides(tmp_path):
 
     paths = write_tiltseries(tmp_path / "ph.mrc", make_tiltseries(DataConfig(width=24, height=20, n_tilts=15)), "mrc")
     first = tmp_path / "first"
-    run(compose_config([*TINY, "data=mrc", f"data.path={paths[0]}", f"data.angles={paths[1]}", "data.thickness=12",
+    run(compose_config([*TINY_RUN, "data=mrc", f"data.path={paths[0]}", f"data.angles={paths[1]}", "data.thickness=12",
                         "optim.steps=3", f"output.dir={first}"]))
     res = cli([f"resume={first / 'checkpoints' / 'last.pt'}", "optim.steps=5", f"hydra.run.dir={tmp_path / 'second'}"],
               tmp_path)

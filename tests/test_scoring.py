@@ -15,14 +15,15 @@ from fasttomo.data.tiltseries import TiltSeriesError
 from fasttomo.reconstruct import compose_config, run
 from fasttomo.scoring import attach_truth, split_holdout
 
-TINY = ["experiment=quick", "logging=quiet", "runtime=cpu", "runtime.threads=1", "data.width=16", "data.height=16",
-        "data.n_tilts=9", "sampler.batch_size=256", "sampler.samples_per_ray=16", "optim.steps=30",
-        "logging.val_every=10"]
+TINY_RUN = ["experiment=quick", "logging=quiet", "runtime=cpu", "runtime.threads=1", "sampler.batch_size=256",
+            "projector.samples_per_ray=16", "optim.steps=30", "logging.val_every=10"]
+TINY = [*TINY_RUN, "data.width=16", "data.height=16", "data.n_tilts=9"]
 
 
 def _run(tmp: Path, *extra: str) -> tuple[dict, Path]:
     out = tmp / "run"
-    run(compose_config([*TINY, f"output.dir={out}", *extra]))
+    base = TINY_RUN if "data=mrc" in extra else TINY  # file data: without the phantom's size
+    run(compose_config([*base, f"output.dir={out}", *extra]))
     return json.loads((out / "metrics.json").read_text()), out
 
 

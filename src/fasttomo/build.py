@@ -1,4 +1,7 @@
-"""Typed config -> objects. Keeps the Trainer a loop rather than a hub that knows every module."""
+"""Typed config -> objects. Keeps the Trainer a loop rather than a hub that knows every module:
+:func:`build` makes the parts of a run (device, box, projector, sampler, optimizer, schedule,
+precision) and :func:`make_trainer` hands them, with the Trainer's own small config, to the
+Trainer. Nothing under train/ imports this module."""
 
 from __future__ import annotations
 
@@ -42,7 +45,11 @@ def reconstruction_box(cfg: Config, ts: TiltSeries) -> Box:
 
 @dataclasses.dataclass
 class Components:
+    """The parts :func:`build` made, for the pipeline, the dry run and the benchmarks (the
+    Trainer takes them one by one, see :func:`make_trainer`)."""
+
     cfg: Config
+    """The run's config, with the automatic batch size resolved."""
     device: torch.device
     ts: TiltSeries
     box: Box
@@ -70,13 +77,13 @@ def auto_batch_size(ts: TiltSeries) -> int:
 
 
 def samples_per_ray(cfg: Config, box: Box, ts: TiltSeries) -> int:
-    """sampler.samples_per_ray, or the automatic count for this box and these tilts."""
+    """projector.samples_per_ray, or the automatic count for this box and these tilts."""
     from fasttomo.geometry.rays import auto_samples_per_ray
 
-    if cfg.sampler.samples_per_ray is not None:
-        return cfg.sampler.samples_per_ray
+    if cfg.projector.samples_per_ray is not None:
+        return cfg.projector.samples_per_ray
     s = auto_samples_per_ray(box, ts.angles)
-    log.info("sampler: %d samples per ray (one per 4/3 voxel of the longest chord; set sampler.samples_per_ray "
+    log.info("projector: %d samples per ray (one per 4/3 voxel of the longest chord; set projector.samples_per_ray "
              "to choose)", s)
     return s
 
@@ -110,11 +117,9 @@ def build_intensity(cfg: IntensityConfig, ts: TiltSeries, scale: float, start: f
 
 def build_optimizer(cfg: OptimConfig, projector: Projector, capturable: bool = False
                     ) -> tuple[torch.optim.Optimizer, list[float]]:
-    groups = dict(projector.field.param_groups())
-    poses = projector.poses
-    groups["pose_rotations"] = [p for p in (poses.z1, poses.z3) if p.requires_grad]
-    groups["pose_shifts"] = [poses.shifts] if poses.shifts.requires_grad else []
-    groups["intensity"] = [] if projector.intensity is None else list(projector.intensity.parameters())
+    """Adam over the projector's parameter groups (:meth:`Projector.param_groups`), one learning
+    rate per group; returns it and the groups' base learning rates."""
+    groups = projector.param_groups()
     lrs = {"grids": cfg.lr_grids, "decoder": cfg.lr_decoder, "rotations": cfg.lr_rotations,
            "pose_rotations": cfg.lr_pose_rotations, "pose_shifts": cfg.lr_pose_shifts,
            "intensity": cfg.lr_intensity}
@@ -151,9 +156,10 @@ def build(cfg: Config, ts: TiltSeries, *, rank: int = 0, world_size: int = 1, lo
     box = reconstruction_box(cfg, ts)
     torch.manual_seed(cfg.runtime.seed)
     field = build_field(cfg.model, box)
-    poses = Poses(ts.angles, ts.reference_index(), learn_rotations=cfg.pose.learn and cfg.pose.learn_rotations,
-                  learn_shifts=cfg.pose.learn and cfg.pose.learn_shifts, learn_z1=cfg.pose.learn_z1,
-                  free_reference_shift=cfg.pose.free_reference_shift)
+    refine = cfg.pose.learn  # pose=refine: a PoseRefineConfig
+    poses = Poses(ts.angles, ts.reference_index(), learn_rotations=refine and cfg.pose.learn_rotations,
+                  learn_shifts=refine and cfg.pose.learn_shifts, learn_z1=refine and cfg.pose.learn_z1,
+                  free_reference_shift=refine and cfg.pose.free_reference_shift)
     if cfg.sampler.batch_size is None:
         cfg = dataclasses.replace(cfg, sampler=dataclasses.replace(cfg.sampler, batch_size=auto_batch_size(ts)))
         log.info("sampler: %d rays per step (about 1/256 of the series' %d pixels; set sampler.batch_size to "
@@ -163,7 +169,7 @@ def build(cfg: Config, ts: TiltSeries, *, rank: int = 0, world_size: int = 1, lo
                             offset=start)
     intensity = build_intensity(cfg.intensity, ts, sampler.scale, start, est)
     projector = Projector(field, poses, box, (ts.height, ts.width), samples_per_ray(cfg, box, ts),
-                          intensity).to(device)
+                          intensity, loss=cfg.loss).to(device)
     model: torch.nn.Module = projector
     if world_size > 1:
         from torch.nn.parallel import DistributedDataParallel as DDP
@@ -195,11 +201,9 @@ def build(cfg: Config, ts: TiltSeries, *, rank: int = 0, world_size: int = 1, lo
 
 def use_cuda_graph(cfg: Config, device: torch.device, world_size: int) -> bool:
     """runtime.cuda_graph -> whether the training step is captured (on: an error says what prevents it)."""
-    from fasttomo.train.cuda_graph import capture_problem
-
     if cfg.runtime.cuda_graph == "off":
         return False
-    problem = capture_problem(cfg, device, world_size)
+    problem = capture_problem_of(cfg, device, world_size)
     if problem is None:
         return True
     if cfg.runtime.cuda_graph == "on":
@@ -208,3 +212,25 @@ def use_cuda_graph(cfg: Config, device: torch.device, world_size: int) -> bool:
     if device.type == "cuda":  # on the CPU there is nothing to capture: no need to say so
         log.info("training step runs eagerly, not in a CUDA graph: %s", problem)
     return False
+
+
+def capture_problem_of(cfg: Config, device: torch.device, world_size: int) -> str | None:
+    """Why the training step of ``cfg`` cannot be captured in a CUDA graph, or None when it can
+    (the rules: :func:`fasttomo.train.cuda_graph.capture_problem`)."""
+    from fasttomo.train.cuda_graph import capture_problem
+
+    svd = cfg.model.kind == "kplanes_tilted" and cfg.model.learn_frames and cfg.model.rotation_param == "svd"
+    return capture_problem(device, world_size, dtype=cfg.precision.dtype, svd_rotations=svd,
+                           drop_last=cfg.sampler.drop_last)
+
+
+def make_trainer(c: Components, out_dir=None):
+    """The Trainer of the parts ``c``, with its own config taken from ``c.cfg`` (optim, pose,
+    logging, evaluation and guard groups) and the run's resolved config stored in its checkpoints."""
+    from fasttomo.config import to_dict
+    from fasttomo.train.trainer import Trainer, TrainerConfig
+
+    return Trainer(TrainerConfig.from_config(c.cfg), projector=c.projector, model=c.model, sampler=c.sampler,
+                   optimizer=c.optimizer, base_lrs=c.base_lrs, schedule=c.schedule, plateau=c.plateau,
+                   precision=c.precision, reg_generator=c.reg_generator, device=c.device, out_dir=out_dir,
+                   rank=c.rank, world_size=c.world_size, cuda_graph=c.cuda_graph, run_config=to_dict(c.cfg))

@@ -26,7 +26,7 @@ import time
 import typing
 from typing import Any, Union
 
-from fasttomo.cli_help import Program, fmt_value, option_values, schema_keys, sections
+from fasttomo.cli_help import Program, fmt_value, option_values, report, schema_keys, sections  # noqa: F401 - report: public here
 
 EXIT_USER_ERROR = 2
 
@@ -37,12 +37,6 @@ _FLAGS_WITH_VALUE = {"--cfg", "-c", "--package", "-p", "--info", "-i", "--config
 
 class CommandLineError(ValueError):
     """Something typed on the command line is wrong; the message names it and the fix."""
-
-
-def report(message: str, prog: str = "fasttomo") -> None:
-    """Print ``message`` the way the run's own errors look ([time][fasttomo][ERROR] ...), on stderr."""
-    stamp = time.strftime("%Y-%m-%d %H:%M:%S") + f",{int(time.time() * 1000) % 1000:03d}"
-    print(f"[{stamp}][fasttomo][ERROR] {' '.join(message.split())}", file=sys.stderr, flush=True)
 
 
 def overrides_of(argv: list[str]) -> list[str]:

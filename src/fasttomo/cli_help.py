@@ -21,7 +21,9 @@ import dataclasses
 import difflib
 import functools
 import inspect
+import sys
 import textwrap
+import time
 import types
 import typing
 from pathlib import Path
@@ -446,8 +448,6 @@ def handle_help(p: Program, argv: list[str]) -> int | None:
     try:
         text = topic_help(p, topic) if topic else overview(p)
     except HelpTopicError as exc:
-        from fasttomo.cli_errors import report
-
         report(str(exc), p.prog)
         return 2
     try:
@@ -455,3 +455,9 @@ def handle_help(p: Program, argv: list[str]) -> int | None:
     except BrokenPipeError:  # e.g. piped into head
         pass
     return 0
+
+
+def report(message: str, prog: str = "fasttomo") -> None:
+    """Print ``message`` the way the run's own errors look ([time][fasttomo][ERROR] ...), on stderr."""
+    stamp = time.strftime("%Y-%m-%d %H:%M:%S") + f",{int(time.time() * 1000) % 1000:03d}"
+    print(f"[{stamp}][fasttomo][ERROR] {' '.join(message.split())}", file=sys.stderr, flush=True)

@@ -15,6 +15,18 @@ import typing
 from typing import Any, Optional, Union
 
 
+def config_dir() -> str:
+    """The configs folder: shipped inside the package (wheel install) or at the repository top
+    level (source checkout / editable install)."""
+    from pathlib import Path
+
+    here = Path(__file__).resolve().parent
+    for cand in (here / "configs", here.parents[1] / "configs"):
+        if (cand / "reconstruct.yaml").is_file():
+            return str(cand)
+    raise FileNotFoundError(f"fasttomo: no configs folder found next to {here}; reinstall the package.")
+
+
 class ConfigError(ValueError):
     """A configuration value is invalid; the message names the field and how to fix it."""
 
@@ -38,19 +50,85 @@ def _choice(value: Any, choices: tuple, field: str) -> None:
     _require(value in choices, field, f"must be one of {list(choices)}, got {value!r}.")
 
 
+# --------------------------------------------------------------------------------------- group options
+class GroupOption:
+    """Base of a config group whose options read different keys (data sources, model kinds,
+    samplers, schedules, pose modes). The group's base class names its ``_selector`` key and maps
+    each value of it to the dataclass of that option in ``_options``; constructing the base class
+    (``DataConfig(source="mrc", ...)``) builds the option's class, so a key the chosen option does
+    not read is an error (see :func:`from_dict`), never silently ignored."""
+
+    _selector: typing.ClassVar[str] = ""
+    _options: typing.ClassVar[dict] = {}
+    _group: typing.ClassVar[str] = ""
+
+    def __new__(cls, *args, **kwargs):
+        base = cls.group_base()
+        if cls is base:
+            sel = kwargs.get(cls._selector, base._default_option())
+            _choice(sel, tuple(base._options), f"{base._group}.{base._selector}")
+            cls = base._options[sel]
+        return object.__new__(cls)
+
+    @classmethod
+    def group_base(cls) -> type:
+        for klass in cls.__mro__:
+            if klass.__dict__.get("_options"):
+                return klass
+        return cls
+
+    @classmethod
+    def _default_option(cls):
+        return {f.name: f for f in dataclasses.fields(cls)}[cls._selector].default
+
+    @classmethod
+    def option_class(cls, value) -> type:
+        """The dataclass of the option whose selector key is ``value``."""
+        base = cls.group_base()
+        _choice(value, tuple(base._options), f"{base._group}.{base._selector}")
+        return base._options[value]
+
+    @classmethod
+    def option_classes(cls) -> list[type]:
+        base = cls.group_base()
+        return list(dict.fromkeys(base._options.values()))
+
+
+def option_keys(cls: type) -> list[str]:
+    """The keys the dataclass ``cls`` (one group option) reads, in declaration order."""
+    return [f.name for f in dataclasses.fields(cls)]
+
+
 # --------------------------------------------------------------------------------------- data
 @dataclasses.dataclass
-class DataConfig:
+class DataConfig(GroupOption):
+    """The ``data`` group: one option per source (``data.source``): :class:`PhantomDataConfig`
+    (phantom), :class:`FileDataConfig` (mrc, tiff) and :class:`Hdf5DataConfig` (hdf5). The keys
+    here are read by every source."""
+
     source: str = "phantom"
     """Where the tilt series comes from: phantom (built-in synthetic), mrc, hdf5 or tiff."""
-    path: Optional[str] = None
-    """Tilt-stack file (.mrc/.st/.ali/.h5/.tif) for source != phantom."""
-    angles: Optional[str] = None
-    """Angle file (.rawtlt/.tlt one angle per line in degrees, or SerialEM .mdoc). None: take the
-    angles from the stack file itself (MRC extended header, HDF5 dataset)."""
     pixel_size: Optional[float] = None
     """Pixel size in Angstrom; overrides the file's value. None: from the file (phantom: 10 A)."""
-    # --- built-in phantom
+    thickness: Optional[int] = None
+    """Z size of the reconstructed volume in voxels (beam direction at 0 degrees). None: the
+    phantom's own thickness, or W/2 for real data."""
+
+    def _check_common(self) -> None:
+        if self.pixel_size is not None:
+            _positive(self.pixel_size, "data.pixel_size")
+        if self.thickness is not None:
+            _require(isinstance(self.thickness, int) and self.thickness >= 2, "data.thickness",
+                     f"must be an integer >= 2 voxels, got {self.thickness!r}.")
+
+    def __post_init__(self) -> None:
+        self._check_common()
+
+
+@dataclasses.dataclass
+class PhantomDataConfig(DataConfig):
+    """data=phantom: the built-in synthetic tilt series (src/fasttomo/data/phantom.py)."""
+
     width: int = 64
     """Phantom: image width W (pixels, along X)."""
     height: int = 64
@@ -86,18 +164,42 @@ class DataConfig:
     """Phantom: the one seed of every random draw: the noise, the random specimen
     (phantom=ellipsoids) and the pose errors, each from its own stream, so switching one on or
     off never changes the others (the default specimen itself is fixed)."""
-    # --- reconstruction box
-    thickness: Optional[int] = None
-    """Z size of the reconstructed volume in voxels (beam direction at 0 degrees). None: the
-    phantom's own thickness, or W/2 for real data."""
-    # --- preparation of real data (issue 3 adds the readers that use these)
-    hdf5_stack: str = "/tiltseries/stack"
-    """HDF5: dataset path of the (n_tilts, H, W) stack."""
-    hdf5_angles: str = "/tiltseries/angles"
-    """HDF5: dataset path (or attribute name on the stack) of the angles in degrees."""
-    hdf5_pixel_size: str = "pixel_size_A"
-    """HDF5: dataset path, or attribute name on the stack dataset or one of its parent groups, of
-    the pixel size in Angstrom (fasttomo's own files: the /tiltseries attribute pixel_size_A)."""
+
+    def __post_init__(self) -> None:
+        _choice(self.source, ("phantom",), "data.source")
+        self._check_common()
+        for name in ("width", "height", "n_tilts"):
+            v = getattr(self, name)
+            _require(isinstance(v, int) and v >= 2, f"data.{name}", f"must be an integer >= 2, got {v!r}.")
+        _require(-90 < self.tilt_min < self.tilt_max < 90, "data.tilt_min/tilt_max",
+                 f"need -90 < tilt_min < tilt_max < 90 degrees, got {self.tilt_min}, {self.tilt_max}.")
+        _nonneg(self.noise, "data.noise")
+        _choice(self.noise_relative_to, ("std", "max"), "data.noise_relative_to")
+        _choice(self.phantom, ("default", "ellipsoids"), "data.phantom")
+        _require(isinstance(self.n_ellipsoids, int) and not isinstance(self.n_ellipsoids, bool)
+                 and self.n_ellipsoids >= 1, "data.n_ellipsoids",
+                 f"must be an integer >= 1, got {self.n_ellipsoids!r}; set data.n_ellipsoids=8 for example.")
+        _nonneg(self.pose_error_shift, "data.pose_error_shift")
+        _nonneg(self.pose_error_rotation, "data.pose_error_rotation")
+        _require(self.pose_error_rotation <= 45.0, "data.pose_error_rotation",
+                 f"is a half range in degrees and must be <= 45, got {self.pose_error_rotation!r}; "
+                 "data.pose_error_rotation=1 means +-1 degree.")
+        _require(isinstance(self.phantom_seed, int) and not isinstance(self.phantom_seed, bool)
+                 and self.phantom_seed >= 0, "data.phantom_seed",
+                 f"must be an integer >= 0, got {self.phantom_seed!r}; set data.phantom_seed=0 for example.")
+
+
+@dataclasses.dataclass
+class FileDataConfig(DataConfig):
+    """data=mrc and data=tiff: a tilt stack read from a file, then prepared
+    (src/fasttomo/data/prepare.py applies exclude_views ... normalize in this order)."""
+
+    source: str = "mrc"
+    path: Optional[str] = None
+    """Tilt-stack file (.mrc/.st/.ali/.h5/.tif); required."""
+    angles: Optional[str] = None
+    """Angle file (.rawtlt/.tlt one angle per line in degrees, or SerialEM .mdoc). None: take the
+    angles from the stack file itself (MRC extended header, HDF5 dataset); TIFF needs one."""
     exclude_views: list = dataclasses.field(default_factory=list)
     """1-based view numbers to drop before anything else (as IMOD's -EXCLUDELIST)."""
     binning: int = 1
@@ -127,35 +229,16 @@ class DataConfig:
     certainly radians (fasttomo reads degrees). Set false for a series that really spans less
     than +-2 degrees."""
 
+    _sources: typing.ClassVar[tuple] = ("mrc", "tiff")
+
     def __post_init__(self) -> None:
-        _choice(self.source, ("phantom", "mrc", "hdf5", "tiff"), "data.source")
-        if self.source != "phantom":
-            _require(bool(self.path), "data.path",
-                     f"data.source={self.source} needs a file: set data.path=/path/to/stack.")
-        for name in ("width", "height", "n_tilts"):
-            v = getattr(self, name)
-            _require(isinstance(v, int) and v >= 2, f"data.{name}", f"must be an integer >= 2, got {v!r}.")
-        _require(-90 < self.tilt_min < self.tilt_max < 90, "data.tilt_min/tilt_max",
-                 f"need -90 < tilt_min < tilt_max < 90 degrees, got {self.tilt_min}, {self.tilt_max}.")
-        _nonneg(self.noise, "data.noise")
-        _choice(self.noise_relative_to, ("std", "max"), "data.noise_relative_to")
-        _choice(self.phantom, ("default", "ellipsoids"), "data.phantom")
-        _require(isinstance(self.n_ellipsoids, int) and not isinstance(self.n_ellipsoids, bool)
-                 and self.n_ellipsoids >= 1, "data.n_ellipsoids",
-                 f"must be an integer >= 1, got {self.n_ellipsoids!r}; set data.n_ellipsoids=8 for example.")
-        _nonneg(self.pose_error_shift, "data.pose_error_shift")
-        _nonneg(self.pose_error_rotation, "data.pose_error_rotation")
-        _require(self.pose_error_rotation <= 45.0, "data.pose_error_rotation",
-                 f"is a half range in degrees and must be <= 45, got {self.pose_error_rotation!r}; "
-                 "data.pose_error_rotation=1 means +-1 degree.")
-        _require(isinstance(self.phantom_seed, int) and not isinstance(self.phantom_seed, bool)
-                 and self.phantom_seed >= 0, "data.phantom_seed",
-                 f"must be an integer >= 0, got {self.phantom_seed!r}; set data.phantom_seed=0 for example.")
-        if self.pixel_size is not None:
-            _positive(self.pixel_size, "data.pixel_size")
-        if self.thickness is not None:
-            _require(isinstance(self.thickness, int) and self.thickness >= 2, "data.thickness",
-                     f"must be an integer >= 2 voxels, got {self.thickness!r}.")
+        _choice(self.source, self._sources, "data.source")
+        self._check_common()
+        _require(bool(self.path), "data.path",
+                 f"data.source={self.source} needs a file: set data.path=/path/to/stack.")
+        if self.source == "tiff":
+            _require(bool(self.angles), "data.angles",
+                     "a TIFF stack holds no tilt angles: set data.angles=/path/to/angles.rawtlt (or .tlt, .mdoc).")
         _require(isinstance(self.binning, int) and self.binning >= 1, "data.binning",
                  f"must be an integer >= 1, got {self.binning!r}.")
         _choice(self.normalize, ("quantile", "none"), "data.normalize")
@@ -174,25 +257,76 @@ class DataConfig:
         if self.intensity_offset is not None:
             _require(math.isfinite(self.intensity_offset), "data.intensity_offset",
                      f"must be a finite number, got {self.intensity_offset!r}.")
+
+
+@dataclasses.dataclass
+class Hdf5DataConfig(FileDataConfig):
+    """data=hdf5: an HDF5 tilt series (fasttomo's own layout by default, see
+    src/fasttomo/data/io/hdf5.py), prepared like the other files."""
+
+    source: str = "hdf5"
+    hdf5_stack: str = "/tiltseries/stack"
+    """HDF5: dataset path of the (n_tilts, H, W) stack."""
+    hdf5_angles: str = "/tiltseries/angles"
+    """HDF5: dataset path (or attribute name on the stack) of the angles in degrees."""
+    hdf5_pixel_size: str = "pixel_size_A"
+    """HDF5: dataset path, or attribute name on the stack dataset or one of its parent groups, of
+    the pixel size in Angstrom (fasttomo's own files: the /tiltseries attribute pixel_size_A)."""
+
+    _sources: typing.ClassVar[tuple] = ("hdf5",)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
         for name in ("hdf5_stack", "hdf5_angles", "hdf5_pixel_size"):
             _require(isinstance(getattr(self, name), str) and bool(getattr(self, name)), f"data.{name}",
                      "must be a non-empty dataset path or attribute name.")
 
 
+DataConfig._selector, DataConfig._group = "source", "data"
+DataConfig._options = {"phantom": PhantomDataConfig, "mrc": FileDataConfig, "tiff": FileDataConfig,
+                       "hdf5": Hdf5DataConfig}
+
+
 # --------------------------------------------------------------------------------------- model
 @dataclasses.dataclass
-class ModelConfig:
+class ModelConfig(GroupOption):
+    """The ``model`` group: one option per ``model.kind``: :class:`KPlanesConfig`
+    (kplanes_tilted), :class:`VoxelConfig` (voxel) and :class:`SirtConfig` (sirt)."""
+
     kind: str = "kplanes_tilted"
     """Object model: kplanes_tilted (K-Planes in T learned rotated frames), voxel (plain grid fitted
     like the field) or sirt (the conventional SIRT on a voxel grid, same geometry and outputs; no
     training loop: the iterations below)."""
+
+    def __post_init__(self) -> None:
+        _choice(self.kind, tuple(self._options), "model.kind")
+
+
+@dataclasses.dataclass
+class FieldConfig(ModelConfig):
+    """What every fitted field reads (the density activation)."""
+
+    activation: str = "softplus"
+    """Density activation: softplus (shifted) or trunc_exp."""
+    density_shift: float = -2.0
+    """Shift added to the raw decoder output before the activation (softplus(x + shift))."""
+
+    def __post_init__(self) -> None:
+        _choice(self.activation, ("softplus", "trunc_exp"), "model.activation")
+
+
+@dataclasses.dataclass
+class KPlanesConfig(FieldConfig):
+    """model=kplanes_tilted (and model=kplanes, its one-frame setting): multi-scale K-Planes sampled
+    in T rotated frames + a decoder (src/fasttomo/models/kplanes.py)."""
+
     n_rotations: int = 2
-    """T: number of rotated frames (1 with learn_rotations=false is plain K-Planes)."""
-    learn_rotations: bool = True
+    """T: number of rotated frames (1 with learn_frames=false is plain K-Planes)."""
+    learn_frames: bool = True
     """Learn the T frame rotations (frame 0 starts at identity, the others random)."""
     rotation_param: str = "quaternion"
-    """Rotation parametrization: quaternion (unit 4-vector, sync-free on CUDA) or svd (free 3x3
-    projected onto SO(3) by SVD, which synchronizes with the host on CUDA every step)."""
+    """Frame rotation parametrization: quaternion (unit 4-vector, sync-free on CUDA) or svd (free
+    3x3 projected onto SO(3) by SVD, which synchronizes with the host on CUDA every step)."""
     channels: int = 8
     """C: feature channels per plane."""
     resolutions: Optional[list] = None
@@ -203,29 +337,14 @@ class ModelConfig:
     """Decoder head: linear (one layer) or hybrid (Linear-ReLU-Linear-ReLU-Linear)."""
     hidden: int = 32
     """Hidden width of the hybrid decoder."""
-    activation: str = "softplus"
-    """Density activation: softplus (shifted) or trunc_exp."""
-    density_shift: float = -2.0
-    """Shift added to the raw decoder output before the activation (softplus(x + shift))."""
     init_low: float = 0.1
     """Planes start uniform in [init_low, init_high] (K-Planes' multiplicative init)."""
     init_high: float = 0.5
     """See init_low."""
-    voxel_shape: Optional[list] = None
-    """voxel model only: [Z, Y, X] grid; None uses the reconstruction box."""
-    iterations: int = 100
-    """sirt only: number of SIRT iterations."""
-    relaxation: float = 1.0
-    """sirt only: relaxation factor lambda of the update x += lambda C B R (b - A x)."""
-    positivity: bool = True
-    """sirt only: clamp the volume at 0 after every iteration."""
 
     def __post_init__(self) -> None:
-        _choice(self.kind, ("kplanes_tilted", "voxel", "sirt"), "model.kind")
-        _require(isinstance(self.iterations, int) and self.iterations >= 1, "model.iterations",
-                 f"must be an integer >= 1, got {self.iterations!r}.")
-        _require(isinstance(self.relaxation, (int, float)) and 0 < self.relaxation < 2, "model.relaxation",
-                 f"must be in (0, 2), got {self.relaxation!r}.")
+        _choice(self.kind, ("kplanes_tilted",), "model.kind")
+        super().__post_init__()
         _require(isinstance(self.n_rotations, int) and self.n_rotations >= 1, "model.n_rotations",
                  f"must be an integer >= 1, got {self.n_rotations!r}.")
         _choice(self.rotation_param, ("svd", "quaternion"), "model.rotation_param")
@@ -240,7 +359,6 @@ class ModelConfig:
                      f"each scale must be an int >= 2 or [rx, ry, rz] of ints >= 2, got {r!r}.")
         _choice(self.decoder, ("linear", "hybrid"), "model.decoder")
         _require(isinstance(self.hidden, int) and self.hidden >= 1, "model.hidden", f"must be >= 1, got {self.hidden!r}.")
-        _choice(self.activation, ("softplus", "trunc_exp"), "model.activation")
         _require(self.init_low < self.init_high, "model.init_low/init_high", "need init_low < init_high.")
 
     def resolution_triples(self) -> tuple[tuple[int, int, int], ...]:
@@ -250,19 +368,75 @@ class ModelConfig:
         return tuple((r, r, r) if isinstance(r, int) else tuple(r) for r in self.resolutions)
 
 
+@dataclasses.dataclass
+class VoxelConfig(FieldConfig):
+    """model=voxel: a plain learnable voxel grid fitted like the field (src/fasttomo/models/voxel.py)."""
+
+    kind: str = "voxel"
+    density_shift: float = 0.0
+    """Shift added to the grid values before the activation."""
+    voxel_shape: Optional[list] = None
+    """[Z, Y, X] grid; None uses the reconstruction box."""
+
+    def __post_init__(self) -> None:
+        _choice(self.kind, ("voxel",), "model.kind")
+        super().__post_init__()
+        if self.voxel_shape is not None:
+            _require(len(self.voxel_shape) == 3 and all(isinstance(v, int) and v >= 2 for v in self.voxel_shape),
+                     "model.voxel_shape", f"must be [Z, Y, X] of integers >= 2 or null, got {self.voxel_shape!r}.")
+
+
+@dataclasses.dataclass
+class SirtConfig(ModelConfig):
+    """model=sirt: the conventional SIRT on a voxel grid of the reconstruction box, no training loop
+    (src/fasttomo/conventional/sirt.py)."""
+
+    kind: str = "sirt"
+    iterations: int = 100
+    """Number of SIRT iterations."""
+    relaxation: float = 1.0
+    """Relaxation factor lambda of the update x += lambda C B R (b - A x)."""
+    positivity: bool = True
+    """Clamp the volume at 0 after every iteration."""
+
+    def __post_init__(self) -> None:
+        _choice(self.kind, ("sirt",), "model.kind")
+        _require(isinstance(self.iterations, int) and self.iterations >= 1, "model.iterations",
+                 f"must be an integer >= 1, got {self.iterations!r}.")
+        _require(isinstance(self.relaxation, (int, float)) and 0 < self.relaxation < 2, "model.relaxation",
+                 f"must be in (0, 2), got {self.relaxation!r}.")
+
+
+ModelConfig._selector, ModelConfig._group = "kind", "model"
+ModelConfig._options = {"kplanes_tilted": KPlanesConfig, "voxel": VoxelConfig, "sirt": SirtConfig}
+
+
 # --------------------------------------------------------------------------------------- pose
 @dataclasses.dataclass
-class PoseConfig:
+class PoseConfig(GroupOption):
+    """The ``pose`` group: pose=fixed (``learn: false``, the poses as given: this class) or
+    pose=refine (``learn: true``, :class:`PoseRefineConfig`)."""
+
     learn: bool = False
     """Refine per-tilt poses (in-plane rotations z1, z3 and 2-D shifts; the tilt angle is fixed)."""
+
+    def __post_init__(self) -> None:
+        _require(self.learn is False, "pose.learn", f"is false for fixed poses, got {self.learn!r}.")
+
+
+@dataclasses.dataclass
+class PoseRefineConfig(PoseConfig):
+    """pose=refine: which parts of the per-tilt poses are learned, and from when."""
+
+    learn: bool = True
     learn_rotations: bool = True
-    """With learn=true: refine the in-plane rotations (z3, and z1 unless learn_z1=false)."""
+    """Refine the in-plane rotations (z3, and z1 unless learn_z1=false)."""
     learn_z1: bool = True
     """With learn_rotations: refine z1 (a rotation about the specimen's z before the tilt) as well
     as z3 (the image rotation after it); false refines the image rotation alone, what alignment
     programs call the per-view rotation."""
     learn_shifts: bool = True
-    """With learn=true: refine the 2-D image shifts."""
+    """Refine the 2-D image shifts."""
     free_reference_shift: bool = True
     """With learn_shifts: learn the reference view's shift too during the fit (the volume's
     position is then a free direction instead of a slow one) and report poses and volume in the
@@ -271,8 +445,30 @@ class PoseConfig:
     """Pose refinement starts after this many steps (the field settles first)."""
 
     def __post_init__(self) -> None:
+        _require(self.learn is True, "pose.learn", f"is true for refined poses, got {self.learn!r}.")
         _require(isinstance(self.start_step, int) and self.start_step >= 0, "pose.start_step",
                  f"must be an integer >= 0, got {self.start_step!r}.")
+
+
+PoseConfig._selector, PoseConfig._group = "learn", "pose"
+PoseConfig._options = {False: PoseConfig, True: PoseRefineConfig}
+
+
+# --------------------------------------------------------------------------------------- projector
+@dataclasses.dataclass
+class ProjectorConfig:
+    """The ``projector`` section: how the line integrals of a fitted field are sampled
+    (src/fasttomo/projector.py; model=sirt has its own projectors and reads none of it, like the
+    optim and loss groups)."""
+
+    samples_per_ray: Optional[int] = None
+    """S: quadrature points per ray. None: one per SAMPLE_SPACING (4/3) voxels of the longest chord
+    through the box over the series' tilts (48 for the embedded 64 x 64 x 32 phantom at +-60)."""
+
+    def __post_init__(self) -> None:
+        _require(self.samples_per_ray is None or (isinstance(self.samples_per_ray, int) and self.samples_per_ray >= 1),
+                 "projector.samples_per_ray",
+                 f"must be an integer >= 1 or null (automatic), got {self.samples_per_ray!r}.")
 
 
 # --------------------------------------------------------------------------------------- intensity
@@ -295,6 +491,9 @@ class IntensityConfig:
 
     def __post_init__(self) -> None:
         _choice(self.background, ("learn", "learn_per_view", "fixed", "none"), "intensity.background")
+        _require(self.background == "none" and self.background_value is None or self.background != "none",
+                 "intensity.background_value", "intensity.background=none does not read this key (there is no "
+                 "background term); remove it, or choose intensity=fixed|learn|per_view.")
         if self.background_value is not None:
             _require(isinstance(self.background_value, (int, float)) and math.isfinite(self.background_value),
                      "intensity.background_value", f"must be a finite number or null, got {self.background_value!r}.")
@@ -304,7 +503,10 @@ class IntensityConfig:
 
 # --------------------------------------------------------------------------------------- sampler
 @dataclasses.dataclass
-class SamplerConfig:
+class SamplerConfig(GroupOption):
+    """The ``sampler`` group: sampler=device (this class) or sampler=dataloader
+    (:class:`DataLoaderSamplerConfig`)."""
+
     kind: str = "device"
     """Batch sampler: device (device-resident index arithmetic) or dataloader (per-pixel torch
     DataLoader, kept for comparison)."""
@@ -312,34 +514,43 @@ class SamplerConfig:
     """Rays per step (per rank under torchrun). None: 1024 x 2^round(log2(pixels / 2^18)) within
     [1024, 8192], so every step sees about 1/256 of the series (1024 for the embedded 61 x 64 x 64
     phantom, 4096 for 61 x 128 x 128)."""
-    samples_per_ray: Optional[int] = None
-    """S: quadrature points per ray. None: one per SAMPLE_SPACING (4/3) voxels of the longest chord
-    through the box over the series' tilts (48 for the embedded 64 x 64 x 32 phantom at +-60)."""
     val_fraction: float = 0.02
     """Fraction of pixels held out for validation (fixed-seed split, identical on all ranks)."""
     split_seed: int = 12345
     """Seed of the train/validation split generator (independent of the run seed)."""
     drop_last: bool = True
     """Drop the ragged last batch of an epoch (keeps shapes fixed for CUDA graphs)."""
-    num_workers: int = 0
-    """dataloader sampler only: DataLoader worker processes."""
     skip_masked: bool = False
     """Leave masked pixels (tilt series validity mask False) out of the training and validation
     sets instead of yielding them with weight 0. The split itself is unchanged (made over all
     pixels), so it stays stable whatever the mask."""
 
     def __post_init__(self) -> None:
-        _choice(self.kind, ("device", "dataloader"), "sampler.kind")
+        _choice(self.kind, ("device",) if type(self) is SamplerConfig else ("dataloader",), "sampler.kind")
         _require(self.batch_size is None or (isinstance(self.batch_size, int) and self.batch_size >= 1),
                  "sampler.batch_size", f"must be an integer >= 1 or null (automatic), got {self.batch_size!r}.")
-        _require(self.samples_per_ray is None or (isinstance(self.samples_per_ray, int) and self.samples_per_ray >= 1),
-                 "sampler.samples_per_ray", f"must be an integer >= 1 or null (automatic), got {self.samples_per_ray!r}.")
         _require(0 <= self.val_fraction < 0.5, "sampler.val_fraction",
                  f"must be in [0, 0.5), got {self.val_fraction!r}.")
-        _require(isinstance(self.num_workers, int) and self.num_workers >= 0, "sampler.num_workers",
-                 f"must be an integer >= 0, got {self.num_workers!r}.")
         _require(isinstance(self.skip_masked, bool), "sampler.skip_masked",
                  f"must be true or false, got {self.skip_masked!r}.")
+
+
+@dataclasses.dataclass
+class DataLoaderSamplerConfig(SamplerConfig):
+    """sampler=dataloader: the per-pixel torch DataLoader path (kept for comparison)."""
+
+    kind: str = "dataloader"
+    num_workers: int = 0
+    """DataLoader worker processes."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _require(isinstance(self.num_workers, int) and self.num_workers >= 0, "sampler.num_workers",
+                 f"must be an integer >= 0, got {self.num_workers!r}.")
+
+
+SamplerConfig._selector, SamplerConfig._group = "kind", "sampler"
+SamplerConfig._options = {"device": SamplerConfig, "dataloader": DataLoaderSamplerConfig}
 
 
 # --------------------------------------------------------------------------------------- optim
@@ -397,25 +608,54 @@ class OptimConfig:
 
 # --------------------------------------------------------------------------------------- schedule
 @dataclasses.dataclass
-class ScheduleConfig:
+class ScheduleConfig(GroupOption):
+    """The ``schedule`` group: constant (this class), cosine and exponential
+    (:class:`DecayScheduleConfig`) or plateau (:class:`PlateauScheduleConfig`)."""
+
     kind: str = "cosine"
     """Learning-rate schedule: constant, cosine, exponential or plateau."""
     warmup_steps: int = 0
     """Linear warm-up from 0 over this many steps (combines with every kind)."""
-    min_factor: float = 0.05
-    """cosine/exponential: the factor reached at the last step."""
-    plateau_patience: int = 50
-    """plateau: validation checks without improvement before the rate is cut."""
-    plateau_factor: float = 0.5
-    """plateau: multiply the rate by this on a plateau."""
 
     def __post_init__(self) -> None:
-        _choice(self.kind, ("constant", "cosine", "exponential", "plateau"), "schedule.kind")
+        _choice(self.kind, tuple(k for k, c in self._options.items() if c is type(self)), "schedule.kind")
         _require(isinstance(self.warmup_steps, int) and self.warmup_steps >= 0, "schedule.warmup_steps",
                  f"must be an integer >= 0, got {self.warmup_steps!r}.")
+
+
+@dataclasses.dataclass
+class DecayScheduleConfig(ScheduleConfig):
+    """schedule=cosine and schedule=exponential: decay from 1 to min_factor over the run."""
+
+    min_factor: float = 0.05
+    """The factor reached at the last step."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
         _require(0 < self.min_factor <= 1, "schedule.min_factor", f"must be in (0, 1], got {self.min_factor!r}.")
+
+
+@dataclasses.dataclass
+class PlateauScheduleConfig(ScheduleConfig):
+    """schedule=plateau: cut the rate when the validation loss stops falling."""
+
+    kind: str = "plateau"
+    plateau_patience: int = 5
+    """Validation checks without improvement before the rate is cut."""
+    plateau_factor: float = 0.5
+    """Multiply the rate by this on a plateau."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _require(isinstance(self.plateau_patience, int) and self.plateau_patience >= 0, "schedule.plateau_patience",
+                 f"must be an integer >= 0, got {self.plateau_patience!r}.")
         _require(0 < self.plateau_factor < 1, "schedule.plateau_factor",
                  f"must be in (0, 1), got {self.plateau_factor!r}.")
+
+
+ScheduleConfig._selector, ScheduleConfig._group = "kind", "schedule"
+ScheduleConfig._options = {"constant": ScheduleConfig, "cosine": DecayScheduleConfig,
+                           "exponential": DecayScheduleConfig, "plateau": PlateauScheduleConfig}
 
 
 # --------------------------------------------------------------------------------------- loss
@@ -637,6 +877,7 @@ class Config:
     data: DataConfig = dataclasses.field(default_factory=DataConfig)
     model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
     pose: PoseConfig = dataclasses.field(default_factory=PoseConfig)
+    projector: ProjectorConfig = dataclasses.field(default_factory=ProjectorConfig)
     intensity: IntensityConfig = dataclasses.field(default_factory=IntensityConfig)
     sampler: SamplerConfig = dataclasses.field(default_factory=SamplerConfig)
     optim: OptimConfig = dataclasses.field(default_factory=OptimConfig)
@@ -679,14 +920,37 @@ def _type_ok(value: Any, tp: Any) -> bool:
     return True
 
 
+def _readers(base: type, key: str) -> list:
+    """The selector values of the options of group ``base`` that read ``key``."""
+    return [v for v, c in base._options.items() if key in option_keys(c)]
+
+
 def from_dict(cls: type, data: dict | None, prefix: str = "") -> Any:
-    """Build dataclass ``cls`` from a plain dict, rejecting unknown keys and wrong types."""
+    """Build dataclass ``cls`` from a plain dict, rejecting unknown keys and wrong types. For a
+    group with options (:class:`GroupOption`) the option is chosen by its selector key, and a key
+    that option does not read is an error naming the key, the option and the keys it has."""
     data = dict(data or {})
+    where = prefix.rstrip(".") or "config"
+    if isinstance(cls, type) and issubclass(cls, GroupOption):
+        base = cls.group_base()
+        sel = data.get(base._selector, base._default_option())
+        _choice(sel, tuple(base._options), f"{where}.{base._selector}")
+        cls = base._options[sel]
+        keys = option_keys(cls)
+        unread = [k for k in data if k not in keys]
+        if unread:
+            k = unread[0]
+            readers = _readers(base, k)
+            also = (f" (it is read by {where}.{base._selector}={'|'.join(map(_yaml_str, readers))})" if readers
+                    else " (no option of this group has it: check the spelling)")
+            raise ConfigError(
+                f"{where}.{k}: {where}.{base._selector}={_yaml_str(sel)} does not read this key{also}; the keys of "
+                f"{where}.{base._selector}={_yaml_str(sel)} are {keys}. Remove {where}.{k}, or choose an option "
+                "that reads it.")
     hints = typing.get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls)}
     unknown = sorted(set(data) - set(fields))
     if unknown:
-        where = prefix.rstrip(".") or "config"
         raise ConfigError(
             f"{where}: unknown key(s) {unknown}; valid keys are {sorted(fields)}. "
             "Check the spelling (use +key=value only for keys the schema knows)."
@@ -706,6 +970,88 @@ def from_dict(cls: type, data: dict | None, prefix: str = "") -> Any:
                  f"has the wrong type: got {value!r} ({type(value).__name__}), expected {tp}.")
         kwargs[name] = value
     return cls(**kwargs)
+
+
+def _yaml_str(v: Any) -> str:
+    return str(v).lower() if isinstance(v, bool) else str(v)
+
+
+# --------------------------------------------------------------------------------------- Hydra's view
+UNSET = "???"
+"""Hydra's schema gives every key this value (omegaconf's MISSING): a key no YAML file and no
+command-line item sets is left out of the dict handed to :func:`from_dict`, so its default comes
+from the option's dataclass, the one place defaults live."""
+
+
+def group_option_classes(tp: type) -> list[type]:
+    """The dataclasses a group field of type ``tp`` can hold (all its options, or ``tp`` itself)."""
+    if isinstance(tp, type) and issubclass(tp, GroupOption):
+        return tp.option_classes()
+    return [tp]
+
+
+def hydra_schema(cls: type, _name: str = "") -> type:
+    """A dataclass for Hydra's ConfigStore with every key of every option of every group of
+    ``cls`` (so any of them can be set from the command line and a misspelled key is refused by
+    Hydra at once), each defaulting to :data:`UNSET` (so the YAML files hold only what differs
+    from the dataclass defaults). Which keys the chosen option reads is checked by
+    :func:`from_dict`. Needs no omegaconf: the entry points register the result."""
+    fields: dict[str, tuple] = {}
+    for klass in group_option_classes(cls):
+        hints = typing.get_type_hints(klass)
+        for f in dataclasses.fields(klass):
+            tp = hints[f.name]
+            if dataclasses.is_dataclass(tp):
+                sub = hydra_schema(tp, f"{_name}{f.name.title()}")
+                fields[f.name] = (f.name, sub, dataclasses.field(default_factory=sub))
+                continue
+            tp = tp if typing.get_origin(tp) in (Union, types.UnionType) else Optional[tp]
+            if f.name in fields and fields[f.name][1] != tp:
+                tp = Any
+            fields[f.name] = (f.name, tp, dataclasses.field(default=UNSET))
+    return dataclasses.make_dataclass(f"{_name or cls.__name__}Schema", list(fields.values()))
+
+
+def strip_unset(data: Any) -> Any:
+    """``data`` without the keys Hydra's schema left at :data:`UNSET` (nested dicts too)."""
+    if isinstance(data, dict):
+        return {k: strip_unset(v) for k, v in data.items() if not (isinstance(v, str) and v == UNSET)}
+    return data
+
+
+# --------------------------------------------------------------------------------------- older configs
+MOVED_KEYS = {"sampler.samples_per_ray": "projector.samples_per_ray", "model.learn_rotations": "model.learn_frames"}
+"""Keys renamed or moved since configs were first stored in checkpoints: old name -> new name."""
+
+
+def upgrade(saved: dict) -> dict:
+    """A config dict stored by an older fasttomo (a checkpoint's), in today's shape: moved keys
+    (:data:`MOVED_KEYS`) under their new names, and the keys its group options never read dropped
+    (those runs ignored them: a phantom's ``data.binning``, a voxel model's ``channels``). Keys of
+    today's options that it lacks take their defaults when it is built."""
+    import copy
+
+    out = copy.deepcopy(saved)
+    for old, new in MOVED_KEYS.items():
+        g_old, k_old = old.split(".")
+        g_new, k_new = new.split(".")
+        group = out.get(g_old)
+        if isinstance(group, dict) and k_old in group:
+            value = group.pop(k_old)
+            target = out.setdefault(g_new, {})
+            if isinstance(target, dict):
+                target.setdefault(k_new, value)
+    hints = typing.get_type_hints(Config)
+    for name, tp in hints.items():
+        group = out.get(name)
+        if not (isinstance(group, dict) and isinstance(tp, type) and issubclass(tp, GroupOption)):
+            continue
+        base = tp.group_base()
+        sel = group.get(base._selector, base._default_option())
+        if sel in base._options:
+            keys = option_keys(base._options[sel])
+            out[name] = {k: v for k, v in group.items() if k in keys}
+    return out
 
 
 def to_dict(cfg: Any) -> dict:

@@ -30,6 +30,8 @@ from typing import Callable, Optional
 import numpy as np
 
 from fasttomo.config import ConfigError, _require
+from fasttomo.plots import fsc_plot  # noqa: F401 - the FSC picture (shared with the runs)
+from fasttomo.scoring import EvaluateError, score_against_truth  # noqa: F401 - shared with the runs
 
 log = logging.getLogger("fasttomo")
 
@@ -37,8 +39,6 @@ RESULT_NAMES = ("metrics.json", "fsc.png", "views_pearson.png", "views_residual.
 """Files an evaluation writes; an output folder holding any of them is refused unless overwrite."""
 
 
-class EvaluateError(ValueError):
-    """The inputs cannot be compared as given; the message names both sides and the fix."""
 
 
 @dataclasses.dataclass
@@ -161,80 +161,6 @@ def _pick_voxel_size(cfg: EvaluateConfig, vx: float, assumed: bool, truth_vx: fl
         return truth_vx, f"the header of {cfg.truth}"
     log.warning("no voxel size in the files: assuming 1.0 A, so FSC frequencies are in 1/voxel. Set voxel_size=<A>.")
     return 1.0, "assumed (none in the files)"
-
-
-# --------------------------------------------------------------------------------------- truth
-def score_against_truth(vol: np.ndarray, truth: np.ndarray, voxel_size_A: float, *, tilt_range=None,
-                        data_range: float | None = None, mask: np.ndarray | None = None) -> tuple[dict, dict]:
-    """Pearson (global, foreground), MSE, PSNR, FSC (and measured/wedge FSC with ``tilt_range``).
-
-    Returns ``(metrics, curves)``: the JSON-ready dict (keys ``pearson_global``,
-    ``pearson_foreground``, ``foreground_fraction``, ``mse``, ``psnr_dB``, ``data_range``,
-    ``data_range_source``, ``fsc`` and, with a tilt range, ``tilt_range_deg``, ``fsc_measured``,
-    ``fsc_wedge``) and the :class:`~fasttomo.metrics.FSCCurve` objects by region.
-    """
-    from fasttomo.metrics import fsc, mse, psnr, sector_fsc, volume_metrics
-
-    if vol.shape != truth.shape:
-        raise EvaluateError(f"the volume has shape (Z, Y, X) = {vol.shape} but the truth has {truth.shape}; they must "
-                            "match voxel for voxel. Crop or resample one of them.")
-    out = volume_metrics(vol, truth)
-    if data_range is None:
-        span = float(truth.max() - truth.min())
-        if not span > 0:
-            raise EvaluateError("the truth volume is constant, so PSNR has no data range; set data_range=<value>.")
-        out["data_range"], out["data_range_source"] = span, "truth max - min"
-    else:
-        out["data_range"], out["data_range_source"] = float(data_range), "data_range="
-    out["mse"] = mse(vol, truth)
-    out["psnr_dB"] = psnr(vol, truth, out["data_range"])
-    if tilt_range is None:
-        curves = {"all": fsc(vol, truth, voxel_size_A, mask=mask)}
-    else:
-        curves = sector_fsc(vol, truth, voxel_size_A, tilt_range, mask=mask)
-        out["tilt_range_deg"] = [float(t) for t in tilt_range]
-    out["fsc_masked"] = mask is not None
-    for region, curve in curves.items():
-        out["fsc" if region == "all" else f"fsc_{region}"] = curve.summary()
-    return out, curves
-
-
-def fsc_plot(path: Path, curves: dict, title: str, tilt_range=None, overwrite: bool = False) -> str:
-    """FSC curves (all / measured / wedge) with the 0.5 and 0.143 lines; x in 1/A, resolution on top."""
-    from fasttomo.data.io.atomic import atomic_write
-
-    img = render_fsc(curves, title, tilt_range)
-    return atomic_write(path, lambda tmp: img.save(tmp, format="PNG"), overwrite=overwrite)
-
-
-def render_fsc(curves: dict, title: str, tilt_range=None, size: tuple[int, int] | None = None):
-    """The picture of :func:`fsc_plot` (a PIL image), e.g. for the run's report.png."""
-    from fasttomo.plots import RefLine, Series, render_line_plot
-
-    names = {"all": "all of Fourier space", "measured": "measured region", "wedge": "missing wedge"}
-    if tilt_range is not None:
-        names["measured"] = f"measured ({tilt_range[0]:g} to {tilt_range[1]:g} deg)"
-    series = []
-    lo = 0.0
-    for region, curve in curves.items():
-        s = curve.summary(curves=False)
-        label = f"{names[region]}: 0.5 at {_short(s, 'fsc05')}, 0.143 at {_short(s, 'fsc0143')}"
-        series.append(Series(label, curve.freq_inv_A, curve.fsc))
-        finite = curve.fsc[np.isfinite(curve.fsc)]
-        if finite.size:
-            lo = min(lo, float(finite.min()))
-    nyq = next(iter(curves.values())).nyquist_inv_A
-    img, _ = render_line_plot(series, title, "spatial frequency (1/A)", "Fourier shell correlation",
-                              hlines=[RefLine(0.5, "FSC = 0.5"), RefLine(0.143, "FSC = 0.143")],
-                              xlim=(0.0, nyq), ylim=(max(-1.0, lo - 0.05), 1.05),
-                              top_ticks=lambda k: f"{1.0 / k:.3g}" if k > 0 else "", top_label="resolution (A)",
-                              legend="below", size=size or (760, 470 + 22 * len(series)))
-    return img
-
-
-def _short(s: dict, key: str) -> str:
-    status = s[f"{key}_status"]
-    return f"{s[f'{key}_A']:.3g} A" if status == "crossed" else {"never": f"<{s['nyquist_A']:.3g} A"}.get(status, "-")
 
 
 # --------------------------------------------------------------------------------------- tilt series
@@ -513,9 +439,8 @@ def main() -> None:
     from omegaconf import DictConfig, OmegaConf
 
     from fasttomo.cli_errors import run_checked
-    from fasttomo.config import from_dict
+    from fasttomo.config import config_dir, from_dict
     from fasttomo.data.tiltseries import TiltSeriesError
-    from fasttomo.reconstruct import config_dir
 
     # the typed schema (first in configs/evaluate.yaml's defaults): a misspelled key is refused
     ConfigStore.instance().store(name="fasttomo_evaluate_schema", node=EvaluateConfig)

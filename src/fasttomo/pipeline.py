@@ -37,7 +37,7 @@ import numpy as np
 import torch
 import yaml
 
-from fasttomo.config import Config, ConfigError, to_dict
+from fasttomo.config import Config, ConfigError, to_dict, upgrade
 from fasttomo.logging import add_file_log, quiet_other_ranks, restore_ranks
 from fasttomo.runfolder import OutputExistsError, OutputFolderError  # noqa: F401 - OutputExistsError: public here
 
@@ -81,7 +81,7 @@ def run_reconstruction(cfg: Config) -> dict:
     from fasttomo.outputs import save_checkpoint_file, write_volumes
     from fasttomo.scoring import attach_truth, split_holdout
     from fasttomo.preflight import check_free_space
-    from fasttomo.resume import refuse_immutable
+    from fasttomo.resume import refuse_immutable, warn_changes
     from fasttomo.runfolder import RunFolder
     from fasttomo.stop import RunInterrupted, StopRequests, signal_name
     from fasttomo.train.checkpoint import find_checkpoint, load_checkpoint
@@ -108,7 +108,9 @@ def run_reconstruction(cfg: Config) -> dict:
         resume_path = find_checkpoint(cfg.resume)
         resume_state = load_checkpoint(resume_path, map_location="cpu")
         if isinstance(resume_state.get("config"), dict):
+            resume_state["config"] = upgrade(resume_state["config"])  # an older fasttomo's keys, today's names
             refuse_immutable(resume_state["config"], to_dict(cfg), str(resume_path))
+            warn_changes(resume_state["config"], to_dict(cfg), str(resume_path))
 
     folder, problem = None, None
     if main:
@@ -243,6 +245,17 @@ def run_reconstruction(cfg: Config) -> dict:
             handler.close()
 
 
+def user_errors() -> tuple[type[BaseException], ...]:
+    """Errors caused by input, config, the output folder or a checkpoint: reported as one clear
+    line (exit code 2), no traceback."""
+    from fasttomo.data.tiltseries import TiltSeriesError
+    from fasttomo.kernels.dispatch import KernelUnavailableError
+    from fasttomo.train.checkpoint import CheckpointError
+
+    return (ConfigError, TiltSeriesError, OutputExistsError, OutputFolderError, CheckpointError,
+            KernelUnavailableError, FileNotFoundError)
+
+
 def _one_line(exc: BaseException) -> str:
     text = " ".join(str(exc).split())
     return f"{type(exc).__name__}: {text}" if not text or type(exc).__module__ == "builtins" else text
@@ -256,12 +269,7 @@ def _log_failure(exc: BaseException, handler: logging.Handler | None) -> None:
     from fasttomo.stop import RunInterrupted
     from fasttomo.train.guard import DivergenceError
 
-    try:
-        from fasttomo.reconstruct import user_errors
-
-        known = (*user_errors(), DivergenceError, OutputWriteError, RunInterrupted)
-    except ImportError:  # pragma: no cover - hydra missing: the API is used without the CLI
-        known = (ConfigError, DivergenceError, OutputWriteError, RunInterrupted)
+    known = (*user_errors(), DivergenceError, OutputWriteError, RunInterrupted)
     if isinstance(exc, known):
         (log.warning if isinstance(exc, RunInterrupted) else log.error)("%s", exc)
         exc.fasttomo_logged = True
@@ -298,11 +306,10 @@ def _write_problem(out_dir: Path, cfg: Config, failed: dict, written: dict, volu
 def _build_trainer(cfg: Config, ts, out_dir: Path | None, rank: int, world: int, local_rank: int):
     """(Components, Trainer) for a field on ``ts``; with a ground truth and evaluation.curve_every
     the trainer scores the field against it along the way (the quality-against-fit-time curve)."""
-    from fasttomo.build import build
-    from fasttomo.train.trainer import Trainer
+    from fasttomo.build import build, make_trainer
 
     comps = build(cfg, ts, rank=rank, world_size=world, local_rank=local_rank)
-    trainer = Trainer(comps, out_dir)
+    trainer = make_trainer(comps, out_dir)
     if ts.ground_truth is not None and cfg.evaluation.curve_every:
         trainer.probe = _truth_probe(trainer, ts)
     return comps, trainer
@@ -407,7 +414,7 @@ def _pictures(cfg: Config, out_dir: Path, volume: np.ndarray, ts, metrics: dict,
     report.png, which holds them all (and the half-set FSC, the quality curve and the learned
     poses when they exist) and goes into TensorBoard too (rank 0); a picture that cannot be
     written is recorded in ``failed``."""
-    from fasttomo.evaluate import fsc_plot
+    from fasttomo.plots import fsc_plot
     from fasttomo.report import add_to_tensorboard, report_image, save_png
     from fasttomo.scoring import truth_scores
 
@@ -517,7 +524,7 @@ def _half_sets(cfg: Config, ts, out_dir: Path, rank: int, world: int, local_rank
     share no initial noise that the data does not overwrite. Collective under DDP."""
     import dataclasses as dc
 
-    from fasttomo.evaluate import fsc_plot
+    from fasttomo.plots import fsc_plot
     from fasttomo.outputs import write_volumes
     from fasttomo.scoring import pair_fsc
 

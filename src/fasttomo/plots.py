@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+from pathlib import Path
 from typing import Callable, Iterable, Mapping, Sequence
 
 import numpy as np
@@ -417,3 +418,40 @@ def line_plot(path: str | os.PathLike, series, title: str = "", xlabel: str = ""
     img, _ = render_line_plot(series, title, xlabel, ylabel, hlines=hlines, vlines=vlines, xlim=xlim, ylim=ylim,
                               log_y=log_y, size=size, top_ticks=top_ticks, top_label=top_label, legend=legend)
     return atomic_write(path, lambda tmp: img.save(tmp, format="PNG"), overwrite=overwrite)
+
+
+# --------------------------------------------------------------------------------------- FSC
+def fsc_plot(path: Path, curves: dict, title: str, tilt_range=None, overwrite: bool = False) -> str:
+    """FSC curves (all / measured / wedge) with the 0.5 and 0.143 lines; x in 1/A, resolution on top."""
+    from fasttomo.data.io.atomic import atomic_write
+
+    img = render_fsc(curves, title, tilt_range)
+    return atomic_write(path, lambda tmp: img.save(tmp, format="PNG"), overwrite=overwrite)
+
+
+def render_fsc(curves: dict, title: str, tilt_range=None, size: tuple[int, int] | None = None):
+    """The picture of :func:`fsc_plot` (a PIL image), e.g. for the run's report.png."""
+    names = {"all": "all of Fourier space", "measured": "measured region", "wedge": "missing wedge"}
+    if tilt_range is not None:
+        names["measured"] = f"measured ({tilt_range[0]:g} to {tilt_range[1]:g} deg)"
+    series = []
+    lo = 0.0
+    for region, curve in curves.items():
+        s = curve.summary(curves=False)
+        label = f"{names[region]}: 0.5 at {_short(s, 'fsc05')}, 0.143 at {_short(s, 'fsc0143')}"
+        series.append(Series(label, curve.freq_inv_A, curve.fsc))
+        finite = curve.fsc[np.isfinite(curve.fsc)]
+        if finite.size:
+            lo = min(lo, float(finite.min()))
+    nyq = next(iter(curves.values())).nyquist_inv_A
+    img, _ = render_line_plot(series, title, "spatial frequency (1/A)", "Fourier shell correlation",
+                              hlines=[RefLine(0.5, "FSC = 0.5"), RefLine(0.143, "FSC = 0.143")],
+                              xlim=(0.0, nyq), ylim=(max(-1.0, lo - 0.05), 1.05),
+                              top_ticks=lambda k: f"{1.0 / k:.3g}" if k > 0 else "", top_label="resolution (A)",
+                              legend="below", size=size or (760, 470 + 22 * len(series)))
+    return img
+
+
+def _short(s: dict, key: str) -> str:
+    status = s[f"{key}_status"]
+    return f"{s[f'{key}_A']:.3g} A" if status == "crossed" else {"never": f"<{s['nyquist_A']:.3g} A"}.get(status, "-")

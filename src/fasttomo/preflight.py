@@ -88,7 +88,7 @@ def estimate_memory_bytes(cfg: Config, comps) -> dict[str, int]:
     total, trainable = _counts(comps)
     n_feat = int(getattr(comps.projector.field, "n_features", 1))
     hidden = cfg.model.hidden if cfg.model.kind != "voxel" else 0
-    points = cfg.sampler.batch_size * cfg.sampler.samples_per_ray
+    points = comps.sampler.batch_size * comps.projector.samples_per_ray
     per_point = 3 * 4 + 4 * n_feat + 4 * hidden + 16  # floats kept per sample point for the backward
     out = {"parameters": 4 * total, "gradients": 4 * trainable, "optimizer": 8 * trainable,
            "activations": points * per_point * 4,
@@ -102,14 +102,12 @@ def _measured_step_peak(comps) -> int | None:
     """Peak CUDA memory of one forward and backward pass (no update); None off CUDA."""
     if comps.device.type != "cuda":
         return None
-    from fasttomo.models.regularizers import regularization
-
     torch.cuda.synchronize(comps.device)
     torch.cuda.reset_peak_memory_stats(comps.device)
     batch = comps.sampler.next_batch()
     with comps.precision.autocast():
         pred = comps.model(batch.tilt, batch.row, batch.col)
-        reg, _ = regularization(comps.projector.field, comps.cfg.loss, comps.reg_generator, None)
+        reg, _ = comps.projector.regularization(comps.reg_generator, None)
     loss = ((pred - batch.target).square() * batch.weight).sum() + reg.float()
     loss.backward()
     comps.optimizer.zero_grad(set_to_none=True)
@@ -151,8 +149,8 @@ def dry_run(cfg: Config) -> dict:
              f"  data: {ts.n_tilts} tilts of {ts.height} x {ts.width} pixels, {ts.pixel_size:.4g} A/pixel, angles "
              f"{ts.angles.min():.2f}..{ts.angles.max():.2f} degrees",
              f"  model: {report['n_parameters']} parameters, box (Z, Y, X) = {tuple(comps.box.shape_zyx)}, "
-             f"{cfg.optim.steps - start} steps of {cfg.sampler.batch_size} rays x "
-             f"{cfg.sampler.samples_per_ray} samples",
+             f"{cfg.optim.steps - start} steps of {comps.sampler.batch_size} rays x "
+             f"{comps.projector.samples_per_ray} samples",
              f"  memory on {comps.device} (estimate): {human(sum(mem.values()))} = "
              + ", ".join(f"{k} {human(v)}" for k, v in mem.items())]
     peak = _measured_step_peak(comps)
@@ -164,7 +162,7 @@ def dry_run(cfg: Config) -> dict:
                      f"{human(free)} of {human(total)} free")
         if peak + mem.get("guard snapshots", 0) + mem["optimizer"] > free:
             lines.append("  WARNING: this may not fit in the free device memory; lower sampler.batch_size or "
-                         "sampler.samples_per_ray, or use precision=bf16.")
+                         "projector.samples_per_ray, or use precision=bf16.")
     lines.append(f"  files: about {human(sum(files.values()))} = "
                  + ", ".join(f"{k} {human(v)}" for k, v in files.items() if v))
     if cfg.output.dir:

@@ -7,6 +7,12 @@ fp32 with autocast disabled; only the field runs under the caller's autocast.
 The intensity model (:class:`fasttomo.intensity.Intensity`, optional) maps line integrals to
 predicted measurements (gain x integral + background); without one the prediction is the integral.
 
+The projector also owns what is fitted and how: its optimizer parameter groups
+(:meth:`Projector.param_groups`: the field's grids, decoder and frame rotations, the pose
+rotations and shifts, the intensity model) and its losses (:meth:`Projector.data_loss`, the data
+term of ``loss.kind`` plus S3IM, and :meth:`Projector.regularization`, the plane and volume TV of
+the field), so the Trainer only runs steps.
+
 Units: the field's output is density in units of "target per slab thickness": the line integral
 is divided by the box depth Z (voxels), so an O(1) field explains O(1) normalized projections
 whatever the box size (a plain per-voxel sum would need densities ~1/Z and start training far
@@ -18,14 +24,17 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from fasttomo import losses
+from fasttomo.config import LossConfig
 from fasttomo.geometry.poses import Poses
 from fasttomo.geometry.rays import Box, line_integral, ray_samples, voxel_grid
 from fasttomo.intensity import Intensity
+from fasttomo.models.regularizers import SUBGRID_NOISE, needs_noise, regularization
 
 
 class Projector(nn.Module):
     def __init__(self, field: nn.Module, poses: Poses, box: Box, image_hw: tuple[int, int],
-                 samples_per_ray: int, intensity: Intensity | None = None):
+                 samples_per_ray: int, intensity: Intensity | None = None, loss: LossConfig | None = None):
         super().__init__()
         self.field = field
         self.poses = poses
@@ -34,6 +43,44 @@ class Projector(nn.Module):
         self.image_hw = (int(image_hw[0]), int(image_hw[1]))
         self.samples_per_ray = int(samples_per_ray)
         self.length_unit = float(box.shape_zyx[0])
+        self.loss = loss if loss is not None else LossConfig()
+        """The data term and regularizer weights (the ``loss`` group)."""
+
+    # ------------------------------------------------------------------ what is fitted
+    def param_groups(self) -> dict[str, list[nn.Parameter]]:
+        """Trainable parameters by optimizer group, in a fixed order: the field's (grids,
+        decoder, rotations), pose_rotations (z1, z3), pose_shifts, intensity. Groups without a
+        trainable parameter are left out."""
+        groups = dict(self.field.param_groups())
+        groups["pose_rotations"] = [self.poses.z1, self.poses.z3]
+        groups["pose_shifts"] = [self.poses.shifts]
+        groups["intensity"] = [] if self.intensity is None else list(self.intensity.parameters())
+        out = {name: [p for p in params if p.requires_grad] for name, params in groups.items()}
+        return {name: params for name, params in out.items() if params}
+
+    # ------------------------------------------------------------------ losses
+    def noise_sizes(self, batch_size: int) -> tuple[int, int]:
+        """Uniform numbers one step's losses take, drawn outside the step (a CUDA graph replays
+        the eager stream): (the volume TV sub-grid's, S3IM's random orders)."""
+        sub = SUBGRID_NOISE if needs_noise(self.field, self.loss) else 0
+        return sub, (losses.s3im_noise_size(batch_size) if self.loss.s3im > 0 else 0)
+
+    def pixel_errors(self, pred: torch.Tensor, batch) -> torch.Tensor:
+        """Per-pixel data term (loss.kind) times the pixel weight (0 = masked)."""
+        return losses.pixel_errors(pred, batch.target, self.loss.kind, self.loss.huber_delta) * batch.weight
+
+    def data_loss(self, pred: torch.Tensor, batch, s3im_noise: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+        """The data term and, with ``s3im_noise`` (loss.s3im > 0), the weighted S3IM term."""
+        lc = self.loss
+        parts = {"data": losses.data_term(pred, batch.target, batch.weight, lc.kind, lc.huber_delta)}
+        if s3im_noise is not None:
+            parts["s3im"] = lc.s3im * losses.s3im(pred, batch.target, batch.weight, s3im_noise)
+        return parts
+
+    def regularization(self, generator: torch.Generator | None = None, noise: torch.Tensor | None = None
+                       ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """The field's weighted regularizers (plane TV, volume TV) and their total."""
+        return regularization(self.field, self.loss, generator, noise)
 
     def forward(self, tilt: torch.Tensor, row: torch.Tensor, col: torch.Tensor) -> torch.Tensor:
         """Predicted measurements (B,) fp32 for pixels (tilt, row, col): the line integrals,

@@ -31,33 +31,46 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
 
-from fasttomo.config import Config, ConfigError, from_dict
+from fasttomo.config import Config, ConfigError, config_dir, from_dict, hydra_schema, strip_unset, upgrade
 
 log = logging.getLogger("fasttomo")
 
-# The typed schema is the first entry of configs/reconstruct.yaml's defaults list: every field of
-# every group exists (with its default and type) whichever group option is chosen, so any value
-# can be overridden from the command line and a misspelled key is rejected by Hydra at once.
-ConfigStore.instance().store(name="fasttomo_schema", node=Config)
+# The typed schema is the first entry of configs/reconstruct.yaml's defaults list: every key of
+# every option of every group exists (typed, left unset) whichever group option is chosen, so any
+# value can be overridden from the command line and a misspelled key is rejected by Hydra at once.
+# The keys nothing set are dropped before from_dict, which takes their defaults from the chosen
+# option's dataclass and refuses a key that option does not read.
+ConfigStore.instance().store(name="fasttomo_schema", node=hydra_schema(Config))
 
 EXIT_USER_ERROR = 2   # config, input data, output folder, checkpoint: one line, no traceback
 EXIT_DIVERGED = 3     # training diverged and could not be recovered
 EXIT_WRITE_FAILED = 1  # results could not be written (the line says what was saved where)
 
 
-def config_dir() -> str:
-    """The configs folder: shipped inside the package (wheel install) or at the repository top
-    level (source checkout / editable install)."""
-    here = Path(__file__).resolve().parent
-    for cand in (here / "configs", here.parents[1] / "configs"):
-        if (cand / "reconstruct.yaml").is_file():
-            return str(cand)
-    raise FileNotFoundError(f"fasttomo: no configs folder found next to {here}; reinstall the package.")
+def _option_file(root: Path, group: str, option: str) -> dict:
+    """The values a group option's file sets, with those of the files its defaults list extends
+    (``model/kplanes.yaml`` extends ``kplanes_tilted``)."""
+    path = root / group / f"{option}.yaml"
+    if not path.is_file():
+        return {}
+    data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    out: dict = {}
+    for d in data.pop("defaults", None) or []:
+        if group != "experiment" and isinstance(d, str) and d != "_self_":
+            out.update(_option_file(root, group, d))
+    out.update(data)
+    return out
 
 
 def _option_values(group: str, option: str) -> dict | None:
-    """The flattened, fully prefixed keys a group option's file sets (resume.named_keys); None
-    when ``group`` is not a config group."""
+    """The flattened, fully prefixed values a group option sets (resume.named_keys): its file's,
+    over the defaults of the option's schema (``data=mrc`` means the mrc schema's defaults too,
+    e.g. data.normalize=none); an experiment's file alone. None when ``group`` is not a config
+    group."""
+    import dataclasses
+    import typing
+
+    from fasttomo.config import group_option_classes
     from fasttomo.resume import flatten
 
     root = Path(config_dir())
@@ -65,12 +78,24 @@ def _option_values(group: str, option: str) -> dict | None:
         return None
     if option in ("null", "None", ""):
         return {}
-    path = root / group / f"{option}.yaml"
-    if not path.is_file():
-        return {}
-    data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    data.pop("defaults", None)
-    return flatten(data) if group == "experiment" else flatten(data, f"{group}.")
+    data = _option_file(root, group, option)
+    if group == "experiment":
+        return flatten(data)
+    tp = typing.get_type_hints(Config).get(group)
+    values: dict = {}
+    if tp is not None:
+        base = group_option_classes(tp)[0]
+        cls = base
+        if hasattr(base, "group_base"):
+            b = base.group_base()
+            cls = b._options.get(data.get(b._selector, b._default_option()), base)
+        for f in dataclasses.fields(cls):
+            if f.default is not dataclasses.MISSING:
+                values[f.name] = f.default
+            elif f.default_factory is not dataclasses.MISSING:
+                values[f.name] = f.default_factory()
+    values.update(data)
+    return flatten(values, f"{group}.")
 
 
 def _resumed(data: dict, overrides: list[str]) -> dict:
@@ -83,6 +108,7 @@ def _resumed(data: dict, overrides: list[str]) -> dict:
     saved = read_config(path)
     if saved is None:  # a checkpoint without its config: the command line is the config
         return {**data, "resume": str(path)}
+    saved = upgrade(saved)  # a checkpoint of an older fasttomo: moved keys renamed, unread keys dropped
     named = rs.named_keys(overrides, saved, _option_values)
     merged = rs.merge(saved, data, named)
     merged["resume"] = str(path)
@@ -94,10 +120,9 @@ def to_config(cfg: DictConfig, overrides: list[str] | None = None) -> Config:
     """Hydra/omegaconf config -> typed Config (errors name the field and the fix). With
     ``resume=...`` the settings come from the checkpoint, changed only by what ``overrides`` (the
     command line) name."""
-    resume = OmegaConf.select(cfg, "resume", default=None)
     try:
-        data = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=not resume)
-    except MissingMandatoryValue as exc:
+        data = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=False)
+    except MissingMandatoryValue as exc:  # pragma: no cover - interpolation of an unset key
         key = getattr(exc, "full_key", None) or str(exc)
         raise ConfigError(f"{key}: this value is required and was not given; set {key}=<value> on the command line.") from exc
     except OmegaConfBaseException as exc:  # e.g. an interpolation ${...} that does not resolve
@@ -105,15 +130,9 @@ def to_config(cfg: DictConfig, overrides: list[str] | None = None) -> Config:
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         raise ConfigError(f"{key}: {first}" if key else first) from None
     data.pop("hydra", None)
-    if resume:
+    if data.get("resume") not in (None, "???"):
         data = _resumed(data, list(overrides or []))
-        from fasttomo.resume import flatten
-
-        missing = [k for k, v in flatten(data).items() if v == "???"]
-        if missing:
-            raise ConfigError(f"{missing[0]}: this value is required and was not given; set {missing[0]}=<value> on "
-                              "the command line.")
-    return from_dict(Config, data)
+    return from_dict(Config, strip_unset(data))
 
 
 def compose_config(overrides: list[str] | None = None) -> Config:
@@ -137,18 +156,6 @@ def run(cfg: Config) -> dict:
     return run_reconstruction(cfg)
 
 
-def user_errors() -> tuple[type[BaseException], ...]:
-    """Errors caused by input, config, the output folder or a checkpoint: reported as one clear
-    line (exit code 2), no traceback."""
-    from fasttomo.data.tiltseries import TiltSeriesError
-    from fasttomo.kernels.dispatch import KernelUnavailableError
-    from fasttomo.runfolder import OutputExistsError, OutputFolderError
-    from fasttomo.train.checkpoint import CheckpointError
-
-    return (ConfigError, TiltSeriesError, OutputExistsError, OutputFolderError, CheckpointError,
-            KernelUnavailableError, FileNotFoundError)
-
-
 def exit_code(exc: BaseException) -> int | None:
     """The process exit code for ``exc`` (README "What a run guarantees"); None: a bug (traceback)."""
     from fasttomo.outputs import OutputWriteError
@@ -163,6 +170,8 @@ def exit_code(exc: BaseException) -> int | None:
         return EXIT_DIVERGED
     if isinstance(exc, OutputWriteError):
         return EXIT_WRITE_FAILED
+    from fasttomo.pipeline import user_errors
+
     if isinstance(exc, user_errors()):
         return EXIT_USER_ERROR
     return None

@@ -160,8 +160,7 @@ def loss_series(metrics: dict) -> list:
 
 def _plots(metrics: dict, truth_curves: dict | None, half_curves: dict | None, tilt_range) -> list:
     """The plot images that exist for this run, in a fixed order."""
-    from fasttomo.evaluate import render_fsc
-    from fasttomo.plots import Series, render_line_plot
+    from fasttomo.plots import Series, render_fsc, render_line_plot
 
     out = []
     series = loss_series(metrics)

@@ -78,6 +78,25 @@ def refuse_immutable(saved: dict, now: dict, source: str, origin: dict[str, str]
             "command line to continue the saved run with its own settings, or start a new run without resume=.")
 
 
+FREE_ON_RESUME = ("resume", "name", "output", "logging", "optim.steps", "runtime.threads", "guard", "dry_run",
+                  "runtime.cuda_graph")  # captured or eager: the same step
+"""Settings a resumed run may change without a warning (where and how to log, the total step count)."""
+
+
+def warn_changes(saved: dict, now: dict, source: str) -> list[str]:
+    """Log (warning) and return the settings that differ from the saved run's, other than
+    :data:`FREE_ON_RESUME`; an exact continuation needs none."""
+    import logging
+
+    a, b = flatten(saved), flatten(now)
+    changed = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k) and not _under(k, FREE_ON_RESUME))
+    if changed:
+        logging.getLogger("fasttomo.train").warning(
+            "resuming from %s with settings that differ from the saved run (the continuation is not exact): %s",
+            source, ", ".join(f"{k}: {a.get(k)!r} -> {b.get(k)!r}" for k in changed))
+    return changed
+
+
 def merge(saved: dict, current: dict, named: Iterable[str]) -> dict:
     """The resumed run's config dict: ``saved`` (the checkpoint's), with the keys (or whole groups)
     in ``named`` and :data:`FROM_INVOCATION` taken from ``current`` (this invocation's composed

@@ -48,8 +48,7 @@ LEGACY_RESULTS = ("metrics.json", "volume.mrc", "volume.h5", "volume.tif", "volu
 WORK = ("checkpoints/*.pt", "volume.*", "volume_xzy.mrc")  # worth keeping: a run that wrote one did not "just fail"
 
 
-class OutputExistsError(FileExistsError):
-    """The output folder already holds results of an earlier run."""
+from fasttomo.data.io.common import OutputExistsError  # noqa: E402,F401 - the folder holds an earlier run's results
 
 
 class OutputFolderError(OSError):

@@ -20,6 +20,10 @@ import torch
 
 from fasttomo.data.tiltseries import TiltSeries, TiltSeriesError
 
+
+class EvaluateError(ValueError):
+    """The inputs cannot be compared as given; the message names both sides and the fix."""
+
 log = logging.getLogger("fasttomo")
 
 
@@ -41,7 +45,7 @@ FLAT_FSC_KEYS = ("fsc05_A", "fsc0143_A")
 
 
 def fsc_flat(report: dict) -> dict:
-    """The crossings of a :func:`fasttomo.evaluate.score_against_truth`-style report as flat keys:
+    """The crossings of a :func:`score_against_truth`-style report as flat keys:
     fsc05_A, fsc0143_A and, per Fourier region, fsc05_measured_A, fsc0143_wedge_A, ..."""
     out = {}
     for name, suffix in (("fsc", ""), ("fsc_measured", "_measured"), ("fsc_wedge", "_wedge")):
@@ -57,8 +61,6 @@ def truth_scores(volume: np.ndarray, truth: np.ndarray, voxel_size: float,
     (data range: the truth's max - min), FSC over all of Fourier space and in the measured region
     and the missing wedge of ``tilt_range``; flat crossing keys (:func:`fsc_flat`) on top. Returns
     (metrics, FSC curves by region)."""
-    from fasttomo.evaluate import score_against_truth
-
     report, curves = score_against_truth(volume, truth, voxel_size, tilt_range=tilt_range)
     report.update(fsc_flat(report))
     return report, curves
@@ -177,3 +179,38 @@ def holdout_scores(hold: Holdout, predicted: np.ndarray) -> dict:
     per_view = pm.to_json()
     return {"view_numbers": hold.view_numbers, "pearson": per_view["pearson"], "rms_residual": per_view["rms"],
             "pearson_mean": summary["pearson_mean"], "pearson_min": summary["pearson_min"]}
+
+
+def score_against_truth(vol: np.ndarray, truth: np.ndarray, voxel_size_A: float, *, tilt_range=None,
+                        data_range: float | None = None, mask: np.ndarray | None = None) -> tuple[dict, dict]:
+    """Pearson (global, foreground), MSE, PSNR, FSC (and measured/wedge FSC with ``tilt_range``).
+
+    Returns ``(metrics, curves)``: the JSON-ready dict (keys ``pearson_global``,
+    ``pearson_foreground``, ``foreground_fraction``, ``mse``, ``psnr_dB``, ``data_range``,
+    ``data_range_source``, ``fsc`` and, with a tilt range, ``tilt_range_deg``, ``fsc_measured``,
+    ``fsc_wedge``) and the :class:`~fasttomo.metrics.FSCCurve` objects by region.
+    """
+    from fasttomo.metrics import fsc, mse, psnr, sector_fsc, volume_metrics
+
+    if vol.shape != truth.shape:
+        raise EvaluateError(f"the volume has shape (Z, Y, X) = {vol.shape} but the truth has {truth.shape}; they must "
+                            "match voxel for voxel. Crop or resample one of them.")
+    out = volume_metrics(vol, truth)
+    if data_range is None:
+        span = float(truth.max() - truth.min())
+        if not span > 0:
+            raise EvaluateError("the truth volume is constant, so PSNR has no data range; set data_range=<value>.")
+        out["data_range"], out["data_range_source"] = span, "truth max - min"
+    else:
+        out["data_range"], out["data_range_source"] = float(data_range), "data_range="
+    out["mse"] = mse(vol, truth)
+    out["psnr_dB"] = psnr(vol, truth, out["data_range"])
+    if tilt_range is None:
+        curves = {"all": fsc(vol, truth, voxel_size_A, mask=mask)}
+    else:
+        curves = sector_fsc(vol, truth, voxel_size_A, tilt_range, mask=mask)
+        out["tilt_range_deg"] = [float(t) for t in tilt_range]
+    out["fsc_masked"] = mask is not None
+    for region, curve in curves.items():
+        out["fsc" if region == "all" else f"fsc_{region}"] = curve.summary()
+    return out, curves

@@ -23,7 +23,7 @@ import hydra
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
-from fasttomo.config import ConfigError, DataConfig, from_dict
+from fasttomo.config import ConfigError, DataConfig, from_dict, hydra_schema, strip_unset
 
 log = logging.getLogger("fasttomo")
 
@@ -40,7 +40,7 @@ class SimulateConfig:
     """Replace existing files (otherwise an existing file is an error)."""
 
 
-ConfigStore.instance().store(name="fasttomo_simulate_schema", node=SimulateConfig)
+ConfigStore.instance().store(name="fasttomo_simulate_schema", node=hydra_schema(SimulateConfig))
 
 
 def simulate(data_cfg: DataConfig, out: str, fmt: str, overwrite: bool = False) -> list[Path]:
@@ -125,12 +125,12 @@ def program():
 def main() -> None:
     from fasttomo.cli_errors import run_checked
     from fasttomo.data.tiltseries import TiltSeriesError
-    from fasttomo.reconstruct import config_dir
+    from fasttomo.config import config_dir
 
     @hydra.main(version_base="1.3", config_path=config_dir(), config_name="simulate")
     def _app(cfg: DictConfig) -> None:
         try:
-            sim = from_dict(SimulateConfig, OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True))
+            sim = from_dict(SimulateConfig, strip_unset(OmegaConf.to_container(cfg, resolve=True, throw_on_missing=False)))
             simulate(sim.data, sim.out, sim.format, sim.overwrite)
         except (ConfigError, TiltSeriesError, FileExistsError) as exc:
             log.error("%s", exc)

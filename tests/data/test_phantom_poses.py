@@ -216,7 +216,7 @@ def test_misaligned_data_match_the_projector_with_the_true_poses(kind, shift, ro
     opposite = {k: [-x for x in true[k]] for k in ("z3_deg", "shift_u_px", "shift_v_px")}
     errors = {}
     for name, vals in (("true", true), ("none", None), ("opposite", opposite)):
-        poses = Poses.from_tiltseries(ts)
+        poses = Poses(ts.angles, ts.reference_index())
         if vals is not None:
             set_poses(poses, vals)
         proj = Projector(TrueDensity(), poses, Box(ts.ground_truth.shape), (h, w), 1200)

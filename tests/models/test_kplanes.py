@@ -53,10 +53,10 @@ def test_gradients_reach_planes_decoder_and_rotations(param):
 
 
 def test_frozen_rotations_and_plain_kplanes():
-    m = KPlanesTILTED(n_rotations=2, learn_rotations=False, generator=_gen(), **TINY)
+    m = KPlanesTILTED(n_rotations=2, learn_frames=False, generator=_gen(), **TINY)
     assert not m.rot_params.requires_grad and m.param_groups()["rotations"] == []
     assert m.extent == pytest.approx(math.sqrt(3))  # random frames still need the margin
-    plain = KPlanesTILTED(n_rotations=1, learn_rotations=False, **TINY)
+    plain = KPlanesTILTED(n_rotations=1, learn_frames=False, **TINY)
     assert plain.plain and plain.extent == 1.0
     torch.testing.assert_close(plain.sampling_matrices(), torch.eye(3)[None])
     with pytest.raises(TypeError):
@@ -65,7 +65,7 @@ def test_frozen_rotations_and_plain_kplanes():
 
 def test_plain_kplanes_matches_hand_computed_bilinear_values():
     # anisotropic (rx, ry, rz) = (3, 4, 5): xy plane is 4 x 3, xz 5 x 3, yz 5 x 4 (H x W), C = 1
-    m = KPlanesTILTED(n_rotations=1, learn_rotations=False, channels=1, resolutions=[[3, 4, 5]],
+    m = KPlanesTILTED(n_rotations=1, learn_frames=False, channels=1, resolutions=[[3, 4, 5]],
                       decoder="linear", activation="softplus", density_shift=0.0)
     with torch.no_grad():
         m.plane_data.copy_(torch.rand(m.plane_data.numel(), generator=_gen(3)) + 0.5)
@@ -106,7 +106,7 @@ def test_gradcheck_float64_points_planes_and_rotations():
 
 
 def test_anisotropic_resolutions_give_correct_planes_and_train():
-    m = KPlanesTILTED(n_rotations=1, learn_rotations=False, channels=4, resolutions=[[4, 6, 8]],
+    m = KPlanesTILTED(n_rotations=1, learn_frames=False, channels=4, resolutions=[[4, 6, 8]],
                       decoder="hybrid", hidden=16, generator=_gen(6))
     lay = m.layout
     assert [tuple(lay.view(m.plane_data, 0, k).shape) for k in range(3)] == [

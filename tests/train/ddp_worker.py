@@ -44,8 +44,8 @@ def main() -> None:
 
     def recording_export(self, shape_zyx=None):
         gathered = export(self, shape_zyx)
-        c = self.c
-        shape = tuple(shape_zyx) if shape_zyx is not None else c.box.shape_zyx
+        c = self  # the Trainer holds its parts
+        shape = tuple(shape_zyx) if shape_zyx is not None else c.projector.box.shape_zyx
         record.update(
             rank=c.rank, world_size=c.world_size, step=self.step,
             history=[list(h) for h in self.history], val_history=[list(h) for h in self.val_history],

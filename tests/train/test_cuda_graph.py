@@ -6,15 +6,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fasttomo.build import build
+from fasttomo.build import build, capture_problem_of, make_trainer
 from fasttomo.config import ConfigError
 from fasttomo.data.load import load_tiltseries
 from fasttomo.reconstruct import compose_config
-from fasttomo.train.cuda_graph import WARMUP, capture_problem
-from fasttomo.train.trainer import Trainer
+from fasttomo.train.cuda_graph import WARMUP
 
 TINY = ["logging=quiet", "data.width=24", "data.height=20", "data.n_tilts=15", "model.resolutions=[8,16]",
-        "sampler.batch_size=256", "sampler.samples_per_ray=24", "optim.steps=20", "output.dir=/tmp/unused",
+        "sampler.batch_size=256", "projector.samples_per_ray=24", "optim.steps=20", "output.dir=/tmp/unused",
         "model.rotation_param=quaternion"]
 CUDA = torch.device("cuda")
 
@@ -26,15 +25,15 @@ CUDA = torch.device("cuda")
 ])
 def test_capture_rules_name_the_obstacle(override, reason):
     cfg = compose_config([*TINY, override])
-    assert reason in capture_problem(cfg, CUDA, 1)
+    assert reason in capture_problem_of(cfg, CUDA, 1)
 
 
 def test_capture_rules_allow_the_plain_step():
-    assert capture_problem(compose_config(TINY), CUDA, 1) is None
-    assert "DDP" in capture_problem(compose_config(TINY), CUDA, 2)
-    assert "CUDA" in capture_problem(compose_config(TINY), torch.device("cpu"), 1)
+    assert capture_problem_of(compose_config(TINY), CUDA, 1) is None
+    assert "DDP" in capture_problem_of(compose_config(TINY), CUDA, 2)
+    assert "CUDA" in capture_problem_of(compose_config(TINY), torch.device("cpu"), 1)
     # frozen svd rotations are not projected every step, so they do not block capture
-    assert capture_problem(compose_config([*TINY, "model=kplanes", "model.rotation_param=svd"]), CUDA, 1) is None
+    assert capture_problem_of(compose_config([*TINY, "model=kplanes", "model.rotation_param=svd"]), CUDA, 1) is None
 
 
 def test_on_without_cuda_is_a_clear_error():
@@ -48,7 +47,7 @@ def _train(overrides: list[str], steps: int):
     cfg = compose_config([*TINY, *overrides])
     ts = load_tiltseries(cfg.data)
     c = build(cfg, ts)
-    tr = Trainer(c, None)
+    tr = make_trainer(c, None)
     losses = []
     for step in range(steps):
         tr._set_lr(step)
@@ -103,7 +102,7 @@ def test_captured_run_checkpoint_resumes_eagerly(tmp_path):
     save_checkpoint(tmp_path / "g.pt", graph.state_dict())
     cfg = compose_config([*TINY, "runtime.cuda_graph=off"])
     c = build(cfg, load_tiltseries(cfg.data))
-    tr = Trainer(c, None)
+    tr = make_trainer(c, None)
     tr.load_state_dict(load_checkpoint(tmp_path / "g.pt"))
     assert isinstance(c.optimizer.param_groups[0]["lr"], float)
     tr.fit(WARMUP + 6)
@@ -119,7 +118,7 @@ def test_guard_skips_bad_steps_and_rolls_back_inside_the_captured_graph():
 
     cfg = compose_config([*TINY, "runtime.cuda_graph=on", "guard.max_bad_steps=3"])
     c = build(cfg, load_tiltseries(cfg.data))
-    tr = Trainer(c, None)
+    tr = make_trainer(c, None)
     tr.guard.start(0)
     for step in range(WARMUP + 2):
         tr._set_lr(step)
@@ -151,7 +150,7 @@ def test_fp16_guard_merges_into_the_grad_scaler_on_cuda():
 
     cfg = compose_config([*TINY, "precision=fp16"])
     c = build(cfg, load_tiltseries(cfg.data))
-    tr = Trainer(c, None)
+    tr = make_trainer(c, None)
     for step in range(3):
         tr._set_lr(step)
         tr.train_step(c.sampler.next_batch())

@@ -33,7 +33,7 @@ TIMEOUT_S = 240
 OVERRIDES = [
     "experiment=quick", "logging=quiet", "runtime=cpu", "runtime.threads=1",
     "data.width=16", "data.height=16", "data.n_tilts=9", "data.thickness=9",  # Z = 9: ragged Z shards
-    "model.resolutions=[8]", "sampler.batch_size=128", "sampler.samples_per_ray=16",
+    "model.resolutions=[8]", "sampler.batch_size=128", "projector.samples_per_ray=16",
     "sampler.val_fraction=0.03",          # 2304 pixels -> 69 val, 2235 train (odd)
     "pose=refine", "pose.start_step=0",   # poses are learned (and must stay in sync)
     "loss=tv",                            # volume TV on per-rank random sub-grids
@@ -43,7 +43,9 @@ OVERRIDES = [
 
 
 def _clean_env() -> dict:
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", PYTHON=sys.executable)
+    from cli_helpers import _env  # an absolute PYTHONPATH to this checkout's sources
+
+    env = dict(_env(), OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", PYTHON=sys.executable)
     for key in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
                 "TORCHELASTIC_RUN_ID"):
         env.pop(key, None)

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from fasttomo.build import build
+from fasttomo.build import build, make_trainer
 from fasttomo.config import GuardConfig
 from fasttomo.data.load import load_tiltseries
 from fasttomo.reconstruct import compose_config, run
@@ -20,7 +20,7 @@ from fasttomo.train.precision import Precision
 from fasttomo.train.trainer import Trainer
 
 TINY = ["experiment=quick", "logging=quiet", "runtime=cpu", "runtime.threads=1", "data.width=16", "data.height=16",
-        "data.n_tilts=9", "model.resolutions=[8]", "sampler.batch_size=128", "sampler.samples_per_ray=16",
+        "data.n_tilts=9", "model.resolutions=[8]", "sampler.batch_size=128", "projector.samples_per_ray=16",
         "guard.check_every=5"]
 
 
@@ -137,7 +137,7 @@ def _nan_at(trainer: Trainer, steps: set[int]):
 def test_one_nan_step_in_a_run_is_skipped_and_the_run_finishes(tmp_path):
     cfg = compose_config([*TINY, "optim.steps=12", f"output.dir={tmp_path / 'r'}"])
     comps = build(cfg, load_tiltseries(cfg.data))
-    trainer = Trainer(comps, None)
+    trainer = make_trainer(comps, None)
     _nan_at(trainer, {6})
     trainer.fit(6)
     before = _params(comps.projector)

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from fasttomo.build import build
+from fasttomo.build import build, make_trainer
 from fasttomo.config import to_dict
 from fasttomo.data.load import load_tiltseries
 from fasttomo.pipeline import OutputExistsError
@@ -26,7 +26,7 @@ N, M = 8, 6  # batch 256 -> 8 batches per epoch: the pause lands exactly on an e
 TINY = [
     "experiment=quick", "logging=quiet", "runtime=cpu", "runtime.threads=1",
     "data.width=16", "data.height=16", "data.n_tilts=9",
-    "model.resolutions=[8]", "sampler.batch_size=256", "sampler.samples_per_ray=16",
+    "model.resolutions=[8]", "sampler.batch_size=256", "projector.samples_per_ray=16",
     "pose=refine", "pose.start_step=0",   # poses move from the first step
     "loss=tv",                            # volume TV draws from the regularizer generator
     "schedule=plateau", "schedule.plateau_patience=0", "schedule.warmup_steps=3",
@@ -81,7 +81,7 @@ def test_exact_resume_single_process(tmp_path):
     # B: a run that stops at N (a fresh Trainer, fit(N), save) ...
     cfg_b = _cfg(tmp_path / "b")
     comps = build(cfg_b, load_tiltseries(cfg_b.data))
-    trainer = Trainer(comps, tmp_path / "b")
+    trainer = make_trainer(comps, tmp_path / "b")
     trainer.fit(N)
     assert trainer.step == N
     trainer.save("paused.pt")
@@ -118,15 +118,15 @@ def test_exact_resume_single_process(tmp_path):
 def test_resume_refuses_wrong_total_or_world_size(tmp_path):
     cfg = _cfg(tmp_path / "r")
     comps = build(cfg, load_tiltseries(cfg.data))
-    trainer = Trainer(comps, tmp_path / "r")
+    trainer = make_trainer(comps, tmp_path / "r")
     trainer.fit(2)
     state = trainer.state_dict()
-    fresh = Trainer(build(cfg, load_tiltseries(cfg.data)), None)
+    fresh = make_trainer(build(cfg, load_tiltseries(cfg.data)), None)
     with pytest.raises(CheckpointError, match="optim.steps is the total"):
         fresh.load_state_dict({**state, "step": N + M + 1})
     with pytest.raises(CheckpointError, match="same number of processes"):
         fresh.load_state_dict({**state, "world_size": 2})
-    other = Trainer(build(_cfg(tmp_path / "r", "model.resolutions=[6]"), load_tiltseries(cfg.data)), None)
+    other = make_trainer(build(_cfg(tmp_path / "r", "model.resolutions=[6]"), load_tiltseries(cfg.data)), None)
     with pytest.raises(CheckpointError, match="does not fit this run"):
         other.load_state_dict(state)
     fresh.load_state_dict(state)
@@ -162,7 +162,7 @@ def test_checkpoint_truncated_or_foreign_is_refused(tmp_path):
 def test_learned_poses_survive_device_moves_and_state_round_trip(tmp_path):
     cfg = _cfg(tmp_path / "p")
     comps = build(cfg, load_tiltseries(cfg.data))
-    Trainer(comps, None).fit(4)
+    make_trainer(comps, None).fit(4)
     proj = comps.projector
     learned = {k: v.detach().clone() for k, v in proj.poses.state_dict().items()}
     assert learned["shifts"].abs().max() > 0 and learned["z3"].abs().max() > 0

@@ -11,7 +11,7 @@ from fasttomo.data.phantom import make_tiltseries
 from fasttomo.reconstruct import compose_config, run
 
 TINY = ["experiment=quick", "logging=quiet", "runtime=cpu", "runtime.threads=1", "model.resolutions=[8]",
-        "sampler.batch_size=128", "sampler.samples_per_ray=16"]
+        "sampler.batch_size=128", "projector.samples_per_ray=16"]
 
 
 @pytest.fixture(scope="module")
@@ -63,3 +63,27 @@ def test_resume_with_a_moved_data_file_is_allowed(mrc_run, tmp_path):
     moved = shutil.copy(paths[0], tmp_path / "moved.mrc")
     cfg = compose_config([f"resume={ckpt}", f"data.path={moved}", f"output.dir={tmp_path / 'z'}"])
     assert cfg.data.path == str(moved) and cfg.data.thickness == 8
+
+
+def test_a_checkpoint_of_an_older_fasttomo_resumes(mrc_run):
+    """A checkpoint whose config has the shape of fasttomo before one schema per group option
+    (every data key of every source, samples_per_ray under sampler, the model's learn_rotations)
+    resumes: moved keys are renamed and the keys the option never read are dropped."""
+    from fasttomo.train.checkpoint import load_checkpoint, save_checkpoint
+
+    tmp, ckpt, paths = mrc_run
+    state = load_checkpoint(ckpt)
+    old = state["config"]
+    old["data"].update({"width": 64, "height": 64, "n_tilts": 61, "tilt_min": -60.0, "tilt_max": 60.0, "noise": 0.0,
+                        "phantom": "default", "n_ellipsoids": 8, "phantom_seed": 0, "hdf5_stack": "/tiltseries/stack"})
+    old["sampler"]["samples_per_ray"] = old.pop("projector")["samples_per_ray"]
+    old["sampler"]["num_workers"] = 0
+    old["model"]["learn_rotations"] = old["model"].pop("learn_frames")
+    old["model"].update({"iterations": 100, "relaxation": 1.0, "positivity": True, "voxel_shape": None})
+    old["schedule"].update({"plateau_patience": 50, "plateau_factor": 0.5})
+    old["pose"].update({"learn_rotations": True, "learn_z1": True, "learn_shifts": True, "start_step": 0})
+    legacy = save_checkpoint(tmp / "legacy" / "last.pt", state)
+    cfg = compose_config([f"resume={legacy}", "optim.steps=6", f"output.dir={tmp / 'from_legacy'}"])
+    assert cfg.projector.samples_per_ray == 16 and cfg.data.source == "mrc" and cfg.data.thickness == 8
+    metrics = run(cfg)
+    assert metrics["steps"] == 6 and metrics["resumed_from"]["step"] == 4

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from fasttomo.train.distributed import all_reduce_mean, dist_info, init_distributed, is_main
+from fasttomo.train.distributed import all_reduce_mean, dist_info, init_distributed
 
 SHAPE = (3, 5, 9)  # 135 pixels: 14 val, 121 train (odd), 60 per rank in 9 batches of <= 7
 SEED = 17
@@ -43,7 +43,6 @@ def _worker(out_dir: str) -> None:
     rank, world_size, local_rank = dist_info()
     assert (rank, world_size, local_rank) == (int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]),
                                               int(os.environ["LOCAL_RANK"]))
-    assert is_main() == (rank == 0)
     result = {}
     for kind in ("device", "dataloader"):
         s = _make(rank, world_size, kind)
@@ -106,7 +105,6 @@ def test_two_gloo_ranks_shard_disjointly_and_do_not_hang(tmp_path):
 def test_helpers_are_noops_without_a_process_group(monkeypatch):
     monkeypatch.delenv("WORLD_SIZE", raising=False)
     assert dist_info() == (0, 1, 0)
-    assert is_main()
     t = torch.tensor([1.0, 3.0])
     assert all_reduce_mean(t) is t
     assert init_distributed("cpu") is False

@@ -231,10 +231,6 @@ class RaySampler:
             self._pending[epoch + 1] = self._executor.submit(self._draw_positions, epoch + 1)
         return pos
 
-    def epoch_shard(self, epoch: int) -> torch.Tensor:
-        """This rank's training ids of ``epoch`` in visiting order (CPU int64, n_per_rank)."""
-        return self._train_ids_cpu[self._draw_positions(epoch)]
-
     def _batch_bounds(self, position: int) -> tuple[int, int]:
         lo = position * self.batch_size
         return lo, min(lo + self.batch_size, self.n_per_rank)

@@ -52,22 +52,9 @@ class Poses(torch.nn.Module):
         self.z3 = torch.nn.Parameter(torch.zeros(n), requires_grad=self.learn_rotations)
         self.shifts = torch.nn.Parameter(torch.zeros(n, 2), requires_grad=self.learn_shifts)
 
-    @classmethod
-    def from_tiltseries(cls, ts, pose_cfg=None) -> "Poses":
-        """Poses of a :class:`~fasttomo.data.tiltseries.TiltSeries` under a ``PoseConfig``
-        (None: fixed poses). ``pose.learn=false`` freezes everything."""
-        learn = bool(pose_cfg is not None and pose_cfg.learn)
-        return cls(ts.angles, ts.reference_index(),
-                   learn_rotations=learn and pose_cfg.learn_rotations,
-                   learn_shifts=learn and pose_cfg.learn_shifts)
-
     @property
     def per_line(self) -> bool:
         return self.theta.dim() == 2
-
-    def trainable_parameters(self) -> list[torch.nn.Parameter]:
-        """The parameters that are learned (for the optimizer's pose group)."""
-        return [p for p in (self.z1, self.z3, self.shifts) if p.requires_grad]
 
     def _effective(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         m = self.free_mask

@@ -76,7 +76,7 @@ class Box:
 
 
 SAMPLE_SPACING = 4.0 / 3.0
-"""Voxels between quadrature points along the longest chord when sampler.samples_per_ray is None."""
+"""Voxels between quadrature points along the longest chord when projector.samples_per_ray is None."""
 
 
 def longest_chord(box: Box, angles_deg) -> float:
@@ -93,7 +93,7 @@ def longest_chord(box: Box, angles_deg) -> float:
 
 
 def auto_samples_per_ray(box: Box, angles_deg) -> int:
-    """sampler.samples_per_ray=None: one sample per SAMPLE_SPACING voxels of the longest chord."""
+    """projector.samples_per_ray=None: one sample per SAMPLE_SPACING voxels of the longest chord."""
     import math
 
     return max(8, int(math.ceil(longest_chord(box, angles_deg) / SAMPLE_SPACING - 1e-9)))

@@ -6,7 +6,7 @@ import dataclasses
 
 from torch import nn
 
-from fasttomo.config import ModelConfig
+from fasttomo.config import FieldConfig
 from fasttomo.geometry.rays import Box
 from fasttomo.models.kplanes import KPlanesTILTED
 from fasttomo.models.voxel import VoxelField
@@ -29,7 +29,7 @@ def auto_resolutions(box: Box) -> list[int]:
     return scales[::-1]
 
 
-def build_field(model_cfg: ModelConfig, box: Box) -> nn.Module:
+def build_field(model_cfg: FieldConfig, box: Box) -> nn.Module:
     """The field of ``model_cfg.kind``: KPlanesTILTED (resolutions None: :func:`auto_resolutions`),
     or a VoxelField of ``model_cfg.voxel_shape`` (default: the box's own shape). Random init uses
     torch's global RNG (seed it first)."""

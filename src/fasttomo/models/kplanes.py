@@ -7,9 +7,9 @@ For a normalized point p in [-1, 1]^3 and frame t, the planes are sampled at q_t
 A rotated unit cube R [-1, 1]^3 reaches |q_i| = sqrt(3) (its corners), so dividing by sqrt(3)
 keeps every rotated point inside the planes' [-1, 1] range instead of being clamped at the border
 (the price: about 1/sqrt(3) of each plane's texels along an axis is used by the box's centre
-line). Plain K-Planes (T = 1, learn_rotations = False, identity frame) keeps extent = 1 so its
+line). Plain K-Planes (T = 1, learn_frames = False, identity frame) keeps extent = 1 so its
 texels line up with the box exactly. Frame 0 starts at the identity, frames 1..T-1 at random
-rotations; when ``learn_rotations`` all T are learned (param ``svd``: a free 3x3 matrix projected
+rotations; when ``learn_frames`` all T are learned (param ``svd``: a free 3x3 matrix projected
 onto SO(3); ``quaternion``: a 4-vector normalized inside), otherwise they are frozen.
 
 Features come from ``fasttomo.kernels.dispatch.tilted_kplanes`` (layout: one flat, channels-last
@@ -25,36 +25,36 @@ import math
 import torch
 from torch import nn
 
-from fasttomo.config import ModelConfig
+from fasttomo.config import KPlanesConfig, option_keys
 from fasttomo.geometry.so3 import random_quaternions, rotation_from_matrix, rotation_from_quaternion
 from fasttomo.kernels import dispatch
 from fasttomo.kernels.layout import PlaneLayout
 from fasttomo.models.decoder import Decoder, density_activation
 
-_MODEL_KEYS = ("n_rotations", "learn_rotations", "rotation_param", "channels", "resolutions",
-               "decoder", "hidden", "activation", "density_shift", "init_low", "init_high")
+_MODEL_KEYS = tuple(k for k in option_keys(KPlanesConfig) if k != "kind")
+"""The KPlanesConfig fields, the keyword arguments of KPlanesTILTED."""
 
 
 class KPlanesTILTED(nn.Module):
-    def __init__(self, cfg: ModelConfig | None = None, *, generator: torch.Generator | None = None,
+    def __init__(self, cfg: KPlanesConfig | None = None, *, generator: torch.Generator | None = None,
                  **overrides) -> None:
-        """Build from a ``ModelConfig`` and/or explicit keyword arguments (any ModelConfig field
-        among n_rotations, learn_rotations, rotation_param, channels, resolutions, decoder,
+        """Build from a ``KPlanesConfig`` and/or explicit keyword arguments (any of its fields in
+        ``_MODEL_KEYS``: n_rotations, learn_frames, rotation_param, channels, resolutions, decoder,
         hidden, activation, density_shift, init_low, init_high; they override ``cfg`` and are
         validated by it). ``generator`` drives the random init (default: torch's global RNG)."""
         super().__init__()
         unknown = sorted(set(overrides) - set(_MODEL_KEYS))
         if unknown:
             raise TypeError(f"KPlanesTILTED: unknown argument(s) {unknown}; valid: {list(_MODEL_KEYS)}")
-        cfg = dataclasses.replace(cfg or ModelConfig(), kind="kplanes_tilted", **overrides)
+        cfg = dataclasses.replace(cfg or KPlanesConfig(), kind="kplanes_tilted", **overrides)
         self.cfg = cfg
         T = cfg.n_rotations
         self.layout = PlaneLayout(n_rot=T, channels=cfg.channels, resolutions=cfg.resolution_triples())
-        self.learn_rotations = cfg.learn_rotations
+        self.learn_frames = cfg.learn_frames
         self.rotation_param = cfg.rotation_param
         self.activation = cfg.activation
         self.density_shift = float(cfg.density_shift)
-        self.plain = T == 1 and not cfg.learn_rotations
+        self.plain = T == 1 and not cfg.learn_frames
         self.extent = 1.0 if self.plain else math.sqrt(3.0)
 
         plane = torch.empty(self.layout.numel)
@@ -66,7 +66,7 @@ class KPlanesTILTED(nn.Module):
         if T > 1:
             q[1:] = random_quaternions(T - 1, generator=generator)
         init = q if self.rotation_param == "quaternion" else rotation_from_quaternion(q)
-        self.rot_params = nn.Parameter(init, requires_grad=self.learn_rotations)
+        self.rot_params = nn.Parameter(init, requires_grad=self.learn_frames)
 
         self.decoder = Decoder(self.layout.n_features, cfg.decoder, cfg.hidden, generator=generator)
 
@@ -79,7 +79,7 @@ class KPlanesTILTED(nn.Module):
         with torch.autocast(device_type=self.rot_params.device.type, enabled=False):
             if self.rotation_param == "quaternion":
                 return rotation_from_quaternion(self.rot_params)
-            if not self.learn_rotations:
+            if not self.learn_frames:
                 # frozen 'svd' parameters were created as exact rotations and never change: skip the
                 # per-step SVD (on CUDA it synchronizes with the host)
                 return self.rot_params
@@ -110,5 +110,5 @@ class KPlanesTILTED(nn.Module):
         return {
             "grids": [self.plane_data],
             "decoder": list(self.decoder.parameters()),
-            "rotations": [self.rot_params] if self.learn_rotations else [],
+            "rotations": [self.rot_params] if self.learn_frames else [],
         }

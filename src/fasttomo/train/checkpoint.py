@@ -239,5 +239,80 @@ def set_rng_state(state: dict, device: torch.device, reg_generator: torch.Genera
         reg_generator.set_state(state["reg"].cpu())
 
 
-__all__ = ["FORMAT", "CheckpointError", "save_checkpoint", "load_checkpoint", "read_config", "find_checkpoint",
-           "load_optimizer_state", "checksum", "rng_state", "set_rng_state"]
+# --------------------------------------------------------------------------------------- parts
+class PortableOptimizer:
+    """An optimizer as a checkpoint part: learning rates saved as plain floats (a captured step
+    keeps them in device tensors, so a checkpoint resumes with or without CUDA graphs) and loaded
+    with :func:`load_optimizer_state` (this optimizer's implementation switches are kept)."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer):
+        self.optimizer = optimizer
+
+    def state_dict(self) -> dict:
+        state = self.optimizer.state_dict()
+        for group in state["param_groups"]:
+            if torch.is_tensor(group["lr"]):
+                group["lr"] = float(group["lr"])
+        return state
+
+    def load_state_dict(self, state: dict) -> None:
+        load_optimizer_state(self.optimizer, state)
+
+
+class RankRNG:
+    """The RNG streams of every rank as a checkpoint part: ``state_dict`` gathers each rank's
+    :func:`rng_state` (collective under DDP), ``load_state_dict`` takes this rank's."""
+
+    def __init__(self, device: torch.device, reg_generator: torch.Generator | None, rank: int = 0):
+        self.device, self.reg_generator, self.rank = device, reg_generator, rank
+
+    def state_dict(self) -> dict:
+        from fasttomo.train.distributed import all_gather_object
+
+        return {"ranks": all_gather_object(rng_state(self.device, self.reg_generator))}
+
+    def load_state_dict(self, state: dict) -> None:
+        set_rng_state(state["ranks"][self.rank], self.device, self.reg_generator)
+
+
+class Checkpointer:
+    """Saves and restores named parts -- anything with ``state_dict()`` / ``load_state_dict()``
+    (the projector, the optimizer through :class:`PortableOptimizer`, the sampler, the grad
+    scaler, the plateau state, the guard, the RNG streams through :class:`RankRNG`) -- as one
+    checkpoint dict, each part under its name. ``optional`` parts may be absent (None) here or in
+    the file (an older checkpoint); a required part missing from the file, or one that does not
+    fit, is a :class:`CheckpointError` naming the part and the fix. ``extra`` holds plain values
+    stored beside the parts (the run's resolved config)."""
+
+    def __init__(self, parts: dict[str, object | None], optional: tuple[str, ...] = (), extra: dict | None = None):
+        self.parts = dict(parts)
+        self.optional = tuple(optional)
+        self.extra = dict(extra or {})
+
+    def state_dict(self) -> dict:
+        out = {name: (None if part is None else part.state_dict()) for name, part in self.parts.items()}
+        out.update(self.extra)
+        return out
+
+    def load_state_dict(self, state: dict, source: str = "checkpoint") -> None:
+        for name, part in self.parts.items():
+            saved = state.get(name)
+            if part is None or (saved is None and name in self.optional):
+                continue
+            if saved is None:
+                raise CheckpointError(f"{source} holds no {name!r} state; {_OTHER}.")
+            try:
+                part.load_state_dict(saved)
+            except (RuntimeError, ValueError, KeyError, IndexError) as exc:
+                raise CheckpointError(
+                    f"{source} does not fit this run ({name}: {str(exc).splitlines()[0]}); resume with the model, pose, "
+                    "optimizer, sampler and data settings of the saved run.") from exc
+
+    def save(self, path: str | Path, state: dict | None = None) -> Path:
+        """Write :meth:`state_dict` (or ``state``) to ``path`` atomically, with its checksum."""
+        return save_checkpoint(path, self.state_dict() if state is None else state)
+
+
+__all__ = ["FORMAT", "CheckpointError", "Checkpointer", "PortableOptimizer", "RankRNG", "save_checkpoint",
+           "load_checkpoint", "read_config", "find_checkpoint", "load_optimizer_state", "checksum", "rng_state",
+           "set_rng_state"]

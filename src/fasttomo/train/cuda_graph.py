@@ -28,17 +28,20 @@ log = logging.getLogger("fasttomo.train")
 WARMUP = 3
 
 
-def capture_problem(cfg, device: torch.device, world_size: int) -> str | None:
-    """Why the training step of ``cfg`` cannot be captured, or None when it can."""
+def capture_problem(device: torch.device, world_size: int, *, dtype: str = "fp32", svd_rotations: bool = False,
+                    drop_last: bool = True) -> str | None:
+    """Why a training step cannot be captured, or None when it can: on ``device`` with
+    ``world_size`` processes, autocast ``dtype`` (precision.dtype), learned frame rotations
+    parametrized by SVD (``svd_rotations``) and the sampler's ``drop_last``."""
     if device.type != "cuda":
         return "the device is not CUDA"
     if world_size > 1:
         return "DDP runs are not captured (gradient all-reduce hooks)"
-    if cfg.precision.dtype == "fp16":
+    if dtype == "fp16":
         return "fp16's GradScaler checks for inf/NaN on the host every step"
-    if cfg.model.kind == "kplanes_tilted" and cfg.model.learn_rotations and cfg.model.rotation_param == "svd":
+    if svd_rotations:
         return "learned 'svd' rotations run torch.linalg.svd, which synchronizes on CUDA (use model.rotation_param=quaternion)"
-    if not cfg.sampler.drop_last:
+    if not drop_last:
         return "sampler.drop_last=false yields a short last batch (shapes must be fixed)"
     return None
 

@@ -13,7 +13,7 @@ import os
 import torch
 import torch.distributed as dist
 
-__all__ = ["dist_info", "is_main", "is_distributed", "all_reduce_mean", "init_distributed", "barrier",
+__all__ = ["dist_info", "is_distributed", "all_reduce_mean", "init_distributed",
            "broadcast_object", "all_gather_object", "destroy_distributed"]
 
 
@@ -35,11 +35,6 @@ def dist_info() -> tuple[int, int, int]:
     return rank, dist.get_world_size(), _local_rank(rank)
 
 
-def is_main() -> bool:
-    """True on rank 0 (and in single-process runs): the rank that logs and writes files."""
-    return dist_info()[0] == 0
-
-
 def all_reduce_mean(tensor: torch.Tensor) -> torch.Tensor:
     """Mean of ``tensor`` over all ranks, as a new tensor (the input is left unchanged).
 
@@ -52,12 +47,6 @@ def all_reduce_mean(tensor: torch.Tensor) -> torch.Tensor:
     dist.all_reduce(out, op=dist.ReduceOp.SUM)  # AVG is NCCL-only; SUM then divide works on gloo too
     out /= dist.get_world_size()
     return out
-
-
-def barrier() -> None:
-    """dist.barrier() when distributed, else nothing."""
-    if is_distributed():
-        dist.barrier()
 
 
 def init_distributed(device_kind: str | torch.device = "cpu", *, timeout_s: float = 600.0) -> bool:

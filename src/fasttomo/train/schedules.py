@@ -71,6 +71,6 @@ class PlateauState:
 
 
 def build_schedule(cfg: ScheduleConfig, total_steps: int) -> tuple[Schedule, PlateauState | None]:
-    sched = Schedule(cfg.kind, total_steps, cfg.warmup_steps, cfg.min_factor)
+    sched = Schedule(cfg.kind, total_steps, cfg.warmup_steps, getattr(cfg, "min_factor", 1.0))
     plateau = PlateauState(cfg.plateau_patience, cfg.plateau_factor) if cfg.kind == "plateau" else None
     return sched, plateau

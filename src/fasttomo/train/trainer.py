@@ -1,5 +1,7 @@
 """The training loop: one Trainer that owns precision, schedules, validation, logging and
-checkpoints. It is built from ``build.Components`` and knows nothing about config files.
+checkpoints. It takes explicit parts (the projector, its optimizer, sampler, schedule, precision)
+and its own small :class:`TrainerConfig`; it knows nothing about config files or how the parts
+were built (fasttomo.build makes them and the Trainer: :func:`fasttomo.build.make_trainer`).
 
 The step is sync-free: no ``.item()``, printing or host branching on device values except at log,
 validation, image and checkpoint steps, and the divergence guard's check every guard.check_every
@@ -9,6 +11,7 @@ steps (train/guard.py: bad steps are skipped on the device, rollbacks happen at 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import math
 import time
@@ -17,11 +20,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from fasttomo.build import Components
-from fasttomo.config import to_dict
-from fasttomo import losses
+from fasttomo.config import Config, GuardConfig
 from fasttomo.logging import PROGRESS_LOGGER, RunLogger, progress_line
-from fasttomo.models.regularizers import SUBGRID_NOISE, needs_noise, regularization
 from fasttomo.train import checkpoint as ckpt
 from fasttomo.train.distributed import all_reduce_mean
 from fasttomo.train.guard import Guard
@@ -30,20 +30,67 @@ log = logging.getLogger("fasttomo.train")
 progress_log = logging.getLogger(PROGRESS_LOGGER)
 
 
+@dataclasses.dataclass(frozen=True)
+class TrainerConfig:
+    """What the loop itself reads (from the optim, pose, logging, evaluation and guard groups)."""
+
+    steps: int
+    """optim.steps: the total step count."""
+    grad_clip: float | None = None
+    keep_best: bool = False
+    early_stop: int = 0
+    pose_start_step: int = 0
+    """pose.start_step: the pose groups' learning rate is 0 before it."""
+    log_every: int = 25
+    val_every: int = 100
+    image_every: int = 200
+    tensorboard: bool = True
+    progress: bool = True
+    checkpoint_every: int = 0
+    curve_every: int = 0
+    """evaluation.curve_every: how often the probe (when set) scores the field."""
+    guard: GuardConfig = dataclasses.field(default_factory=GuardConfig)
+
+    @classmethod
+    def from_config(cls, cfg: Config) -> "TrainerConfig":
+        o, lg = cfg.optim, cfg.logging
+        return cls(steps=o.steps, grad_clip=o.grad_clip, keep_best=o.keep_best, early_stop=o.early_stop,
+                   pose_start_step=getattr(cfg.pose, "start_step", 0), log_every=lg.log_every,
+                   val_every=lg.val_every, image_every=lg.image_every, tensorboard=lg.tensorboard,
+                   progress=lg.progress, checkpoint_every=lg.checkpoint_every,
+                   curve_every=cfg.evaluation.curve_every, guard=cfg.guard)
+
+
 class Trainer:
-    def __init__(self, c: Components, out_dir: Path | None):
-        self.c = c
-        self.cfg = c.cfg
+    def __init__(self, cfg: TrainerConfig, *, projector, sampler, optimizer: torch.optim.Optimizer,
+                 base_lrs: list[float], schedule, precision, reg_generator: torch.Generator,
+                 device: torch.device, model: torch.nn.Module | None = None, plateau=None,
+                 out_dir: Path | None = None, rank: int = 0, world_size: int = 1, cuda_graph: bool = False,
+                 run_config: dict | None = None):
+        """``model``: the projector or its DDP wrapper (default: the projector); ``run_config``: the
+        run's resolved config, stored in every checkpoint (a resume reads it)."""
+        self.cfg = cfg
+        self.projector = projector
+        self.model = model if model is not None else projector
+        self.sampler = sampler
+        self.optimizer = optimizer
+        self.base_lrs = list(base_lrs)
+        self.schedule = schedule
+        self.plateau = plateau
+        self.precision = precision
+        self.reg_generator = reg_generator
+        self.device = device
+        self.rank, self.world_size = rank, world_size
+        self.cuda_graph = cuda_graph
         self.out_dir = Path(out_dir) if out_dir is not None else None
-        self.main = c.rank == 0
+        self.main = rank == 0
         self.step = 0
         self.history: list[list[float]] = []  # [step, train loss] at log steps
         self.val_history: list[list[float]] = []
         self.train_seconds = 0.0
-        self.graphed = None  # GraphedStep, made at the first step when c.cuda_graph
+        self.graphed = None  # GraphedStep, made at the first step when cuda_graph
         self._slices: dict[str, torch.Tensor] | None = None  # central-plane points, see _slice_points
-        self._subgrid_noise = SUBGRID_NOISE if needs_noise(c.projector.field, self.cfg.loss) else 0
-        self._s3im_noise = losses.s3im_noise_size(self.cfg.sampler.batch_size) if self.cfg.loss.s3im > 0 else 0
+        self._subgrid_noise, self._s3im_noise = projector.noise_sizes(sampler.batch_size)
         self.best: dict | None = None
         """keep_best: {"step", "val", "model"} of the lowest validation loss so far (model: a copy of
         the projector's state on its device)."""
@@ -51,12 +98,12 @@ class Trainer:
         self.stopped_early = False
         self.probe = None
         """Optional callable () -> dict scoring the current field (e.g. against a ground truth); with
-        evaluation.curve_every = N it runs every N steps and its time is not counted as fit time."""
+        curve_every = N it runs every N steps and its time is not counted as fit time."""
         self.curve: list[dict] = []
         """The probe's results: {"step", "fit_seconds", **scores} (the quality-against-time curve)."""
-        self.guard = Guard(self.cfg.guard, c.optimizer, c.device, c.world_size,
-                           check_grads=not c.precision.scaler.is_enabled(),
-                           base_lrs={g["name"]: b for g, b in zip(c.optimizer.param_groups, c.base_lrs)})
+        self.guard = Guard(cfg.guard, optimizer, device, world_size,
+                           check_grads=not precision.scaler.is_enabled(),
+                           base_lrs={g["name"]: b for g, b in zip(optimizer.param_groups, self.base_lrs)})
         self.stop = None  # an object with should_stop(step) -> bool (fasttomo.stop.StopRequests), checked per step
         self.timing = {"first_step_done": None, "validation_seconds": 0.0, "image_seconds": 0.0}
         """Fixed costs inside fit (perf_counter of the first step's end, synchronized once; seconds
@@ -64,25 +111,18 @@ class Trainer:
         self.phase_mark = None
         """Optional callable(name) called inside the step body at 'forward', 'backward', 'optimizer'
         and 'done' (scripts/bench_step.py times the phases with CUDA events; eager steps only)."""
+        self.checkpointer = ckpt.Checkpointer(
+            {"model": projector, "optimizer": ckpt.PortableOptimizer(optimizer), "scaler": precision.scaler,
+             "plateau": plateau, "sampler": sampler, "rng": ckpt.RankRNG(device, reg_generator, rank),
+             "guard": self.guard},
+            optional=("plateau", "guard"), extra={"config": run_config} if run_config is not None else None)
 
     # ------------------------------------------------------------------ one step
-    def _weighted_errors(self, pred: torch.Tensor, batch) -> torch.Tensor:
-        """Per-pixel data term (loss.kind) times the pixel weight (0 = masked)."""
-        return losses.pixel_errors(pred, batch.target, self.cfg.loss.kind, self.cfg.loss.huber_delta) * batch.weight
-
-    def _data_loss(self, pred: torch.Tensor, batch, s3im_noise: torch.Tensor | None) -> dict[str, torch.Tensor]:
-        """The data term and, when loss.s3im > 0, the weighted S3IM term."""
-        lc = self.cfg.loss
-        parts = {"data": losses.data_term(pred, batch.target, batch.weight, lc.kind, lc.huber_delta)}
-        if s3im_noise is not None:
-            parts["s3im"] = lc.s3im * losses.s3im(pred, batch.target, batch.weight, s3im_noise)
-        return parts
-
     def _set_lr(self, step: int) -> None:
-        f = self.c.schedule.factor(step, self.c.plateau) * self.guard.lr_scale  # lowered by guard rollbacks
-        for group, base in zip(self.c.optimizer.param_groups, self.c.base_lrs):
+        f = self.schedule.factor(step, self.plateau) * self.guard.lr_scale  # lowered by guard rollbacks
+        for group, base in zip(self.optimizer.param_groups, self.base_lrs):
             g = f
-            if group["name"].startswith("pose_") and step < self.cfg.pose.start_step:
+            if group["name"].startswith("pose_") and step < self.cfg.pose_start_step:
                 g = 0.0
             if torch.is_tensor(group["lr"]):  # captured step: the graph reads this tensor
                 group["lr"].fill_(base * g)
@@ -91,41 +131,39 @@ class Trainer:
 
     def train_step(self, batch) -> tuple[torch.Tensor, dict]:
         """One optimizer step on ``batch``; returns (loss, parts) as device tensors (no sync)."""
-        c = self.c
         # drawn here, outside a captured graph, from the one regularizer stream (eager and graph alike):
         # the volume-TV sub-grid's numbers, then S3IM's random orders
         n = self._subgrid_noise + self._s3im_noise
-        noise = torch.rand(n, generator=c.reg_generator, device=c.device) if n else None
-        if c.cuda_graph:
+        noise = torch.rand(n, generator=self.reg_generator, device=self.device) if n else None
+        if self.cuda_graph:
             if self.graphed is None:
                 from fasttomo.train.cuda_graph import GraphedStep
 
-                self.graphed = GraphedStep(self._step_body, c.optimizer, c.device)
+                self.graphed = GraphedStep(self._step_body, self.optimizer, self.device)
             return self.graphed(batch, noise)
         return self._step_body(batch, noise)
 
     def _step_body(self, batch, noise) -> tuple[torch.Tensor, dict]:
         """Forward, backward and update: the eager step, and what a CUDA graph captures."""
-        c = self.c
         mark = self.phase_mark
         if mark:
             mark("forward")
-        c.optimizer.zero_grad(set_to_none=True)
+        self.optimizer.zero_grad(set_to_none=True)
         k = self._subgrid_noise
-        with c.precision.autocast():
-            pred = c.model(batch.tilt, batch.row, batch.col)
-        data_parts = self._data_loss(pred, batch, noise[k:] if self._s3im_noise else None)
-        with c.precision.autocast():
-            reg, parts = regularization(c.projector.field, self.cfg.loss, c.reg_generator, noise[:k] if k else None)
+        with self.precision.autocast():
+            pred = self.model(batch.tilt, batch.row, batch.col)
+        data_parts = self.projector.data_loss(pred, batch, noise[k:] if self._s3im_noise else None)
+        with self.precision.autocast():
+            reg, parts = self.projector.regularization(self.reg_generator, noise[:k] if k else None)
         loss = sum(data_parts.values()) + reg.float()
         if mark:
             mark("backward")
-        c.precision.backward(loss)
+        self.precision.backward(loss)
         if mark:
             mark("optimizer")
-        params = [p for g in c.optimizer.param_groups for p in g["params"]]
+        params = [p for g in self.optimizer.param_groups for p in g["params"]]
         skip = self.guard.inspect(loss, params)  # device flag: a non-finite or exploding step changes nothing
-        c.precision.step(c.optimizer, params, self.cfg.optim.grad_clip, skip=skip,
+        self.precision.step(self.optimizer, params, self.cfg.grad_clip, skip=skip,
                          grad_norm=self.guard.grad_norm if skip is not None and self.guard.check_grads else None)
         if mark:
             mark("done")
@@ -136,24 +174,24 @@ class Trainer:
     @torch.no_grad()
     def validate(self) -> float:
         """Mean validation loss in fp32 (no autocast) over the whole validation set."""
-        total = torch.zeros((), device=self.c.device, dtype=torch.float64)
-        weight = torch.zeros((), device=self.c.device, dtype=torch.float64)
-        for batch in self.c.sampler.val_batches():
-            pred = self.c.projector(batch.tilt, batch.row, batch.col)
-            total += self._weighted_errors(pred, batch).sum().double()
+        total = torch.zeros((), device=self.device, dtype=torch.float64)
+        weight = torch.zeros((), device=self.device, dtype=torch.float64)
+        for batch in self.sampler.val_batches():
+            pred = self.projector(batch.tilt, batch.row, batch.col)
+            total += self.projector.pixel_errors(pred, batch).sum().double()
             weight += batch.weight.sum().double()
-        return float(total / weight.clamp_min(1.0)) if self.c.sampler.n_val else float("nan")
+        return float(total / weight.clamp_min(1.0)) if self.sampler.n_val else float("nan")
 
     def _track_best(self, v: float) -> bool:
         """Keep the field of the lowest validation loss (optim.keep_best) and count the checks
         since it (optim.early_stop); returns True when the run should stop early. The loss is
         averaged over the ranks first, so every rank decides alike."""
-        o = self.cfg.optim
+        o = self.cfg
         if not (o.keep_best or o.early_stop) or not math.isfinite(v):
             return False
-        v = float(all_reduce_mean(torch.tensor(v, dtype=torch.float64, device=self.c.device)))
+        v = float(all_reduce_mean(torch.tensor(v, dtype=torch.float64, device=self.device)))
         if self.best is None or v < self.best["val"]:
-            model = ({k: t.detach().clone() for k, t in self.c.projector.state_dict().items()}
+            model = ({k: t.detach().clone() for k, t in self.projector.state_dict().items()}
                      if o.keep_best else None)
             self.best = {"step": self.step, "val": v, "model": model}
             self._since_best = 0
@@ -165,15 +203,15 @@ class Trainer:
     def exported_field(self):
         """Within the block the projector holds the field to export: the best-validation one with
         optim.keep_best (the last step's is put back afterwards), else the current one."""
-        if not (self.cfg.optim.keep_best and self.best is not None and self.best["model"] is not None):
+        if not (self.cfg.keep_best and self.best is not None and self.best["model"] is not None):
             yield self.step
             return
-        current = {k: t.detach().clone() for k, t in self.c.projector.state_dict().items()}
-        self.c.projector.load_state_dict(self.best["model"])
+        current = {k: t.detach().clone() for k, t in self.projector.state_dict().items()}
+        self.projector.load_state_dict(self.best["model"])
         try:
             yield self.best["step"]
         finally:
-            self.c.projector.load_state_dict(current)
+            self.projector.load_state_dict(current)
 
     @torch.no_grad()
     def central_slices(self) -> dict[str, np.ndarray]:
@@ -181,8 +219,8 @@ class Trainer:
         planes = self._slice_points()
         out = {}
         for name, pts in planes.items():
-            d = self.c.projector.density(pts.reshape(-1, 3)).reshape(pts.shape[:2])
-            out[name] = d.cpu().numpy() * self.c.sampler.scale
+            d = self.projector.density(pts.reshape(-1, 3)).reshape(pts.shape[:2])
+            out[name] = d.cpu().numpy() * self.sampler.scale
         return out
 
     def _slice_points(self) -> dict[str, torch.Tensor]:
@@ -191,9 +229,9 @@ class Trainer:
         if self._slices is None:
             from fasttomo.geometry.rays import voxel_grid
 
-            z, y, x = self.c.box.shape_zyx
-            grid = voxel_grid(self.c.box)
-            dev = next(self.c.projector.parameters()).device
+            z, y, x = self.projector.box.shape_zyx
+            grid = voxel_grid(self.projector.box)
+            dev = next(self.projector.parameters()).device
             self._slices = {name: g.contiguous().to(dev) for name, g in
                             (("xy", grid[z // 2]), ("xz", grid[:, y // 2]), ("yz", grid[:, :, x // 2]))}
         return self._slices
@@ -202,142 +240,95 @@ class Trainer:
     def export_volume(self, shape_zyx=None) -> np.ndarray | None:
         """The reconstructed density (Z, Y, X) float32 in the units of the input stack per voxel.
         Under DDP each rank evaluates a slab of Z planes and rank 0 gathers them; other ranks get None."""
-        c = self.c
-        shape = tuple(shape_zyx) if shape_zyx is not None else c.box.shape_zyx
-        if c.world_size == 1:
-            return (c.projector.volume(shape) * c.sampler.scale).cpu().numpy()
+        shape = tuple(shape_zyx) if shape_zyx is not None else self.projector.box.shape_zyx
+        if self.world_size == 1:
+            return (self.projector.volume(shape) * self.sampler.scale).cpu().numpy()
         import torch.distributed as dist
 
-        per = -(-shape[0] // c.world_size)
-        lo, hi = min(c.rank * per, shape[0]), min((c.rank + 1) * per, shape[0])
-        slab = torch.zeros((per, shape[1], shape[2]), device=c.device, dtype=torch.float32)
+        per = -(-shape[0] // self.world_size)
+        lo, hi = min(self.rank * per, shape[0]), min((self.rank + 1) * per, shape[0])
+        slab = torch.zeros((per, shape[1], shape[2]), device=self.device, dtype=torch.float32)
         if hi > lo:
-            slab[: hi - lo] = c.projector.volume(shape, z_range=(lo, hi))
-        gathered = torch.empty((per * c.world_size, shape[1], shape[2]), device=c.device, dtype=torch.float32)
+            slab[: hi - lo] = self.projector.volume(shape, z_range=(lo, hi))
+        gathered = torch.empty((per * self.world_size, shape[1], shape[2]), device=self.device, dtype=torch.float32)
         gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor  # newer torch renamed it
         gather(gathered, slab)
         if not self.main:
             return None
-        return (gathered[: shape[0]] * c.sampler.scale).cpu().numpy()
+        return (gathered[: shape[0]] * self.sampler.scale).cpu().numpy()
 
     # ------------------------------------------------------------------ checkpoints
     def state_dict(self) -> dict:
-        """Everything an exact resume needs, as tensors and plain values (weights_only safe).
+        """Everything an exact resume needs, as tensors and plain values (weights_only safe): the
+        parts (:attr:`checkpointer`: projector, optimizer, scaler, plateau, sampler, every rank's
+        RNG streams, guard, and the run's config) and the loop's own state.
 
         Collective under DDP (every rank must call it): each rank's RNG states are gathered, so
         every rank resumes its own streams (the regularizer generator is seeded per rank). The
         model is the unwrapped Projector: field and poses, without DDP's ``module.`` prefix."""
-        from fasttomo.train.distributed import all_gather_object
-
-        c = self.c
-        rngs = all_gather_object(ckpt.rng_state(c.device, c.reg_generator))
         return {
             "step": self.step,
-            "world_size": c.world_size,
-            "model": c.projector.state_dict(),
-            "optimizer": _portable_optimizer_state(c.optimizer),
-            "scaler": c.precision.scaler.state_dict(),
-            "plateau": c.plateau.state_dict() if c.plateau is not None else None,
-            "sampler": c.sampler.state_dict(),
-            "rng": {"ranks": rngs},
+            "world_size": self.world_size,
+            **self.checkpointer.state_dict(),
             "history": self.history,
             "val_history": self.val_history,
             "train_seconds": self.train_seconds,
             "best": self.best,
             "curve": self.curve,
             "since_best": self._since_best,
-            "guard": self.guard.state_dict(),
-            "config": to_dict(self.cfg),
         }
 
     def load_state_dict(self, state: dict, source: str = "checkpoint") -> None:
         """Restore :meth:`state_dict` (every rank loads the same file and takes its own RNG
         states). Refuses, with a :class:`CheckpointError` naming the fix, a checkpoint of another
-        world size, model or sampler, or one already past ``optim.steps`` (the total)."""
-        c = self.c
+        world size, model or sampler, or one already past ``steps`` (the total)."""
         saved_world = int(state.get("world_size", 1))
-        if saved_world != c.world_size:
+        if saved_world != self.world_size:
             raise ckpt.CheckpointError(
-                f"{source} was written by a run with {saved_world} process(es) but this run has {c.world_size}; "
+                f"{source} was written by a run with {saved_world} process(es) but this run has {self.world_size}; "
                 f"resume with the same number of processes (--nproc-per-node={saved_world}).")
         step = int(state["step"])
-        if step > self.cfg.optim.steps:
+        if step > self.cfg.steps:
             raise ckpt.CheckpointError(
-                f"{source} is at step {step} but optim.steps={self.cfg.optim.steps}; optim.steps is the total "
+                f"{source} is at step {step} but optim.steps={self.cfg.steps}; optim.steps is the total "
                 f"number of steps (including those before the resume): set optim.steps >= {step}.")
-        self._warn_config_changes(state.get("config") or {}, source)
-        try:
-            c.projector.load_state_dict(state["model"])
-            ckpt.load_optimizer_state(c.optimizer, state["optimizer"])
-            c.sampler.load_state_dict(state["sampler"])
-        except (RuntimeError, ValueError, KeyError) as exc:
-            raise ckpt.CheckpointError(
-                f"{source} does not fit this run ({str(exc).splitlines()[0]}); resume with the model, pose, "
-                "optimizer, sampler and data settings of the saved run.") from exc
-        c.precision.scaler.load_state_dict(state["scaler"])
-        if c.plateau is not None and state.get("plateau"):
-            c.plateau.load_state_dict(state["plateau"])
-        rngs = state["rng"]["ranks"]
-        ckpt.set_rng_state(rngs[c.rank], c.device, c.reg_generator)
+        self.checkpointer.load_state_dict(state, source)
         self.step = step
         self.history = [list(h) for h in state.get("history", [])]
         self.val_history = [list(h) for h in state.get("val_history", [])]
         self.train_seconds = float(state.get("train_seconds", 0.0))
         best = state.get("best")
         if best is not None and best.get("model") is not None:
-            best = {**best, "model": {k: t.to(c.device) for k, t in best["model"].items()}}
+            best = {**best, "model": {k: t.to(self.device) for k, t in best["model"].items()}}
         self.best = best
         self._since_best = int(state.get("since_best", 0))
         self.curve = [dict(r) for r in state.get("curve", [])]
-        self.guard.load_state_dict(state.get("guard"))
-
-    _FREE_ON_RESUME = ("resume", "name", "output", "logging", "optim.steps", "runtime.threads", "guard", "dry_run",
-                       "runtime.cuda_graph")  # captured or eager: the same step
-
-    def _warn_config_changes(self, saved: dict, source: str) -> None:
-        """Log the settings that differ from the saved run's (other than where/how to log and the
-        total step count); an exact continuation needs none."""
-        def flat(d, prefix=""):
-            for k, v in d.items():
-                if isinstance(v, dict):
-                    yield from flat(v, f"{prefix}{k}.")
-                else:
-                    yield f"{prefix}{k}", v
-
-        now, then = dict(flat(to_dict(self.cfg))), dict(flat(saved))
-        changed = sorted(k for k in set(now) | set(then) if now.get(k) != then.get(k)
-                         and not any(k == f or k.startswith(f + ".") for f in self._FREE_ON_RESUME))
-        if changed:
-            log.warning("resuming from %s with settings that differ from the saved run (the continuation is "
-                        "not exact): %s", source, ", ".join(f"{k}: {then.get(k)!r} -> {now.get(k)!r}" for k in changed))
 
     def save(self, name: str = "last.pt") -> Path | None:
         """Write ``checkpoints/<name>`` (rank 0). Collective under DDP: every rank must call it."""
         state = self.state_dict()
         if not self.main or self.out_dir is None:
             return None
-        return ckpt.save_checkpoint(self.out_dir / "checkpoints" / name, state)
+        return self.checkpointer.save(self.out_dir / "checkpoints" / name, state)
 
     # ------------------------------------------------------------------ the loop
     def fit(self, steps: int | None = None) -> None:
         """Train until ``steps`` (default optim.steps) total steps are done.
 
-        Stopping early (``steps`` < optim.steps) is exactly a pause: the end-of-run extras (a log
-        and a validation at the final step) happen at optim.steps only, so stopping at N, saving
+        Stopping early (``steps`` < cfg.steps) is exactly a pause: the end-of-run extras (a log
+        and a validation at the final step) happen at cfg.steps only, so stopping at N, saving
         and resuming gives the same run as going straight through."""
-        cfg, c = self.cfg, self.c
-        end = cfg.optim.steps if steps is None else min(steps, cfg.optim.steps)
-        lg = cfg.logging
+        cfg = lg = self.cfg
+        end = cfg.steps if steps is None else min(steps, cfg.steps)
         run_log = RunLogger(self.out_dir, main=self.main, tensorboard=lg.tensorboard, progress=lg.progress,
                             total=end, initial=self.step)
-        self.run_logger = run_log
         t_start = time.perf_counter()
         t_mark, step_mark = t_start, self.step
         paused = 0.0  # seconds spent in the probe, not fit time
-        every = self.cfg.evaluation.curve_every
+        every = cfg.curve_every
         # a progress line every tenth of the run (at a log step): reconstruct.log always, the console
         # when no bar is drawn (a redirected output)
-        progress_every = max(1, cfg.optim.steps // 10)
+        progress_every = max(1, cfg.steps // 10)
         next_progress = (self.step // progress_every + 1) * progress_every
         step_start = self.step
         self.guard.start(self.step)
@@ -345,24 +336,24 @@ class Trainer:
             while self.step < end:
                 step = self.step
                 self._set_lr(step)
-                batch = c.sampler.next_batch()
+                batch = self.sampler.next_batch()
                 loss, parts = self.train_step(batch)
                 self.step = step + 1
                 if self.timing["first_step_done"] is None:
-                    if c.device.type == "cuda":
-                        torch.cuda.synchronize(c.device)
+                    if self.device.type == "cuda":
+                        torch.cuda.synchronize(self.device)
                     self.timing["first_step_done"] = time.perf_counter()
                 run_log.progress(1)
-                last = self.step == cfg.optim.steps
+                last = self.step == cfg.steps
                 if self.step % lg.log_every == 0 or last:
                     vals = {"loss/train": all_reduce_mean(loss).item()}
                     vals.update({f"loss/{k}": all_reduce_mean(v).item() for k, v in parts.items()})
-                    if c.device.type == "cuda":
-                        torch.cuda.synchronize(c.device)
+                    if self.device.type == "cuda":
+                        torch.cuda.synchronize(self.device)
                     now = time.perf_counter()
                     vals["time/step_ms"] = 1000.0 * (now - t_mark) / max(1, self.step - step_mark)
                     t_mark, step_mark = now, self.step
-                    for g in c.optimizer.param_groups:
+                    for g in self.optimizer.param_groups:
                         vals[f"lr/{g['name']}"] = float(g["lr"])
                     vals.update(self.guard.scalars())
                     self.history.append([self.step, vals["loss/train"]])
@@ -372,7 +363,7 @@ class Trainer:
                     if self.main and (self.step >= next_progress or last):
                         next_progress = (self.step // progress_every + 1) * progress_every
                         progress_log.info("%s", progress_line(
-                            self.step, cfg.optim.steps, vals["loss/train"], now - t_start - paused,
+                            self.step, cfg.steps, vals["loss/train"], now - t_start - paused,
                             self.step - step_start, self.val_history[-1][1] if self.val_history else None))
                 if self.step % lg.val_every == 0 or last:
                     t_val = time.perf_counter()
@@ -380,13 +371,13 @@ class Trainer:
                     self.timing["validation_seconds"] += time.perf_counter() - t_val
                     self.val_history.append([self.step, v])
                     run_log.scalars(self.step, {"loss/val": v})
-                    if c.plateau is not None:
-                        c.plateau.update(v)
+                    if self.plateau is not None:
+                        self.plateau.update(v)
                     if self._track_best(v) and not last:
                         self.stopped_early = True
                         log.info("early stop at step %d: no lower validation loss in %d checks since step %d "
                                  "(optim.early_stop=%d)", self.step, self._since_best, self.best["step"],
-                                 cfg.optim.early_stop)
+                                 cfg.early_stop)
                         break
                 image_step = lg.image_every > 0 and self.step % lg.image_every == 0
                 if (image_step or last) and self.main and lg.tensorboard:
@@ -397,8 +388,8 @@ class Trainer:
                 if self.guard.due(self.step) or self.step == end:
                     self.guard.check(self.step, final=last)  # may roll back, or raise DivergenceError
                 if self.probe is not None and every and (self.step % every == 0 or last):
-                    if c.device.type == "cuda":
-                        torch.cuda.synchronize(c.device)
+                    if self.device.type == "cuda":
+                        torch.cuda.synchronize(self.device)
                     t_probe = time.perf_counter()
                     fit = self.train_seconds + (t_probe - t_start - paused)
                     self.curve.append({"step": self.step, "fit_seconds": fit, **self.probe()})
@@ -413,17 +404,8 @@ class Trainer:
                 if self.stop is not None and self.stop.should_stop(self.step):
                     break
         finally:
-            if c.device.type == "cuda":
-                torch.cuda.synchronize(c.device)
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)
             self.train_seconds += time.perf_counter() - t_start - paused
             run_log.close()
 
-
-def _portable_optimizer_state(optimizer: torch.optim.Optimizer) -> dict:
-    """The optimizer state with learning rates as plain floats (a captured step keeps them in
-    device tensors), so a checkpoint resumes with or without CUDA graphs."""
-    state = optimizer.state_dict()
-    for group in state["param_groups"]:
-        if torch.is_tensor(group["lr"]):
-            group["lr"] = float(group["lr"])
-    return state

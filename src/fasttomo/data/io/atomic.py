@@ -14,7 +14,7 @@ import os
 import tempfile
 from typing import Callable
 
-from fasttomo.data.io import OutputExistsError
+from fasttomo.data.io.common import OutputExistsError
 
 
 def _exists_error(path: str) -> OutputExistsError:

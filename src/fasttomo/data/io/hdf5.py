@@ -32,7 +32,7 @@ from typing import Any
 import h5py
 import numpy as np
 
-from fasttomo.data.io import DataFileError, file_size
+from fasttomo.data.io.common import DataFileError, file_size
 from fasttomo.data.io.atomic import atomic_write
 
 FORMAT = "fasttomo-tiltseries"

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fasttomo.data.io import DataFileError, read_text_lines
+from fasttomo.data.io.common import DataFileError, read_text_lines
 from fasttomo.data.io.atomic import atomic_write
 
 

@@ -31,7 +31,7 @@ import mrcfile
 import mrcfile.utils
 import numpy as np
 
-from fasttomo.data.io import DataFileError, file_size
+from fasttomo.data.io.common import DataFileError, file_size
 from fasttomo.data.io.atomic import atomic_write
 
 SUPPORTED_MODES = (0, 1, 2, 6, 12)

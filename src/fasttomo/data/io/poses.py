@@ -32,7 +32,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from fasttomo.data.io import DataFileError
+from fasttomo.data.io.common import DataFileError
 from fasttomo.data.io.atomic import atomic_write
 
 FORMAT = "fasttomo-poses"

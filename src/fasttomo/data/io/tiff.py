@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import tifffile
 
-from fasttomo.data.io import DataFileError, file_size
+from fasttomo.data.io.common import DataFileError, file_size
 from fasttomo.data.io.atomic import atomic_write
 
 FASTTOMO_TAG = 65000

@@ -24,7 +24,7 @@ import os
 import numpy as np
 
 from fasttomo import __version__
-from fasttomo.data.io import DataFileError, _fmt, source_from_suffix
+from fasttomo.data.io.common import DataFileError, _fmt, source_from_suffix
 
 log = logging.getLogger("fasttomo.data")
 XZY_LABEL = "fasttomo orientation=XZY (IMOD un-rotated; trimvol -rx gives ZYX)"

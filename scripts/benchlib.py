@@ -1,5 +1,8 @@
 """Shared plumbing of the benchmark scripts (scripts/bench_*.py): timing and the result record.
 
+It lives beside them, not in the package: it writes into the source checkout's benchmarks/results/
+and reads its git commit, which an installed fasttomo does not have.
+
 Every record is one JSON object in benchmarks/results/ with the schema of the shared DESIGN.md
 ("Performance discipline"): benchmark, case, commit, device, command, date, results (rows of a
 ``variant`` plus numbers whose keys carry units), and free extra context.
@@ -18,7 +21,7 @@ from typing import Callable
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 
 
