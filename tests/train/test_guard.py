@@ -123,7 +123,7 @@ def test_fp16_scaler_takes_the_guard_flag():
 
 def _nan_at(trainer: Trainer, steps: set[int]):
     """Make the data loss NaN at the given steps (0-based)."""
-    original = trainer._data_loss
+    original = trainer.projector.data_loss
     calls = {"n": 0}
 
     def data_loss(pred, batch, *rest):
@@ -131,7 +131,7 @@ def _nan_at(trainer: Trainer, steps: set[int]):
         i = calls["n"]
         calls["n"] += 1
         return {k: v * float("nan") for k, v in out.items()} if i in steps else out
-    trainer._data_loss = data_loss
+    trainer.projector.data_loss = data_loss
 
 
 def test_one_nan_step_in_a_run_is_skipped_and_the_run_finishes(tmp_path):
