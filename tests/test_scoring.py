@@ -108,7 +108,7 @@ def test_view_residuals_point_at_the_view_that_jumped(tmp_path):
     stack = tmp_path / "jump.mrc"
     write_tiltseries(stack, ts, "mrc")
     m, _ = _run(tmp_path, "data=mrc", f"data.path={stack}", f"data.angles={stack.with_suffix('.rawtlt')}",
-                "data.thickness=16", "optim.steps=150", "sampler.samples_per_ray=24")
+                "data.thickness=16", "optim.steps=150", "projector.samples_per_ray=24")
     vr = m["view_residuals"]
     assert vr["view_numbers"] == list(range(1, 16)) and len(vr["pearson"]) == len(vr["rms_residual"]) == 15
     assert vr["worst_views"][0] == bad + 1
