@@ -31,6 +31,8 @@ from typing import Any, Union
 
 import yaml
 
+from fasttomo.config import flatten
+
 WIDTH = 100
 HELP_FLAGS = ("--help", "-h")
 
@@ -224,16 +226,6 @@ def _merge(base: dict, over: dict) -> dict:
     return out
 
 
-def _flatten(d: dict, prefix: str = "") -> dict[str, Any]:
-    out = {}
-    for k, v in d.items():
-        if isinstance(v, dict) and v:
-            out.update(_flatten(v, f"{prefix}{k}."))
-        else:
-            out[f"{prefix}{k}"] = v
-    return out
-
-
 def option_values(config_dir: str, group: str, option: str) -> dict[str, Any]:
     """The keys an option's file sets, flattened and prefixed (``@package _global_`` files at the
     top level)."""
@@ -243,7 +235,7 @@ def option_values(config_dir: str, group: str, option: str) -> dict[str, Any]:
     data = _load_yaml(path)
     data.pop("defaults", None)
     glob = "@package _global_" in path.read_text(encoding="utf-8").split("\n", 1)[0]
-    return _flatten(data) if glob else _flatten(data, f"{group}.")
+    return flatten(data) if glob else flatten(data, f"{group}.")
 
 
 def composed_defaults(root: type, config_dir: str, primary: str) -> dict[str, tuple[Any, str]]:
@@ -259,7 +251,7 @@ def composed_defaults(root: type, config_dir: str, primary: str) -> dict[str, tu
     own = _load_yaml(Path(config_dir) / f"{primary}.yaml")
     own.pop("defaults", None)
     own.pop("hydra", None)
-    for k, v in _flatten(own).items():
+    for k, v in flatten(own).items():
         if k in out:
             out[k] = (v, f"configs/{primary}.yaml")
     return out

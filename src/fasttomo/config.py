@@ -1057,3 +1057,15 @@ def upgrade(saved: dict) -> dict:
 def to_dict(cfg: Any) -> dict:
     """A plain, JSON/YAML-serializable dict of a config dataclass."""
     return dataclasses.asdict(cfg)
+
+
+def flatten(d: dict, prefix: str = "") -> dict[str, Any]:
+    """A nested dict as dotted keys ({"optim": {"steps": 5}} -> {"optim.steps": 5}); an empty dict
+    stays one key."""
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict) and v:
+            out.update(flatten(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out

@@ -104,6 +104,15 @@ def duration_text(seconds: float) -> str:
     return f"{h} h {m:02d} min"
 
 
+def size_text(n: int) -> str:
+    """A byte count for people: 512 B, 3.4 KiB, 1.2 MiB ..."""
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n} B"  # pragma: no cover
+
+
 def add_file_log(path: Path, overwrite: bool = False, append: bool = False) -> logging.Handler:
     """Send the 'fasttomo' loggers to ``path`` too (opened after the output folder was checked;
     an existing log is replaced only when the user asked to overwrite, and appended to when a

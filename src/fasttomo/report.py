@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from fasttomo.logging import duration_text, to_uint8
+from fasttomo.logging import duration_text, size_text, to_uint8
 
 BG = (255, 255, 255)
 TEXT = (20, 20, 20)
@@ -281,14 +281,6 @@ def quality(m: dict) -> list[str]:
     if "shift_rms_px" in pe:
         out.append(f"pose errors {pe['shift_rms_px']:.3f} px / {pe['rotation_rms_deg']:.4f} deg RMS")
     return out
-
-
-def size_text(n: int) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n} B"  # pragma: no cover
 
 
 def _files(out_dir: Path) -> list[tuple[str, int]]:

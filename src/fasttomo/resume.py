@@ -24,7 +24,7 @@ from __future__ import annotations
 import copy
 from typing import Any, Iterable
 
-from fasttomo.config import ConfigError
+from fasttomo.config import ConfigError, flatten  # noqa: F401 - flatten: public here too
 
 FROM_INVOCATION = ("resume", "output.dir", "output.overwrite", "dry_run")
 IMMUTABLE = ("data", "model", "sampler.batch_size", "sampler.val_fraction", "sampler.split_seed", "sampler.drop_last",
@@ -34,16 +34,6 @@ MUTABLE_EXCEPTIONS = ("data.path", "data.angles")
 
 def _under(key: str, prefixes: Iterable[str]) -> bool:
     return any(key == p or key.startswith(p + ".") for p in prefixes)
-
-
-def flatten(d: dict, prefix: str = "") -> dict[str, Any]:
-    out = {}
-    for k, v in d.items():
-        if isinstance(v, dict) and v:
-            out.update(flatten(v, f"{prefix}{k}."))
-        else:
-            out[f"{prefix}{k}"] = v
-    return out
 
 
 def _set(d: dict, key: str, value) -> None:

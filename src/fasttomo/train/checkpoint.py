@@ -28,6 +28,8 @@ from pathlib import Path
 
 import torch
 
+from fasttomo.logging import size_text
+
 log = logging.getLogger("fasttomo.train")
 
 FORMAT = "fasttomo-checkpoint-v2"
@@ -97,16 +99,8 @@ def save_checkpoint(path: str | Path, state: dict) -> Path:
     atomic_write(path, lambda tmp: torch.save(payload, tmp), overwrite=True)
     step = state.get("step")
     log.info("wrote checkpoint %s%s (%s)", path, f" at step {step}" if isinstance(step, int) else "",
-             _size_text(path.stat().st_size))
+             size_text(path.stat().st_size))
     return path
-
-
-def _size_text(n: int) -> str:
-    for unit in ("bytes", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n} {unit}" if unit == "bytes" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n} bytes"  # pragma: no cover
 
 
 def _unpickling_detail(exc: BaseException) -> str:
