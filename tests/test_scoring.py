@@ -119,3 +119,33 @@ def test_view_residuals_point_at_the_view_that_jumped(tmp_path):
 def test_view_residuals_can_be_turned_off(tmp_path):
     m, _ = _run(tmp_path, "evaluation.view_residuals=false")
     assert "view_residuals" not in m
+
+
+@pytest.mark.parametrize("n, h, w, budget, expected", [
+    (61, 64, 64, 1 << 16, 2),      # the embedded default: about 1,000 pixels per view
+    (15, 32, 32, 1 << 16, 1),      # small series: every pixel
+    (61, 4096, 4096, 1 << 16, 128),  # 125..127 still give 33 x 33 pixels per view: 66,429 > 65,536
+    (3, 37, 23, 100, 6),           # odd sizes: stride 5 gives 3 x 8 x 5 = 120 pixels, 6 gives 3 x 7 x 4 = 84
+])
+def test_residual_stride_is_the_smallest_that_fits_the_budget(n, h, w, budget, expected):
+    from fasttomo.scoring import residual_stride
+
+    s = residual_stride(n, h, w, budget)
+    rays = lambda k: n * (-(-h // k)) * (-(-w // k))  # noqa: E731
+    assert s == expected and rays(s) <= budget and (s == 1 or rays(s - 1) > budget)
+
+
+def test_strided_render_is_the_full_render_subsampled():
+    """The view residuals' pixel grid predicts exactly the pixels the full render gives there."""
+    import torch
+
+    from fasttomo.build import build
+    from fasttomo.data.load import load_tiltseries
+    from fasttomo.scoring import _render
+
+    cfg = compose_config([*TINY, "data.width=21", "data.height=17", "output.dir=unused"])
+    comps = build(cfg, load_tiltseries(cfg.data))
+    torch.manual_seed(0)
+    full = _render(comps.projector, 9, 1000)
+    for s in (2, 3):
+        np.testing.assert_allclose(_render(comps.projector, 9, 777, s), full[:, ::s, ::s], rtol=1e-5, atol=1e-6)
