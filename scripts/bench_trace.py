@@ -36,9 +36,7 @@ def make_case(size: int, atoms: int, nn: float, sigma: float, seed: int):
         raise SystemExit(f"{atoms} atoms {nn} voxels apart need a sphere of radius {radius:.1f} voxels; --size {size} "
                          "is too small.")
     rng = np.random.default_rng(seed)
-    xyz = fcc_sphere(radius, lattice, rotation=np.linalg.qr(rng.normal(size=(3, 3)))[0] * np.array([1, 1, 1]))
-    if np.linalg.det(np.eye(3)) < 0:
-        xyz = -xyz
+    xyz = fcc_sphere(radius, lattice, rotation=np.linalg.qr(rng.normal(size=(3, 3)))[0])  # any orientation
     zyx = xyz[:, ::-1] + (size - 1) / 2.0
     species = np.where(rng.uniform(size=len(zyx)) < 0.5, 2, 1)
     amp = species.astype(np.float64)
