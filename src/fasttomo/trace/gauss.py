@@ -97,6 +97,7 @@ def fit_gaussians(data: torch.Tensor, coords: torch.Tensor, weight: torch.Tensor
 
     r, g = residual(p)
     sse = (r * r).sum(-1)
+    stalled = 0
     for _ in range(iterations):
         a, s = p[:, 3:4], p[:, 4:5]
         diff = coords - p[:, None, :3]                                     # (N, P, 3)
@@ -118,11 +119,16 @@ def fit_gaussians(data: torch.Tensor, coords: torch.Tensor, weight: torch.Tensor
         r_new, g_new = residual(q)
         sse_new = (r_new * r_new).sum(-1)
         ok = sse_new < sse
+        # converged everywhere (two iterations in a row without a relative gain above 1e-6): stop
+        gain = torch.where(ok, (sse - sse_new) / sse.clamp_min(1e-30), torch.zeros_like(sse))
+        stalled = stalled + 1 if (gain.numel() == 0 or float(gain.max()) < 1e-6) else 0
         p = torch.where(ok[:, None], q, p)
         r = torch.where(ok[:, None], r_new, r)
         g = torch.where(ok[:, None], g_new, g)
         sse = torch.where(ok, sse_new, sse)
         lam = torch.where(ok, lam * 0.3, lam * 5.0).clamp(1e-6, 1e6)
+        if stalled >= 2:
+            break
     return p, sse
 
 
