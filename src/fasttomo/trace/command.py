@@ -54,7 +54,7 @@ class TraceConfig:
     min_separation: float = 2.0
     """Angstrom: atoms closer than this are duplicates (the stronger is kept). Keep it below the
     shortest true interatomic distance (2.0 A suits metals, whose bonds are 2.5 A and longer)."""
-    threshold: float = 0.2
+    threshold: float = 0.1
     """Candidate peaks must exceed this fraction of the smoothed volume's maximum."""
     threshold_abs: Optional[float] = None
     """Candidate threshold in the volume's own units (replaces ``threshold``)."""
@@ -71,9 +71,15 @@ class TraceConfig:
     """Voxels: a fitted Gaussian width outside [min, max] rejects the candidate."""
     max_fit_error: float = 0.5
     """Reject candidates whose RMS fit residual exceeds this fraction of their fitted amplitude."""
-    min_intensity: float = 0.25
+    min_intensity: float = 0.15
     """Reject candidates whose integrated intensity is below this fraction of the 90th percentile
     of all candidates' (0: keep all)."""
+    min_snr: float = 4.5
+    """Reject candidates whose smoothed peak is below this many noise standard deviations of the
+    smoothed volume (the noise estimated from what the fitted candidates leave unexplained)."""
+    residual_rounds: int = 1
+    """Rounds of searching what the fitted atoms leave unexplained for atoms hidden on a stronger
+    neighbour's shoulder (0: none)."""
     classes: int = 1
     """Species classes by k-means on the integrated intensity (1: no classification); species
     are numbered 1 (weakest) .. classes."""
@@ -107,7 +113,7 @@ class TraceConfig:
         _require(isinstance(self.smooth, (int, float)) and 0 <= self.smooth <= 5, "smooth",
                  f"must be between 0 and 5 voxels, got {self.smooth!r}.")
         for name, lo, hi in (("fit_radius", 1, 6), ("fit_iterations", 1, 200), ("refine_rounds", 0, 20),
-                             ("classes", 1, 16)):
+                             ("residual_rounds", 0, 10), ("classes", 1, 16)):
             v = getattr(self, name)
             _require(isinstance(v, int) and not isinstance(v, bool) and lo <= v <= hi, name,
                      f"must be an integer in [{lo}, {hi}], got {v!r}.")
@@ -118,6 +124,8 @@ class TraceConfig:
                  f"must be > 0, got {self.max_fit_error!r}.")
         _require(isinstance(self.min_intensity, (int, float)) and 0 <= self.min_intensity < 1, "min_intensity",
                  f"must be in [0, 1), got {self.min_intensity!r}.")
+        _require(isinstance(self.min_snr, (int, float)) and 0 <= self.min_snr < 100, "min_snr",
+                 f"must be a number of standard deviations in [0, 100), got {self.min_snr!r}.")
         _require(all(isinstance(e, str) and e.strip() and " " not in e for e in self.elements), "elements",
                  f"must be element symbols without spaces, got {self.elements!r}.")
         _require(not self.elements or len(self.elements) == self.classes, "elements",
@@ -134,7 +142,7 @@ class TraceConfig:
                            smooth=float(self.smooth), fit_radius=self.fit_radius, fit_iterations=self.fit_iterations,
                            refine_rounds=self.refine_rounds, sigma_range=tuple(float(v) for v in self.sigma_range),
                            max_fit_error=float(self.max_fit_error), min_intensity=float(self.min_intensity),
-                           classes=self.classes)
+                           min_snr=float(self.min_snr), residual_rounds=self.residual_rounds, classes=self.classes)
 
 
 def _device(name: str):

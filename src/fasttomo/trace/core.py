@@ -11,7 +11,9 @@ e.g. Yang et al., Nature 542, 75 (2017), here batched in torch so the GPU does t
    started from a log-parabola through the peak and its neighbours).
 3. Rejection. A candidate is not an atom when its smoothed peak is below ``min_snr`` times the
    noise of the smoothed volume (the noise level is 1.4826 x the median absolute deviation of the
-   volume minus the fitted candidates, scaled by the smoothing kernel), when its fit failed (non-finite, amplitude <= 0, sigma
+   volume minus the fitted candidates, scaled by the smoothing kernel; estimated twice, the second
+   time from the candidates that pass the first test, so that fits of noise maxima do not
+   lower it), when its fit failed (non-finite, amplitude <= 0, sigma
    outside ``sigma_range`` voxels, its centre moved more than 1.5 voxels from the voxel its
    neighbourhood was taken around), when its relative fit error
    (RMS residual / amplitude) is above ``max_fit_error``, or when its integrated intensity is below
@@ -58,7 +60,7 @@ class TraceParams:
     """The numerical settings of :func:`trace_volume` (see the module doc for each step)."""
 
     min_separation_A: float = 2.0
-    threshold: float = 0.2
+    threshold: float = 0.1
     threshold_abs: float | None = None
     smooth: float = 0.5
     fit_radius: int = 2
@@ -67,8 +69,8 @@ class TraceParams:
     residual_rounds: int = 1
     sigma_range: tuple = (0.3, 4.0)
     max_fit_error: float = 0.5
-    min_intensity: float = 0.25
-    min_snr: float = 4.0
+    min_intensity: float = 0.15
+    min_snr: float = 4.5
     classes: int = 1
     max_candidates: int = 2_000_000
 
@@ -323,9 +325,18 @@ def trace_volume(volume, voxel_size_A: float, prm: TraceParams | None = None,
         return render(shape, p[:, :3], p[:, 3], p[:, 4], radius=min(rr, prm.fit_radius + 6)).reshape(-1)
 
     # the noise level (robust spread of what the fitted candidates leave unexplained) and, through
-    # the smoothing kernel, that of the smoothed volume: a candidate must stand min_snr of it tall
+    # the smoothing kernel, that of the smoothed volume: a candidate must stand min_snr of it tall.
+    # Twice: on a noisy volume a low threshold admits thousands of noise maxima whose fits absorb
+    # part of the noise (10 % noise, threshold 0.1: 7 % low), so the estimate is redone from the
+    # residual of the candidates that pass the first one.
+    peak_vals = sm[peaks_ok[:, 0], peaks_ok[:, 1], peaks_ok[:, 2]]
+    snr_factor = smooth_noise_factor(float(prm.smooth), vol.dtype)
     noise = noise_level(p)
-    sm_noise = noise * smooth_noise_factor(float(prm.smooth), vol.dtype)
+    if prm.min_snr > 0 and p.shape[0]:
+        first = peak_vals >= prm.min_snr * noise * snr_factor
+        if bool(first.any()) and not bool(first.all()):
+            noise = noise_level(p[first])
+    sm_noise = noise * snr_factor
 
     def significant(p, peak_vals):
         nonlocal n_noise
@@ -333,7 +344,7 @@ def trace_volume(volume, voxel_size_A: float, prm: TraceParams | None = None,
         n_noise += int((~keep).sum())
         return keep
 
-    keep = significant(p, sm[peaks_ok[:, 0], peaks_ok[:, 1], peaks_ok[:, 2]])
+    keep = significant(p, peak_vals)
     p, err = p[keep], err[keep]
     p, err = clean(p, err)
     t0 = lap("reject_merge_s", t0)
