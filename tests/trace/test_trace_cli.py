@@ -21,10 +21,10 @@ from fasttomo.trace.files import read_atoms_csv
 SRC = str(Path(__file__).resolve().parents[2] / "src")
 
 
-def trace_cli(args, cwd):
+def trace_cli(args, cwd, module="fasttomo.trace"):
     env = {**os.environ, "PYTHONPATH": SRC + (os.pathsep + os.environ["PYTHONPATH"] if os.environ.get("PYTHONPATH")
                                               else ""), "OMP_NUM_THREADS": "1"}
-    return subprocess.run([sys.executable, "-m", "fasttomo.trace", *args], cwd=cwd, env=env, capture_output=True,
+    return subprocess.run([sys.executable, "-m", module, *args], cwd=cwd, env=env, capture_output=True,
                           text=True, timeout=300)
 
 
@@ -72,11 +72,26 @@ def test_particle_too_big_for_the_box_is_refused():
 
 
 def test_trace_of_the_phantom_truth_finds_every_atom_in_the_csv_frame(tmp_path):
-    """The phantom's truth volume, written as MRC and traced, gives back <out>_atoms.csv."""
+    """fasttomo-simulate (the real command) writes <out>_atoms.csv beside the tilt series; its truth
+    volume, traced by fasttomo-trace (the real command) with truth=, gives those atoms back."""
     from fasttomo.simulate import simulate
 
-    simulate(small_particle_cfg(), str(tmp_path / "np"), "mrc")
+    r = trace_cli(["out=np", "data.phantom=nanoparticle", "data.width=32", "data.height=32", "data.n_tilts=9",
+                   "data.tilt_min=-70", "data.tilt_max=70", "data.particle.radius=6.0", "data.particle.species=2"],
+                  tmp_path, module="fasttomo.simulate")
+    assert r.returncode == 0, r.stdout + r.stderr
+    for name in ("np.mrc", "np.rawtlt", "np_truth.mrc", "np_atoms.csv"):
+        assert (tmp_path / name).is_file(), name
+    lines = (tmp_path / "np_atoms.csv").read_text().splitlines()
+    assert lines[0].startswith("# true atoms") and lines[1] == "x_A,y_A,z_A,intensity,fit_error,species"
     truth = read_atoms_csv(tmp_path / "np_atoms.csv")
+    # the same atoms as the phantom the function builds, in atoms.csv's frame: a sphere of radius
+    # 6 A around the centre of the 32^3 box of 0.75 A voxels, (31 / 2) x 0.75 = 11.625 A on each axis
+    table = make_tiltseries(small_particle_cfg()).metadata["true_atoms"]
+    np.testing.assert_allclose(truth["xyz_A"], table["xyz_A"], atol=1e-4)  # 4 decimals in the file
+    assert truth["species"].tolist() == table["species"].tolist() and set(truth["species"].tolist()) == {1, 2}
+    r_A = np.linalg.norm(truth["xyz_A"] - 11.625, axis=1)
+    assert r_A.max() <= 6.0 and len(r_A) > 30
     r = trace_cli(["volume=np_truth.mrc", "truth=np_atoms.csv", "classes=2", "elements=[Pd,Pt]", "device=cpu",
                    "hydra.run.dir=run"], tmp_path)
     assert r.returncode == 0, r.stdout + r.stderr
