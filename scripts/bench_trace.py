@@ -6,7 +6,8 @@
 The atoms are an FCC sphere (nearest neighbours --nn voxels apart, Gaussian atoms of width --sigma
 voxels, two species of peak density 1 and 2 at random) in the middle of a cube of --size voxels;
 "noise10" adds Gaussian noise of 10 % of the clean maximum. Each variant is traced --repeat times
-after one warm-up run (CUDA initialization and first kernels excluded); the table gives the median
+after --warmup runs (default 1: CUDA initialization and first kernels excluded; on a CPU
+--warmup 0 is fair and halves the time); the table gives the median
 wall time of trace_volume (host array in, host arrays out, GPU synchronized) and the scores
 against the true atoms. Writes benchmarks/results/bench_trace-<case>-<device>-<commit>.json.
 """
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import statistics
 import time
 from pathlib import Path
@@ -52,6 +54,7 @@ def main() -> None:
     ap.add_argument("--sigma", type=float, default=0.7, help="atom width in voxels")
     ap.add_argument("--voxel", type=float, default=0.8, help="voxel size in Angstrom (min_separation is 2 A)")
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--warmup", type=int, default=1, help="untimed runs before the timed ones")
     ap.add_argument("--device", default="auto")
     ap.add_argument("--variants", default="clean,noise10")
     ap.add_argument("--seed", type=int, default=0)
@@ -75,7 +78,8 @@ def main() -> None:
         elif variant != "clean":
             raise SystemExit(f"unknown variant {variant!r}; use clean, noise10")
         prm = TraceParams(classes=2)
-        trace_volume(vol, args.voxel, prm, device=dev)  # warm-up
+        for _ in range(args.warmup):
+            trace_volume(vol, args.voxel, prm, device=dev)
         times, res = [], None
         for _ in range(args.repeat):
             if dev.type == "cuda":
@@ -93,11 +97,14 @@ def main() -> None:
         print(f"{variant:<10} {row['median_s']:>9.3f} {row['min_s']:>7.3f} {res.n:>6d} {sc['precision']:>9.4f} "
               f"{sc['recall']:>7.4f} {sc['rmsd_voxels']:>8.4f} {sc.get('species_accuracy', float('nan')):>7.4f}")
     if not args.no_write:
-        case = f"fcc{len(zyx)}-{args.size}"
+        case = f"fcc{len(zyx)}-{args.size}-s{args.sigma:g}"
+        if args.variants != "clean,noise10":
+            case += "-" + args.variants.replace(",", "+")
         path = write_result("bench_trace", case, device_name(dev), rows,
                             out_dir=Path(args.out) if args.out else None, size=args.size, nn_voxels=args.nn,
                             sigma_voxels=args.sigma, voxel_A=args.voxel, torch_threads=torch.get_num_threads(),
-                            render_seconds=t_render)
+                            render_seconds=t_render, warmup_runs=args.warmup,
+                            load_average_1_5_15_min_at_end=list(os.getloadavg()))
         print(f"wrote {path}")
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import time
@@ -74,7 +75,7 @@ def main() -> None:
     cmd = " && ".join("python -m " + " ".join(c) for c in (sim, rec, tr))
     path = write_result("bench_trace_chain", f"np{args.width}", dev, [row], out_dir=Path(args.out) if args.out
                         else None, command=f"python scripts/bench_trace_chain.py {' '.join(sys.argv[1:])}",
-                        commands=cmd)
+                        commands=cmd, load_average_1_5_15_min_at_end=list(os.getloadavg()))
     print(f"wrote {path}")
 
 
