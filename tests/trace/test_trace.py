@@ -161,6 +161,8 @@ def test_rendered_volume_with_10_percent_noise(atoms64):
     vol = rendered(shape, zyx, amp)
     noise = np.random.default_rng(6).normal(0.0, 0.1 * float(vol.max()), vol.shape).astype(np.float32)
     res = trace_volume(vol + noise, 0.8, TraceParams(classes=2))
+    # the noise level behind min_snr: fits of the noise maxima above the threshold must not lower it
+    assert res.stats["noise_level"] == pytest.approx(0.1 * float(vol.max()), rel=0.03)
     sc = score_trace(res.xyz_A, zyx[:, ::-1] * 0.8, voxel_size_A=0.8, traced_species=res.species,
                      true_species=np.where(amp > 1.5, 2, 1))
     assert sc["precision"] >= 0.99 and sc["recall"] >= 0.99
