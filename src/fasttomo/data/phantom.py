@@ -632,8 +632,11 @@ def make_tiltseries(cfg: Any) -> TiltSeries:
     """The built-in synthetic tilt series of a :class:`fasttomo.config.DataConfig`.
 
     Specimen: ``cfg.phantom`` = default (:func:`default_phantom`; thickness None: about W/2, see
-    :func:`default_thickness`) or ellipsoids (:func:`random_ellipsoids` with ``cfg.n_ellipsoids``
-    and ``cfg.phantom_seed``; thickness None: W, a cube for square images). Views: cfg.n_tilts
+    :func:`default_thickness`), ellipsoids (:func:`random_ellipsoids` with ``cfg.n_ellipsoids``
+    and ``cfg.phantom_seed``; thickness None: W, a cube for square images) or nanoparticle
+    (:func:`fasttomo.data.atoms.nanoparticle` of ``cfg.particle``; thickness None: W; pixel size
+    None: 0.75 A; ``metadata["true_atoms"]`` holds the true atoms in atoms.csv's frame; the ground
+    truth is the density at the voxel centres). Views: cfg.n_tilts
     angles evenly spaced over [tilt_min, tilt_max]. Pose errors (``cfg.pose_error_shift`` px,
     ``cfg.pose_error_rotation`` degrees, :func:`random_pose_errors`): when either is > 0 the views
     are projected with those poses and ``metadata["true_poses"]`` holds them (absent otherwise).
@@ -651,13 +654,22 @@ def make_tiltseries(cfg: Any) -> TiltSeries:
     elif kind == "ellipsoids":
         thickness = int(cfg.width) if cfg.thickness is None else int(cfg.thickness)
         phantom = random_ellipsoids((thickness, cfg.height, cfg.width), int(cfg.n_ellipsoids), seed)
+    elif kind == "nanoparticle":
+        from fasttomo.data.atoms import DEFAULT_ATOM_PIXEL_SIZE, nanoparticle
+
+        thickness = int(cfg.width) if cfg.thickness is None else int(cfg.thickness)
+        pix = DEFAULT_ATOM_PIXEL_SIZE if cfg.pixel_size is None else float(cfg.pixel_size)
+        phantom = nanoparticle((thickness, cfg.height, cfg.width), pix, cfg.particle, seed)
     else:
-        raise PhantomError(f"data.phantom: unknown specimen {kind!r}; use default or ellipsoids.")
+        raise PhantomError(f"data.phantom: unknown specimen {kind!r}; use default, ellipsoids or nanoparticle.")
     angles = np.linspace(float(cfg.tilt_min), float(cfg.tilt_max), int(cfg.n_tilts))
     shift_err = float(getattr(cfg, "pose_error_shift", 0.0))
     rot_err = float(getattr(cfg, "pose_error_rotation", 0.0))
     true_poses = random_pose_errors(angles, shift_err, rot_err, seed) if (shift_err > 0 or rot_err > 0) else None
-    stack = project(phantom, angles, cfg.height, cfg.width, poses=true_poses)
+    if kind == "nanoparticle":
+        stack = phantom.project(angles, cfg.height, cfg.width, poses=true_poses)
+    else:
+        stack = project(phantom, angles, cfg.height, cfg.width, poses=true_poses)
     relative_to = getattr(cfg, "noise_relative_to", "std")
     clean_std, clean_max = float(stack.std()), float(stack.max())
     if relative_to == "std":
@@ -669,7 +681,10 @@ def make_tiltseries(cfg: Any) -> TiltSeries:
     if noise_std > 0:
         rng = np.random.default_rng(seed)
         stack = (stack + rng.normal(0.0, noise_std, size=stack.shape)).astype(np.float32)
-    pixel_size = DEFAULT_PIXEL_SIZE if cfg.pixel_size is None else float(cfg.pixel_size)
+    if kind == "nanoparticle":
+        pixel_size = pix
+    else:
+        pixel_size = DEFAULT_PIXEL_SIZE if cfg.pixel_size is None else float(cfg.pixel_size)
     metadata = {
         "phantom": phantom.describe(),
         "phantom_kind": kind,
@@ -685,9 +700,15 @@ def make_tiltseries(cfg: Any) -> TiltSeries:
         "pose_error_rotation_deg": rot_err,
         "geometry": "u = x cos(theta) + z sin(theta), v = y (IMOD reoriented frame); exact line integrals",
     }
+    if kind == "nanoparticle":
+        metadata["true_atoms"] = phantom.table(pixel_size)  # atoms.csv's frame (fasttomo-simulate writes it)
+        metadata["geometry"] += "; Gaussian atoms project to 2-D Gaussians (fasttomo.data.atoms)"
+        truth = phantom.volume()
+    else:
+        truth = voxelize(phantom, (thickness, cfg.height, cfg.width))
     if true_poses is not None:
         metadata["true_poses"] = true_poses
         metadata["geometry"] += ("; view n posed as (u, v, w) = Rz(z3) Ry(theta) Rz(z1) p + (su, sv, 0) with "
                                  "metadata['true_poses'] (fasttomo.geometry.poses)")
     return TiltSeries(stack=stack, angles=angles, pixel_size=pixel_size, source="phantom", metadata=metadata,
-                      ground_truth=voxelize(phantom, (thickness, cfg.height, cfg.width)))
+                      ground_truth=truth)
