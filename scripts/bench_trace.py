@@ -6,8 +6,9 @@
 The atoms are an FCC sphere (nearest neighbours --nn voxels apart, Gaussian atoms of width --sigma
 voxels, two species of peak density 1 and 2 at random) in the middle of a cube of --size voxels;
 "noise10" adds Gaussian noise of 10 % of the clean maximum. Each variant is traced --repeat times
-after --warmup runs (default 1: CUDA initialization and first kernels excluded; on a CPU
---warmup 0 is fair and halves the time); the table gives the median
+after --warmup runs (default 1: CUDA initialization, first kernels and, on the CPU too, the
+first call's one-time costs excluded: measured on the 2-core CPU, the first trace of a process
+took 19.5 s where the next took 0.97 s); the table gives the median
 wall time of trace_volume (host array in, host arrays out, GPU synchronized) and the scores
 against the true atoms. Writes benchmarks/results/bench_trace-<case>-<device>-<commit>.json.
 """
