@@ -1052,10 +1052,21 @@ def hydra_schema(cls: type, _name: str = "") -> type:
 
 
 def strip_unset(data: Any) -> Any:
-    """``data`` without the keys Hydra's schema left at :data:`UNSET` (nested dicts too)."""
-    if isinstance(data, dict):
-        return {k: strip_unset(v) for k, v in data.items() if not (isinstance(v, str) and v == UNSET)}
-    return data
+    """``data`` without the keys Hydra's schema left at :data:`UNSET` (nested dicts too). A nested
+    section left with no key at all (``data.particle`` of a file source: nothing set it) goes too,
+    so an option that does not read the section is not told it was set."""
+    if not isinstance(data, dict):
+        return data
+    out = {}
+    for k, v in data.items():
+        if isinstance(v, str) and v == UNSET:
+            continue
+        if isinstance(v, dict) and v:
+            v = strip_unset(v)
+            if not v:
+                continue
+        out[k] = v
+    return out
 
 
 # --------------------------------------------------------------------------------------- older configs

@@ -27,7 +27,7 @@ import math
 
 import numpy as np
 
-from fasttomo.data.phantom import PhantomError, _pose_arrays, _stream, euler_zxz, pose_rotations
+from fasttomo.data.specimen import PhantomError, _pose_arrays, _stream, euler_zxz, pose_rotations
 
 _ATOM_STREAM = 3
 DEFAULT_ATOM_PIXEL_SIZE = 0.75
