@@ -18,7 +18,7 @@ LAYERS = [
      "fasttomo.losses", "fasttomo.intensity", "fasttomo.data.tiltseries", "fasttomo.data.io",
      "fasttomo.data.background", "fasttomo.timeline"],
     # 1: data and geometry
-    ["fasttomo.data", "fasttomo.geometry"],
+    ["fasttomo.data", "fasttomo.geometry", "fasttomo.trace"],
     # 2: the kernel door
     ["fasttomo.kernels"],
     # 3: object models and the conventional projectors
@@ -34,7 +34,7 @@ LAYERS = [
     ["fasttomo.pipeline"],
     # 8: the entry points
     ["fasttomo.reconstruct", "fasttomo.simulate", "fasttomo.evaluate", "fasttomo.cli_help", "fasttomo.cli_errors",
-     "fasttomo"],
+     "fasttomo.trace.command", "fasttomo.trace.__main__", "fasttomo"],
 ]
 
 def _modules() -> dict[str, Path]:

@@ -113,6 +113,7 @@ UNREAD = [
     (["data.crop=[0,8,0,8]"], "data.crop", "data.source=phantom"),
     (["data=mrc", "data.path=s.mrc", "data.width=32"], "data.width", "data.source=mrc"),
     (["data=mrc", "data.path=s.mrc", "data.hdf5_stack=/x"], "data.hdf5_stack", "data.source=mrc"),
+    (["data=mrc", "data.path=s.mrc", "data.particle.radius=10"], "data.particle", "data.source=mrc"),
     (["model=voxel", "model.channels=99"], "model.channels", "model.kind=voxel"),
     (["model=sirt", "model.decoder=linear"], "model.decoder", "model.kind=sirt"),
     (["model.iterations=5"], "model.iterations", "model.kind=kplanes_tilted"),

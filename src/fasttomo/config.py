@@ -101,6 +101,40 @@ def option_keys(cls: type) -> list[str]:
 
 # --------------------------------------------------------------------------------------- data
 @dataclasses.dataclass
+class ParticleConfig:
+    """The atomic phantom of ``data.phantom=nanoparticle`` (fasttomo.data.atoms)."""
+
+    radius: float = 12.0
+    """Radius in Angstrom of the sphere cut from the FCC lattice (12 A: about 430 atoms of gold)."""
+    lattice: float = 4.08
+    """FCC lattice constant in Angstrom (gold 4.08: nearest neighbours 2.88 A apart)."""
+    sigma: float = 0.5
+    """Width (standard deviation) of each Gaussian atom in Angstrom."""
+    species: int = 1
+    """Number of species, 1 or 2 (species 2 is a random ``fraction`` of the atoms)."""
+    fraction: float = 0.5
+    """species=2: the fraction of atoms of species 2, drawn from phantom_seed."""
+    contrast: float = 2.0
+    """species=2: peak density of species 2 relative to species 1 (1.0)."""
+    orientation: list = dataclasses.field(default_factory=lambda: [20.0, 30.0, 10.0])
+    """z-x-z Euler angles (degrees) of the lattice, so no atom column lies along a tilt direction."""
+
+    def __post_init__(self) -> None:
+        for name in ("radius", "lattice", "sigma", "contrast"):
+            _positive(getattr(self, name), f"data.particle.{name}")
+        _require(self.species in (1, 2) and not isinstance(self.species, bool), "data.particle.species",
+                 f"must be 1 or 2, got {self.species!r}.")
+        _require(isinstance(self.fraction, (int, float)) and 0 <= self.fraction <= 1, "data.particle.fraction",
+                 f"must be in [0, 1], got {self.fraction!r}.")
+        _require(len(self.orientation) == 3 and all(isinstance(v, (int, float)) and not isinstance(v, bool)
+                                                     and math.isfinite(v) for v in self.orientation),
+                 "data.particle.orientation", f"must be 3 Euler angles in degrees, got {self.orientation!r}.")
+        _require(self.sigma < self.lattice / 2, "data.particle.sigma",
+                 f"= {self.sigma} A is too wide for atoms {self.lattice / math.sqrt(2):.3g} A apart (lattice "
+                 f"{self.lattice} A); use a sigma below lattice / 2.")
+
+
+@dataclasses.dataclass
 class DataConfig(GroupOption):
     """The ``data`` group: one option per source (``data.source``): :class:`PhantomDataConfig`
     (phantom), :class:`FileDataConfig` (mrc, tiff) and :class:`Hdf5DataConfig` (hdf5). The keys
@@ -109,7 +143,8 @@ class DataConfig(GroupOption):
     source: str = "phantom"
     """Where the tilt series comes from: phantom (built-in synthetic), mrc, hdf5 or tiff."""
     pixel_size: Optional[float] = None
-    """Pixel size in Angstrom; overrides the file's value. None: from the file (phantom: 10 A)."""
+    """Pixel size in Angstrom; overrides the file's value. None: from the file (phantom: 10 A,
+    nanoparticle: 0.75 A)."""
     thickness: Optional[int] = None
     """Z size of the reconstructed volume in voxels (beam direction at 0 degrees). None: the
     phantom's own thickness, or W/2 for real data."""
@@ -148,11 +183,15 @@ class PhantomDataConfig(DataConfig):
     same ``noise`` it is several times stronger than std)."""
     phantom: str = "default"
     """Phantom: which specimen: default (the deterministic built-in phantom with a right-handed
-    helix; thickness None means about W/2) or ellipsoids (n_ellipsoids random ellipsoids drawn
+    helix; thickness None means about W/2), ellipsoids (n_ellipsoids random ellipsoids drawn
     from phantom_seed, see fasttomo.data.phantom.random_ellipsoids; thickness None means W, a cube
-    for square images)."""
+    for square images) or nanoparticle (an FCC particle of Gaussian atoms, see ``particle`` and
+    fasttomo.data.atoms; thickness None means W; fasttomo-simulate writes the true atoms as
+    <out>_atoms.csv for fasttomo-trace truth=)."""
     n_ellipsoids: int = 8
     """Phantom: number of random ellipsoids with phantom=ellipsoids (ignored by phantom=default)."""
+    particle: ParticleConfig = dataclasses.field(default_factory=ParticleConfig)
+    """Phantom: the atomic nanoparticle of phantom=nanoparticle (ignored otherwise)."""
     pose_error_shift: float = 0.0
     """Phantom: misalign the views by image shifts (su, sv) each uniform in +-pose_error_shift
     pixels; the reference view (smallest |angle|) keeps zero. The true poses are kept in the tilt
@@ -175,7 +214,7 @@ class PhantomDataConfig(DataConfig):
                  f"need -90 < tilt_min < tilt_max < 90 degrees, got {self.tilt_min}, {self.tilt_max}.")
         _nonneg(self.noise, "data.noise")
         _choice(self.noise_relative_to, ("std", "max"), "data.noise_relative_to")
-        _choice(self.phantom, ("default", "ellipsoids"), "data.phantom")
+        _choice(self.phantom, ("default", "ellipsoids", "nanoparticle"), "data.phantom")
         _require(isinstance(self.n_ellipsoids, int) and not isinstance(self.n_ellipsoids, bool)
                  and self.n_ellipsoids >= 1, "data.n_ellipsoids",
                  f"must be an integer >= 1, got {self.n_ellipsoids!r}; set data.n_ellipsoids=8 for example.")
@@ -1015,10 +1054,21 @@ def hydra_schema(cls: type, _name: str = "") -> type:
 
 
 def strip_unset(data: Any) -> Any:
-    """``data`` without the keys Hydra's schema left at :data:`UNSET` (nested dicts too)."""
-    if isinstance(data, dict):
-        return {k: strip_unset(v) for k, v in data.items() if not (isinstance(v, str) and v == UNSET)}
-    return data
+    """``data`` without the keys Hydra's schema left at :data:`UNSET` (nested dicts too). A nested
+    section left with no key at all (``data.particle`` of a file source: nothing set it) goes too,
+    so an option that does not read the section is not told it was set."""
+    if not isinstance(data, dict):
+        return data
+    out = {}
+    for k, v in data.items():
+        if isinstance(v, str) and v == UNSET:
+            continue
+        if isinstance(v, dict) and v:
+            v = strip_unset(v)
+            if not v:
+                continue
+        out[k] = v
+    return out
 
 
 # --------------------------------------------------------------------------------------- older configs

@@ -7,6 +7,8 @@
     fasttomo-simulate out=mis data.phantom=ellipsoids data.pose_error_shift=3 data.pose_error_rotation=1
         -> also mis_poses.json: the true per-view poses of the misaligned views (both formats;
            format in fasttomo.data.io.poses), written only when the views were posed
+    fasttomo-simulate out=np data.phantom=nanoparticle data.particle.species=2
+        -> also np_atoms.csv: the true atoms in the frame of fasttomo-trace's atoms.csv (both formats)
 
 Feed them back with ``fasttomo-reconstruct data=mrc data.path=phantom.mrc data.angles=phantom.rawtlt``.
 No existing file is ever replaced unless overwrite=true.
@@ -20,6 +22,7 @@ import sys
 from pathlib import Path
 
 import hydra
+import numpy as np
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
@@ -33,7 +36,8 @@ class SimulateConfig:
     data: DataConfig = dataclasses.field(default_factory=DataConfig)
     out: str = "phantom"
     """Output base path: <out>.mrc + <out>.rawtlt + <out>_truth.mrc, or <out>.h5; plus
-    <out>_poses.json (the true poses) when data.pose_error_shift or pose_error_rotation > 0."""
+    <out>_poses.json (the true poses) when data.pose_error_shift or pose_error_rotation > 0, and
+    <out>_atoms.csv (the true atoms) with data.phantom=nanoparticle."""
     format: str = "mrc"
     """mrc or h5."""
     overwrite: bool = False
@@ -58,15 +62,19 @@ def simulate(data_cfg: DataConfig, out: str, fmt: str, overwrite: bool = False) 
     ts = make_tiltseries(data_cfg)
     base = Path(out)
     true_poses = ts.metadata.get("true_poses")
+    true_atoms = ts.metadata.get("true_atoms")
     pose_file = Path(poses_path(base))
     targets = [base.with_suffix(f".{fmt}")]
     if fmt == "mrc":
         targets += [base.with_suffix(".rawtlt"), base.parent / f"{base.name}_truth.mrc"]
     if true_poses is not None:
         targets.append(pose_file)
+    atoms_file = base.parent / f"{base.name}_atoms.csv"
+    if true_atoms is not None:
+        targets.append(atoms_file)
     existing = [t for t in targets if t.exists()]
     if existing and not overwrite:
-        # checked first, so a refused run writes nothing (no new stack beside an old poses file)
+        # checked first, so a refused run writes nothing (no new stack beside an old poses or atoms file)
         names = ", ".join(str(t) for t in existing)
         raise OutputExistsError(f"{names}: {'file already exists' if len(existing) == 1 else 'files already exist'}; "
                                 "refusing to overwrite. Choose another out= name, or set overwrite=true to replace "
@@ -92,6 +100,15 @@ def simulate(data_cfg: DataConfig, out: str, fmt: str, overwrite: bool = False) 
                   "pose_error_rotation_deg": meta["pose_error_rotation_deg"], "phantom_seed": meta["phantom_seed"],
                   "phantom": meta["phantom_kind"], "stack": str(base.with_suffix(f".{fmt}"))}
         paths.append(Path(write_poses_json(pose_file, true_poses, source=source, overwrite=overwrite)))
+    if true_atoms is not None:
+        from fasttomo.trace.files import write_atoms_csv
+
+        n = len(true_atoms["species"])
+        comment = (f"true atoms of {ts.metadata['phantom']['name']} (fasttomo-simulate); frame of fasttomo-trace's "
+                   f"atoms.csv: Angstrom, origin at the centre of the first voxel, x = columns, y = rows, z = sections; "
+                   f"voxel {ts.pixel_size:g} A; intensity = integrated density; fit_error 0")
+        paths.append(Path(write_atoms_csv(atoms_file, true_atoms["xyz_A"], true_atoms["intensity"], np.zeros(n),
+                                          true_atoms["species"], comment=comment, overwrite=overwrite)))
     for p in paths:
         log.info("wrote %s", p)
     return paths

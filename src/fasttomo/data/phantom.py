@@ -36,6 +36,8 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from fasttomo.data.specimen import (POSE_KEYS, PhantomError, _pose_arrays, _stream,  # noqa: F401 - public here too
+                                     euler_zxz, pose_rotations)
 from fasttomo.data.tiltseries import TiltSeries
 
 __all__ = [
@@ -57,27 +59,7 @@ DEFAULT_PIXEL_SIZE = 10.0
 """Pixel (and voxel) size in Angstrom of the built-in phantom when data.pixel_size is not set."""
 
 
-class PhantomError(ValueError):
-    """Raised for a phantom that cannot be built; the message names the problem and the fix."""
-
-
 _MIRROR = np.diag([-1.0, 1.0, 1.0])
-
-
-def euler_zxz(angles_deg: Sequence[float]) -> np.ndarray:
-    """Rotation matrix R = Rz(a) @ Rx(b) @ Rz(c) of the Euler angles (a, b, c) in degrees.
-
-    Column k of R is the world direction of the body axis k (R maps body to world coordinates).
-    """
-    a, b, c = np.deg2rad(np.asarray(angles_deg, dtype=np.float64).reshape(3))
-
-    def rz(t: float) -> np.ndarray:
-        return np.array([[math.cos(t), -math.sin(t), 0.0], [math.sin(t), math.cos(t), 0.0], [0.0, 0.0, 1.0]])
-
-    def rx(t: float) -> np.ndarray:
-        return np.array([[1.0, 0.0, 0.0], [0.0, math.cos(t), -math.sin(t)], [0.0, math.sin(t), math.cos(t)]])
-
-    return rz(a) @ rx(b) @ rz(c)
 
 
 @dataclasses.dataclass(eq=False)
@@ -308,51 +290,6 @@ def project(phantom: Phantom, angles_deg: np.ndarray, height: int | None = None,
     return out.astype(np.float32)
 
 
-POSE_KEYS = ("z1_deg", "z3_deg", "shift_u_px", "shift_v_px")
-"""The per-view pose keys :func:`project` reads (those of ``Poses.describe()``)."""
-
-
-def _pose_arrays(poses: Mapping[str, Any], tilt_deg: np.ndarray) -> tuple[np.ndarray, ...]:
-    """(z1, z3) in radians and (su, sv) in pixels, each (N,) float64, from a poses mapping."""
-    if not isinstance(poses, Mapping):
-        raise PhantomError(f"project: poses must be a mapping with keys {list(POSE_KEYS)} (per-view lists), "
-                           f"got a {type(poses).__name__}.")
-    n = tilt_deg.shape[0]
-    if not any(k in poses for k in POSE_KEYS):
-        raise PhantomError(f"project: poses has none of the keys {list(POSE_KEYS)}; give per-view lists "
-                           "(the format of Poses.describe() or metadata['true_poses']), or poses=None.")
-    out = []
-    for key in POSE_KEYS:
-        a = np.asarray(poses.get(key, np.zeros(n)), dtype=np.float64)
-        if a.shape != (n,) or not np.all(np.isfinite(a)):
-            raise PhantomError(f"project: poses[{key!r}] must be {n} finite numbers (one per view), got shape "
-                               f"{a.shape}.")
-        out.append(a)
-    if "tilt_deg" in poses:
-        t = np.asarray(poses["tilt_deg"], dtype=np.float64)
-        if t.shape != (n,) or not np.allclose(t, tilt_deg, rtol=0, atol=1e-3):
-            raise PhantomError("project: poses['tilt_deg'] does not match the angles given (same views in the "
-                               "same order expected); pass the poses of this tilt series.")
-    z1, z3, su, sv = out
-    return np.deg2rad(z1), np.deg2rad(z3), su, sv
-
-
-def pose_rotations(theta_rad: np.ndarray, z1_rad: np.ndarray, z3_rad: np.ndarray) -> np.ndarray:
-    """R = Rz(z3) Ry(theta) Rz(z1) as float64 (..., 3, 3): numpy twin of the pose model of
-    :mod:`fasttomo.geometry.poses` (``rot_y``/``rot_z`` of :mod:`fasttomo.geometry.so3`).
-    The arguments broadcast against each other."""
-    theta_rad, z1_rad, z3_rad = np.broadcast_arrays(*(np.asarray(a, dtype=np.float64)
-                                                      for a in (theta_rad, z1_rad, z3_rad)))
-
-    def rz(a: np.ndarray) -> np.ndarray:
-        c, s, o, z = np.cos(a), np.sin(a), np.ones_like(a), np.zeros_like(a)
-        return np.stack((c, -s, z, s, c, z, z, z, o), axis=-1).reshape(a.shape + (3, 3))
-
-    c, s, o, z = np.cos(theta_rad), np.sin(theta_rad), np.ones_like(theta_rad), np.zeros_like(theta_rad)
-    ry = np.stack((c, z, s, z, o, z, -s, z, c), axis=-1).reshape(theta_rad.shape + (3, 3))
-    return rz(z3_rad) @ ry @ rz(z1_rad)
-
-
 def _dot3(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """Dot product over the last axis (3), written out: the same rounding whatever the shape."""
     return a[..., 0] * b[..., 0] + a[..., 1] * b[..., 1] + a[..., 2] * b[..., 2]
@@ -511,13 +448,6 @@ def default_phantom(width: int = 64, height: int = 64, thickness: int | None = N
 _SPECIMEN_STREAM, _POSE_STREAM = 1, 2
 
 
-def _stream(seed: int, *key: int) -> np.random.Generator:
-    """The independent random stream ``key`` of ``seed`` (see the module docstring)."""
-    if not (isinstance(seed, (int, np.integer)) and not isinstance(seed, bool) and seed >= 0):
-        raise PhantomError(f"seed must be an integer >= 0, got {seed!r}.")
-    return np.random.default_rng(np.random.SeedSequence(int(seed), spawn_key=key))
-
-
 def _uniform_rotation(rng: np.random.Generator) -> np.ndarray:
     """A rotation matrix uniformly distributed on SO(3) (Haar): a normalized Gaussian quaternion."""
     q = rng.normal(size=4)
@@ -632,8 +562,11 @@ def make_tiltseries(cfg: Any) -> TiltSeries:
     """The built-in synthetic tilt series of a :class:`fasttomo.config.DataConfig`.
 
     Specimen: ``cfg.phantom`` = default (:func:`default_phantom`; thickness None: about W/2, see
-    :func:`default_thickness`) or ellipsoids (:func:`random_ellipsoids` with ``cfg.n_ellipsoids``
-    and ``cfg.phantom_seed``; thickness None: W, a cube for square images). Views: cfg.n_tilts
+    :func:`default_thickness`), ellipsoids (:func:`random_ellipsoids` with ``cfg.n_ellipsoids``
+    and ``cfg.phantom_seed``; thickness None: W, a cube for square images) or nanoparticle
+    (:func:`fasttomo.data.atoms.nanoparticle` of ``cfg.particle``; thickness None: W; pixel size
+    None: 0.75 A; ``metadata["true_atoms"]`` holds the true atoms in atoms.csv's frame; the ground
+    truth is the density at the voxel centres). Views: cfg.n_tilts
     angles evenly spaced over [tilt_min, tilt_max]. Pose errors (``cfg.pose_error_shift`` px,
     ``cfg.pose_error_rotation`` degrees, :func:`random_pose_errors`): when either is > 0 the views
     are projected with those poses and ``metadata["true_poses"]`` holds them (absent otherwise).
@@ -651,13 +584,22 @@ def make_tiltseries(cfg: Any) -> TiltSeries:
     elif kind == "ellipsoids":
         thickness = int(cfg.width) if cfg.thickness is None else int(cfg.thickness)
         phantom = random_ellipsoids((thickness, cfg.height, cfg.width), int(cfg.n_ellipsoids), seed)
+    elif kind == "nanoparticle":
+        from fasttomo.data.atoms import DEFAULT_ATOM_PIXEL_SIZE, nanoparticle
+
+        thickness = int(cfg.width) if cfg.thickness is None else int(cfg.thickness)
+        pix = DEFAULT_ATOM_PIXEL_SIZE if cfg.pixel_size is None else float(cfg.pixel_size)
+        phantom = nanoparticle((thickness, cfg.height, cfg.width), pix, cfg.particle, seed)
     else:
-        raise PhantomError(f"data.phantom: unknown specimen {kind!r}; use default or ellipsoids.")
+        raise PhantomError(f"data.phantom: unknown specimen {kind!r}; use default, ellipsoids or nanoparticle.")
     angles = np.linspace(float(cfg.tilt_min), float(cfg.tilt_max), int(cfg.n_tilts))
     shift_err = float(getattr(cfg, "pose_error_shift", 0.0))
     rot_err = float(getattr(cfg, "pose_error_rotation", 0.0))
     true_poses = random_pose_errors(angles, shift_err, rot_err, seed) if (shift_err > 0 or rot_err > 0) else None
-    stack = project(phantom, angles, cfg.height, cfg.width, poses=true_poses)
+    if kind == "nanoparticle":
+        stack = phantom.project(angles, cfg.height, cfg.width, poses=true_poses)
+    else:
+        stack = project(phantom, angles, cfg.height, cfg.width, poses=true_poses)
     relative_to = getattr(cfg, "noise_relative_to", "std")
     clean_std, clean_max = float(stack.std()), float(stack.max())
     if relative_to == "std":
@@ -669,7 +611,10 @@ def make_tiltseries(cfg: Any) -> TiltSeries:
     if noise_std > 0:
         rng = np.random.default_rng(seed)
         stack = (stack + rng.normal(0.0, noise_std, size=stack.shape)).astype(np.float32)
-    pixel_size = DEFAULT_PIXEL_SIZE if cfg.pixel_size is None else float(cfg.pixel_size)
+    if kind == "nanoparticle":
+        pixel_size = pix
+    else:
+        pixel_size = DEFAULT_PIXEL_SIZE if cfg.pixel_size is None else float(cfg.pixel_size)
     metadata = {
         "phantom": phantom.describe(),
         "phantom_kind": kind,
@@ -685,9 +630,15 @@ def make_tiltseries(cfg: Any) -> TiltSeries:
         "pose_error_rotation_deg": rot_err,
         "geometry": "u = x cos(theta) + z sin(theta), v = y (IMOD reoriented frame); exact line integrals",
     }
+    if kind == "nanoparticle":
+        metadata["true_atoms"] = phantom.table(pixel_size)  # atoms.csv's frame (fasttomo-simulate writes it)
+        metadata["geometry"] += "; Gaussian atoms project to 2-D Gaussians (fasttomo.data.atoms)"
+        truth = phantom.volume()
+    else:
+        truth = voxelize(phantom, (thickness, cfg.height, cfg.width))
     if true_poses is not None:
         metadata["true_poses"] = true_poses
         metadata["geometry"] += ("; view n posed as (u, v, w) = Rz(z3) Ry(theta) Rz(z1) p + (su, sv, 0) with "
                                  "metadata['true_poses'] (fasttomo.geometry.poses)")
     return TiltSeries(stack=stack, angles=angles, pixel_size=pixel_size, source="phantom", metadata=metadata,
-                      ground_truth=voxelize(phantom, (thickness, cfg.height, cfg.width)))
+                      ground_truth=truth)

@@ -1,0 +1,3 @@
+from fasttomo.trace.command import main
+
+main()
