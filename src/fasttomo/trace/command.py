@@ -77,6 +77,11 @@ class TraceConfig:
     min_snr: float = 4.5
     """Reject candidates whose smoothed peak is below this many noise standard deviations of the
     smoothed volume (the noise estimated from what the fitted candidates leave unexplained)."""
+    screen: float = 0.75
+    """Before fitting, drop candidates whose smoothed peak is below screen x min_snr times an
+    upper bound of the noise (the volume's robust spread): a noise maximum then costs no fit. An
+    atom the final min_snr test keeps is lost only if the true noise is below screen x that bound
+    (0: no screen, every candidate is fitted)."""
     residual_rounds: int = 1
     """Rounds of searching what the fitted atoms leave unexplained for atoms hidden on a stronger
     neighbour's shoulder (0: none)."""
@@ -126,6 +131,8 @@ class TraceConfig:
                  f"must be in [0, 1), got {self.min_intensity!r}.")
         _require(isinstance(self.min_snr, (int, float)) and 0 <= self.min_snr < 100, "min_snr",
                  f"must be a number of standard deviations in [0, 100), got {self.min_snr!r}.")
+        _require(isinstance(self.screen, (int, float)) and not isinstance(self.screen, bool) and 0 <= self.screen <= 1,
+                 "screen", f"must be a fraction in [0, 1] (0: no screen), got {self.screen!r}.")
         _require(all(isinstance(e, str) and e.strip() and " " not in e for e in self.elements), "elements",
                  f"must be element symbols without spaces, got {self.elements!r}.")
         _require(not self.elements or len(self.elements) == self.classes, "elements",
@@ -142,7 +149,7 @@ class TraceConfig:
                            smooth=float(self.smooth), fit_radius=self.fit_radius, fit_iterations=self.fit_iterations,
                            refine_rounds=self.refine_rounds, sigma_range=tuple(float(v) for v in self.sigma_range),
                            max_fit_error=float(self.max_fit_error), min_intensity=float(self.min_intensity),
-                           min_snr=float(self.min_snr), residual_rounds=self.residual_rounds, classes=self.classes)
+                           min_snr=float(self.min_snr), screen=float(self.screen), residual_rounds=self.residual_rounds, classes=self.classes)
 
 
 def _device(name: str):
