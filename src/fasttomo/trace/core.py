@@ -73,7 +73,7 @@ class TraceParams:
     refine_rounds: int = 3
     residual_rounds: int = 1
     sigma_range: tuple = (0.3, 4.0)
-    max_fit_error: float = 0.5
+    max_fit_error: float = 0.75
     min_intensity: float = 0.15
     min_snr: float = 4.5
     screen: float = 0.75
