@@ -121,7 +121,6 @@ def split_holdout(ts: TiltSeries, views_1based: list[int]) -> tuple[TiltSeries, 
 
 
 @torch.no_grad()
-@torch.no_grad()
 def _render(proj, n: int, chunk: int, stride: int = 1) -> np.ndarray:
     """Pixels of views 0..n-1 through ``proj`` (a Projector): (n, H, W) numpy, or with ``stride``
     s every s-th row and column, (n, ceil(H/s), ceil(W/s))."""
