@@ -140,7 +140,8 @@ def prefit_noise_level(vol: torch.Tensor, max_samples: int = 4_000_000) -> float
     """An upper bound of the volume's white-noise level before anything is fitted: the smaller of
     the robust spread (1.4826 x median absolute deviation) of the voxels and of the differences of
     neighbouring voxels along X divided by sqrt(2). Structure (atoms, a reconstruction's
-    background) only widens either, so both overestimate the noise; a clean volume gives about 0."""
+    background) only widens either; noise correlated between neighbours (a reconstruction's)
+    narrows the second, which errs toward keeping candidates. A clean volume gives about 0."""
     flat = vol.reshape(-1)
     step = max(1, flat.numel() // max_samples)
     v = flat[::step]
@@ -302,8 +303,8 @@ def trace_volume(volume, voxel_size_A: float, prm: TraceParams | None = None,
         # A screen before any fit: on a noisy volume a low threshold admits tens of noise maxima per
         # atom (10 % noise, threshold 0.1: 344k candidates for 10k atoms), and fitting them all
         # took 90 % of the time. The volume's own robust spread bounds its noise level from above
-        # (atoms are a minority of the voxels); a candidate below half the final test's height by
-        # that bound cannot pass the final test unless the true noise is less than half of it.
+        # (atoms are a minority of the voxels); a candidate below `screen` x the final test's height
+        # by that bound cannot pass the final test unless the true noise is below `screen` x it.
         sigma_pre = prefit_noise_level(vol)
         keep = sm[peaks[:, 0], peaks[:, 1], peaks[:, 2]] >= prm.screen * prm.min_snr * sigma_pre * snr_factor
         n_screened = int((~keep).sum())
