@@ -59,3 +59,23 @@ def strict_json(path: Path):
     def bad(token):
         raise ValueError(f"{path}: {token} is not valid JSON")
     return json.loads(path.read_text(), parse_constant=bad)
+
+
+def run_interpreted(script: Path, omp_threads: int | None = None, timeout: int = 900) -> dict:
+    """Run a Triton interpreter test file as a script (TRITON_INTERPRET=1 must be set before triton
+    is imported, so it cannot run inside the pytest process) on this checkout's sources and return
+    the JSON of its last ``RESULTS {...}`` line; skip when triton is not installed."""
+    import importlib.util
+
+    import pytest
+
+    if importlib.util.find_spec("triton") is None:
+        pytest.skip("triton is not installed")
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (SRC, env.get("PYTHONPATH", "")) if p)
+    if omp_threads is not None:
+        env.setdefault("OMP_NUM_THREADS", str(omp_threads))
+    proc = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, f"interpreter run failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
+    line = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULTS ")][-1]
+    return json.loads(line[len("RESULTS "):])

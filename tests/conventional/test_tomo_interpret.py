@@ -9,17 +9,13 @@ pointers, which fake tensors do not have).
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 HERE = Path(__file__).resolve()
-SRC = HERE.parents[2] / "src"
 TOL = 2e-5
 
 
@@ -108,16 +104,9 @@ NAMES = [f"tomo[{n}]" for n in ("pure_tilt_aligned", "inplane_shifts_misses", "f
 
 @pytest.fixture(scope="module")
 def interp_results():
-    if importlib.util.find_spec("triton") is None:
-        pytest.skip("triton is not installed")
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(SRC), env.get("PYTHONPATH", "")) if p)
-    env.setdefault("OMP_NUM_THREADS", "1")
-    proc = subprocess.run([sys.executable, str(HERE)], env=env, capture_output=True, text=True,
-                          timeout=900)
-    assert proc.returncode == 0, f"interpreter run failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
-    line = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULTS ")][-1]
-    return json.loads(line[len("RESULTS "):])
+    from cli_helpers import run_interpreted  # tests/ is on sys.path under pytest (not when run as a script)
+
+    return run_interpreted(HERE, omp_threads=1)
 
 
 @pytest.mark.parametrize("name", NAMES)
