@@ -1121,3 +1121,15 @@ def flatten(d: dict, prefix: str = "") -> dict[str, Any]:
         else:
             out[f"{prefix}{k}"] = v
     return out
+
+
+def tool_device(name: str, error: type = ConfigError):
+    """The torch device of a tool's ``device=`` key (auto | cpu | cuda | cuda:N): auto is the GPU
+    when torch sees one; a CUDA device torch cannot see raises ``error`` naming the fix."""
+    import torch
+
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise error(f"device={name}: torch sees no GPU here; use device=cpu or device=auto.")
+    return torch.device(name)

@@ -29,7 +29,7 @@ from typing import Callable, Optional
 
 import numpy as np
 
-from fasttomo.config import ConfigError, _require
+from fasttomo.config import ConfigError, _require, tool_device
 from fasttomo.plots import fsc_plot  # noqa: F401 - the FSC picture (shared with the runs)
 from fasttomo.scoring import EvaluateError, score_against_truth  # noqa: F401 - shared with the runs
 
@@ -193,16 +193,6 @@ def check_stack(vol_shape, stack_shape, held_out_views=()) -> list[int]:
     return held
 
 
-def _device(name: str):
-    import torch
-
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name.startswith("cuda") and not torch.cuda.is_available():
-        raise EvaluateError(f"device={name}: torch sees no GPU here; use device=cpu or device=auto.")
-    return torch.device(name)
-
-
 def load_projector() -> Callable:
     """``fasttomo.conventional.projectors.forward_project`` (imported when first needed)."""
     try:
@@ -239,7 +229,7 @@ def score_against_tiltseries(vol: np.ndarray, stack: np.ndarray, angles_deg: np.
     ang = np.asarray(angles_deg, dtype=np.float64)
     per_view = ang if ang.ndim == 1 else ang.mean(axis=1)
     projector = load_projector() if projector is None else projector
-    dev = _device(device)
+    dev = tool_device(device, EvaluateError)
     with torch.no_grad():
         poses = Poses(ang, int(np.argmin(np.abs(per_view)))).to(dev)
         pred = projector(torch.from_numpy(np.ascontiguousarray(vol, dtype=np.float32)).to(dev), poses,

@@ -26,7 +26,7 @@ from typing import Optional
 
 import numpy as np
 
-from fasttomo.config import ConfigError, _require
+from fasttomo.config import ConfigError, _require, tool_device
 
 log = logging.getLogger("fasttomo")
 
@@ -155,16 +155,6 @@ class TraceConfig:
                            min_snr=float(self.min_snr), screen=float(self.screen), residual_rounds=self.residual_rounds, classes=self.classes)
 
 
-def _device(name: str):
-    import torch
-
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name.startswith("cuda") and not torch.cuda.is_available():
-        raise ConfigError(f"device={name}: torch sees no GPU here; use device=cpu or device=auto.")
-    return torch.device(name)
-
-
 def run_trace(cfg: TraceConfig) -> dict:
     """Trace ``cfg.volume`` into ``cfg.output.dir`` (which must be set); returns metrics."""
     import yaml
@@ -188,7 +178,7 @@ def run_trace(cfg: TraceConfig) -> dict:
                           "fasttomo-simulate's <out>_atoms.csv).")
     if not cfg.output.dir:
         raise ConfigError("output.dir: no run folder; set hydra.run.dir=<folder> or output.dir=<folder>.")
-    dev = _device(cfg.device)
+    dev = tool_device(cfg.device, ConfigError)
     truth = read_atoms_csv(cfg.truth) if cfg.truth else None  # a bad truth file is said before any work
     out_dir = Path(cfg.output.dir)
     folder = RunFolder(out_dir, overwrite=cfg.output.overwrite, outputs=OUTPUTS).open()
