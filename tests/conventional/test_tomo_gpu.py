@@ -91,7 +91,8 @@ def test_far_off_poses_give_zeros_not_garbage():
     poses = _poses(3, True)
     with torch.no_grad():
         poses.shifts.fill_(1e6)
-        poses.free_mask.fill_(1.0)
+        poses.free_mask.fill_(1.0)    # the reference view's rotations
+        poses.shift_mask.fill_(1.0)   # and its shift (a separate mask since c688ace)
     a = forward_project(vol, poses, box, (16, 16))
     b = back_project(torch.rand(3, 16, 16, device="cuda"), poses, box)
     assert torch.equal(a, torch.zeros_like(a)) and torch.equal(b, torch.zeros_like(b))
