@@ -251,7 +251,10 @@ def main() -> None:
                                          sirt_iterations=row.get("iterations", SIRT_ITERATIONS)))
             rows.append(row)
             print(f"{case:12s} {row['method']:16s} fit {row['fit_seconds']:7.2f} s  pearson {fmt(row['pearson'])}"
-                  f"  fg {fmt(row.get('pearson_fg'))}  fsc0.143 {fmt(row.get('fsc0143_A'), '.1f')} A", flush=True)
+                  f"  fg {fmt(row.get('pearson_fg'))}  fsc0.143 {fmt(row.get('fsc0143_A'), '.1f')} A"
+                  + ("" if "pose_errors" not in row else
+                     f"  rotations {row['pose_errors']['rotation_rms_deg']:.3f} deg RMS, shifts "
+                     f"{row['pose_errors']['shift_rms_px_gauge_free']:.3f} px gauge-free"), flush=True)
 
     print("\n| case | method | fit s | Pearson | Pearson fg | FSC 0.5 (A) | FSC 0.143 (A) | half-set FSC 0.143 (A) "
           "| held-out r | t(0.95) s | t(0.98) s | t(0.99) s |")
