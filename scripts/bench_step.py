@@ -48,7 +48,7 @@ def _phase_times(trainer, comps, steps: int) -> dict:
     dev = comps.device
     cuda = dev.type == "cuda"
     rows: dict[str, list[float]] = {p: [] for p in PHASES}
-    graph, comps.cuda_graph = comps.cuda_graph, False  # phases of the eager body
+    graph, trainer.cuda_graph = trainer.cuda_graph, False  # phases of the eager body (the Trainer's own switch)
     try:
         for _ in range(steps):
             marks: dict[str, object] = {}
@@ -73,7 +73,7 @@ def _phase_times(trainer, comps, steps: int) -> dict:
                 rows[a].append(ta.elapsed_time(tb) if cuda else (tb - ta) * 1e3)
     finally:
         trainer.phase_mark = None
-        comps.cuda_graph = graph
+        trainer.cuda_graph = graph
     return {f"{p}_ms": round(sorted(v)[len(v) // 2], 3) for p, v in rows.items()}
 
 
@@ -134,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
         rays = comps.sampler.batch_size * world  # the resolved batch (cfg may say null: automatic)
         row = {
             "variant": variant,
-            "cuda_graph": bool(comps.cuda_graph),
+            "cuda_graph": bool(trainer.cuda_graph),
             "median_ms": round(ms, 3),
             "min_ms": round(min(times), 3),
             "max_ms": round(max(times), 3),
