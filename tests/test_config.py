@@ -296,3 +296,17 @@ def test_an_old_checkpoint_config_is_upgraded():
     cfg = from_dict(Config, upgrade(old))
     assert cfg.projector.samples_per_ray == 24 and cfg.model.learn_frames is True
     assert to_dict(cfg) == {**to_dict(Config()), "projector": {"samples_per_ray": 24}}
+
+
+def test_an_old_refined_run_keeps_learning_z1():
+    """A refined run saved before pose.learn_z1 existed learned z1 with z3: resumed, it still does
+    (today's default, false, is for new runs); a saved learn_z1 is kept as it was."""
+    from fasttomo.config import to_dict, upgrade
+
+    old = to_dict(from_dict(Config, {"pose": {"learn": True}}))
+    assert old["pose"]["learn_z1"] is False        # today's default
+    del old["pose"]["learn_z1"]
+    assert from_dict(Config, upgrade(old)).pose.learn_z1 is True
+    assert from_dict(Config, upgrade({**old, "pose": {**old["pose"], "learn_z1": False}})).pose.learn_z1 is False
+    fixed = to_dict(Config())
+    assert "learn_z1" not in upgrade(fixed)["pose"]   # fixed poses read no such key
