@@ -35,7 +35,7 @@ OVERRIDES = [
     "data.width=16", "data.height=16", "data.n_tilts=9", "data.thickness=9",  # Z = 9: ragged Z shards
     "model.resolutions=[8]", "sampler.batch_size=128", "projector.samples_per_ray=16",
     "sampler.val_fraction=0.03",          # 2304 pixels -> 69 val, 2235 train (odd)
-    "pose=refine", "pose.start_step=0",   # poses are learned (and must stay in sync)
+    "pose=refine", "pose.start_step=0", "pose.learn_z1=true",   # every pose part learned (and kept in sync)
     "loss=tv",                            # volume TV on per-rank random sub-grids
     f"optim.steps={N + M}", "logging.log_every=2", "logging.val_every=4",
     "logging.tensorboard=true",
@@ -99,7 +99,8 @@ def test_two_gloo_ranks_train_identically_and_resume_exactly(tmp_path):
     assert set(r0["params"]) == set(r1["params"])
     for k in r0["params"]:
         assert torch.equal(r0["params"][k], r1["params"][k]), k
-    assert r0["params"]["poses.shifts"].abs().max() > 0 and r0["params"]["poses.z1"].abs().max() > 0
+    assert r0["params"]["poses.shifts"].abs().max() > 0 and r0["params"]["poses.z1"].abs().max() > 0 \
+        and r0["params"]["poses.z3"].abs().max() > 0
     # only rank 0 writes into the shared run folder
     assert _inside(r1["writes"], run1) == []
     written = _inside(r0["writes"], run1)

@@ -27,7 +27,7 @@ TINY = [
     "experiment=quick", "logging=quiet", "runtime=cpu", "runtime.threads=1",
     "data.width=16", "data.height=16", "data.n_tilts=9",
     "model.resolutions=[8]", "sampler.batch_size=256", "projector.samples_per_ray=16",
-    "pose=refine", "pose.start_step=0",   # poses move from the first step
+    "pose=refine", "pose.start_step=0", "pose.learn_z1=true",   # every pose part moves from the first step
     "loss=tv",                            # volume TV draws from the regularizer generator
     "schedule=plateau", "schedule.plateau_patience=0", "schedule.warmup_steps=3",
     f"optim.steps={N + M}", "logging.log_every=1", "logging.val_every=3",  # N is not a validation step
