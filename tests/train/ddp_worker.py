@@ -3,7 +3,7 @@
     python -m torch.distributed.run --standalone --nproc-per-node=2 tests/train/ddp_worker.py \
         DUMP_DIR hydra.run.dir=RUN_DIR key=value ...
 
-Runs the Hydra entry point unchanged (``fasttomo.reconstruct.main``) and records what this rank
+Runs the console entry point unchanged (``fasttomo.reconstruct.cli``) and records what this rank
 did in ``DUMP_DIR/rank<r>.pt`` (outside the run folder): its logged losses, its final parameters,
 the volume export gathered over ranks next to one single-process evaluation of the same model,
 the sampler sizes, and every file or folder it created, wrote or renamed (seen by an audit hook,
@@ -59,15 +59,23 @@ def main() -> None:
 
     trainer_mod.Trainer.export_volume = recording_export
 
-    from fasttomo.reconstruct import main as reconstruct_main
+    import atexit
+
+    from fasttomo.reconstruct import cli
 
     rank = int(os.environ["RANK"])
-    try:
-        reconstruct_main()
-    finally:
+
+    def dump() -> None:
         record["writes"] = list(writes)
         os.makedirs(dump_dir, exist_ok=True)
         torch.save(record, os.path.join(dump_dir, f"rank{rank}.pt"))
+
+    # the console entry point, as `torchrun -m fasttomo.reconstruct` runs it: main(), the atexit
+    # handlers (this dump among them), then os._exit without tearing torch's threads down (a
+    # normal interpreter exit after a gloo run aborted now and then: "terminate called without an
+    # active exception", exit -6, after every file was written)
+    atexit.register(dump)
+    cli()
 
 
 if __name__ == "__main__":
