@@ -22,11 +22,13 @@ fraction of the clean projections' maximum):
     wedge70_128   the same specimen, +-70 degrees, 5 % noise
     pose128       the same, 5 % noise, every view but the reference shifted (uniform +-3 px) and
                   rotated in plane (uniform +-1 degree); the true poses are scored
+    axis128       pose128 plus an error of the tilt-axis angle: every view's image, the reference's
+                  too, rotated by 1 degree more
 
 Methods (``--methods``):
 
     field-default   fasttomo-reconstruct with nothing but the data (the defaults)
-    field-best      the best documented recipe (experiment=quality; pose128 adds pose=refine)
+    field-best      the best documented recipe (experiment=quality; pose128 and axis128 add pose=refine)
     sirt            model=sirt, SIRT_ITERATIONS iterations, scored every iteration: the row is
                     the best iteration count (by Pearson to the truth), the curve has them all
 
@@ -67,6 +69,8 @@ CASES = {
     "wedge70_128": dict(phantom="ellipsoids", width=128, height=128, thickness=128, tilt=70.0, noise=0.05),
     "pose128": dict(phantom="ellipsoids", width=128, height=128, thickness=128, tilt=60.0, noise=0.05,
                     shift=3.0, rotation=1.0),
+    "axis128": dict(phantom="ellipsoids", width=128, height=128, thickness=128, tilt=60.0, noise=0.05,
+                    shift=3.0, rotation=1.0, axis=1.0),
 }
 N_TILTS = 61
 SEED = 0
@@ -104,7 +108,8 @@ def make_case(name: str, work: Path) -> dict:
     elif spec["noise"]:
         kw.update(noise_relative_to="max")
     if spec.get("shift"):
-        kw.update(pose_error_shift=spec["shift"], pose_error_rotation=spec["rotation"])
+        kw.update(pose_error_shift=spec["shift"], pose_error_rotation=spec["rotation"],
+                  tilt_axis_error=spec.get("axis", 0.0))
     ts = make_tiltseries(DataConfig(**kw))
     write_tiltseries(files["stack"], ts, "mrc", overwrite=True)
     write_volume(files["truth"], ts.ground_truth, ts.pixel_size, label=f"bench_quality {name} truth", attrs={},

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Optional, Union
 
 import numpy as np
+import torch
 import pytest
 from PIL import Image
 
@@ -160,6 +161,24 @@ def test_closing_summary_names_folder_files_speed_quality_and_tensorboard(redire
     assert "quality: Pearson to the ground truth 0." in tail
     assert f"tensorboard --logdir {out / 'tb'}" in tail
     assert not any(ln.rstrip().endswith(":") for ln in text.splitlines())  # no dangling colon
+
+
+def test_closing_summary_names_the_refined_poses(tmp_path):
+    """With pose=refine the summary says how far the poses moved and the tilt-axis correction."""
+    from fasttomo.geometry.poses import Poses
+    from fasttomo.report import summary_lines
+
+    poses = Poses(np.linspace(-60, 60, 7), 3, learn_rotations=True, learn_shifts=True, learn_z1=False,
+                  learn_tilt_axis=True)
+    with torch.no_grad():
+        poses.shifts[0, 0] = -2.5
+        poses.z3[6] = np.deg2rad(0.8)
+        poses.axis.fill_(np.deg2rad(-0.4))
+    lines = summary_lines(tmp_path, {"poses": poses.describe()}, tensorboard=False)
+    assert ("poses refined: largest shift 2.50 px, largest in-plane rotation 0.40 deg, tilt-axis correction "
+            "-0.40 deg (metrics.json poses)") in lines
+    fixed = summary_lines(tmp_path, {"poses": Poses(np.linspace(-60, 60, 7), 3).describe()}, tensorboard=False)
+    assert not any(ln.startswith("poses refined") for ln in fixed)
 
 
 def test_report_png_is_readable_and_in_tensorboard(redirected_run):

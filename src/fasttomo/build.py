@@ -159,7 +159,8 @@ def build(cfg: Config, ts: TiltSeries, *, rank: int = 0, world_size: int = 1, lo
     refine = cfg.pose.learn  # pose=refine: a PoseRefineConfig
     poses = Poses(ts.angles, ts.reference_index(), learn_rotations=refine and cfg.pose.learn_rotations,
                   learn_shifts=refine and cfg.pose.learn_shifts, learn_z1=refine and cfg.pose.learn_z1,
-                  free_reference_shift=refine and cfg.pose.free_reference_shift)
+                  free_reference_shift=refine and cfg.pose.free_reference_shift,
+                  learn_tilt_axis=refine and cfg.pose.learn_tilt_axis)
     if cfg.sampler.batch_size is None:
         cfg = dataclasses.replace(cfg, sampler=dataclasses.replace(cfg.sampler, batch_size=auto_batch_size(ts)))
         log.info("sampler: %d rays per step (about 1/256 of the series' %d pixels; set sampler.batch_size to "

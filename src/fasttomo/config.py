@@ -199,6 +199,9 @@ class PhantomDataConfig(DataConfig):
     pose_error_rotation: float = 0.0
     """Phantom: misalign the views by in-plane image rotations z3 uniform in +-pose_error_rotation
     degrees (about the detector centre; z1 stays 0); the reference view keeps zero."""
+    tilt_axis_error: float = 0.0
+    """Phantom: an error of the tilt-axis angle, in degrees: one in-plane image rotation added to
+    every view, the reference view's included (what a wrong tilt-axis angle does to real data)."""
     phantom_seed: int = 0
     """Phantom: the one seed of every random draw: the noise, the random specimen
     (phantom=ellipsoids) and the pose errors, each from its own stream, so switching one on or
@@ -223,6 +226,10 @@ class PhantomDataConfig(DataConfig):
         _require(self.pose_error_rotation <= 45.0, "data.pose_error_rotation",
                  f"is a half range in degrees and must be <= 45, got {self.pose_error_rotation!r}; "
                  "data.pose_error_rotation=1 means +-1 degree.")
+        _require(isinstance(self.tilt_axis_error, (int, float)) and not isinstance(self.tilt_axis_error, bool)
+                 and math.isfinite(self.tilt_axis_error) and abs(self.tilt_axis_error) <= 45.0,
+                 "data.tilt_axis_error", f"is an angle in degrees in [-45, 45], got {self.tilt_axis_error!r}; "
+                 "data.tilt_axis_error=1 rotates every view's image by 1 degree.")
         _require(isinstance(self.phantom_seed, int) and not isinstance(self.phantom_seed, bool)
                  and self.phantom_seed >= 0, "data.phantom_seed",
                  f"must be an integer >= 0, got {self.phantom_seed!r}; set data.phantom_seed=0 for example.")
@@ -483,6 +490,11 @@ class PoseRefineConfig(PoseConfig):
     """With learn_shifts: learn the reference view's shift too during the fit (the volume's
     position is then a free direction instead of a slow one) and report poses and volume in the
     frame where it is zero (fasttomo.geometry.poses); false pins it to zero throughout."""
+    learn_tilt_axis: bool = True
+    """With learn_rotations and learn_z1=false: learn one image rotation common to every view, the
+    reference view's included: an error of the tilt-axis angle (metrics.json poses.tilt_axis_deg);
+    the tilted views fix it. Ignored with learn_z1=true (z1 on every view and a turn of the volume
+    would explain the same images)."""
     start_step: int = 0
     """Pose refinement starts after this many steps (the field settles first)."""
 
@@ -1087,7 +1099,7 @@ def upgrade(saved: dict) -> dict:
     (:data:`MOVED_KEYS`) under their new names, and the keys its group options never read dropped
     (those runs ignored them: a phantom's ``data.binning``, a voxel model's ``channels``). Keys of
     today's options that it lacks take their defaults when it is built, except ``pose.learn_z1``
-    of a refined run, which takes that run's behaviour (true)."""
+    and ``pose.learn_tilt_axis`` of a refined run, which take that run's behaviour (true, false)."""
     import copy
 
     out = copy.deepcopy(saved)
@@ -1101,8 +1113,11 @@ def upgrade(saved: dict) -> dict:
             if isinstance(target, dict):
                 target.setdefault(k_new, value)
     pose = out.get("pose")
-    if isinstance(pose, dict) and pose.get("learn") is True and "learn_z1" not in pose:
-        pose["learn_z1"] = True  # before learn_z1 existed (b3ab128), refined rotations always included z1
+    if isinstance(pose, dict) and pose.get("learn") is True:
+        if "learn_z1" not in pose:
+            pose["learn_z1"] = True  # before learn_z1 existed (b3ab128), refined rotations always included z1
+        if "learn_tilt_axis" not in pose:
+            pose["learn_tilt_axis"] = False  # no common rotation was learned then
     hints = typing.get_type_hints(Config)
     for name, tp in hints.items():
         group = out.get(name)

@@ -49,10 +49,10 @@ class Projector(nn.Module):
     # ------------------------------------------------------------------ what is fitted
     def param_groups(self) -> dict[str, list[nn.Parameter]]:
         """Trainable parameters by optimizer group, in a fixed order: the field's (grids,
-        decoder, rotations), pose_rotations (z1, z3), pose_shifts, intensity. Groups without a
+        decoder, rotations), pose_rotations (z1, z3, the tilt-axis rotation), pose_shifts, intensity. Groups without a
         trainable parameter are left out."""
         groups = dict(self.field.param_groups())
-        groups["pose_rotations"] = [self.poses.z1, self.poses.z3]
+        groups["pose_rotations"] = [self.poses.z1, self.poses.z3, self.poses.axis]
         groups["pose_shifts"] = [self.poses.shifts]
         groups["intensity"] = [] if self.intensity is None else list(self.intensity.parameters())
         out = {name: [p for p in params if p.requires_grad] for name, params in groups.items()}

@@ -303,7 +303,8 @@ def _files(out_dir: Path) -> list[tuple[str, int]]:
 
 
 def summary_lines(out_dir: Path, metrics: dict[str, Any], tensorboard: bool) -> list[str]:
-    """The closing summary: folder, files with sizes, time and speed, quality, how to look."""
+    """The closing summary: folder, files with sizes, time and speed, quality, refined poses, how
+    to look."""
     lines = [f"run folder: {out_dir}"]
     files = _files(out_dir)
     w = max((len(n) for n, _ in files), default=0)
@@ -325,6 +326,14 @@ def summary_lines(out_dir: Path, metrics: dict[str, Any], tensorboard: bool) -> 
     lines.append(("quality: " + "; ".join(q)) if q else
                  "quality: no ground truth (evaluation.half_sets=true or evaluation.holdout_views=[...] score "
                  "real data)")
+    poses = metrics.get("poses") or {}
+    if poses.get("learn_rotations") or poses.get("learn_shifts"):
+        moved = [f"largest shift {poses['max_abs_shift_px']:.2f} px"] if poses.get("learn_shifts") else []
+        if poses.get("learn_rotations"):
+            moved.append(f"largest in-plane rotation {poses['max_abs_inplane_deg']:.2f} deg")
+        if poses.get("learn_tilt_axis"):
+            moved.append(f"tilt-axis correction {poses['tilt_axis_deg']:+.2f} deg")
+        lines.append("poses refined: " + ", ".join(moved) + " (metrics.json poses)")
     if (out_dir / "report.png").is_file():
         lines.append(f"look at it: {out_dir / 'report.png'}")
     if tensorboard and (out_dir / "tb").is_dir():

@@ -36,7 +36,8 @@ class SimulateConfig:
     data: DataConfig = dataclasses.field(default_factory=DataConfig)
     out: str = "phantom"
     """Output base path: <out>.mrc + <out>.rawtlt + <out>_truth.mrc, or <out>.h5; plus
-    <out>_poses.json (the true poses) when data.pose_error_shift or pose_error_rotation > 0, and
+    <out>_poses.json (the true poses) when data.pose_error_shift, pose_error_rotation or
+    tilt_axis_error is not 0, and
     <out>_atoms.csv (the true atoms) with data.phantom=nanoparticle."""
     format: str = "mrc"
     """mrc or h5."""
@@ -97,7 +98,8 @@ def simulate(data_cfg: DataConfig, out: str, fmt: str, overwrite: bool = False) 
     if true_poses is not None:
         meta = ts.metadata
         source = {"made_by": "fasttomo-simulate", "pose_error_shift_px": meta["pose_error_shift_px"],
-                  "pose_error_rotation_deg": meta["pose_error_rotation_deg"], "phantom_seed": meta["phantom_seed"],
+                  "pose_error_rotation_deg": meta["pose_error_rotation_deg"],
+                  "tilt_axis_error_deg": meta["tilt_axis_error_deg"], "phantom_seed": meta["phantom_seed"],
                   "phantom": meta["phantom_kind"], "stack": str(base.with_suffix(f".{fmt}"))}
         paths.append(Path(write_poses_json(pose_file, true_poses, source=source, overwrite=overwrite)))
     if true_atoms is not None:
@@ -118,7 +120,7 @@ DESCRIPTION = """write the built-in synthetic tilt series (fasttomo's phantom, p
 analytic line integrals) and its ground truth to files, to inspect them or to feed them back to
 fasttomo-reconstruct as if they were measured: <out>.mrc + <out>.rawtlt + <out>_truth.mrc
 (format=mrc) or <out>.h5 (format=h5, all in one file), plus <out>_poses.json, the true poses, when
-the views are misaligned (data.pose_error_shift / data.pose_error_rotation). Existing files are
+the views are misaligned (data.pose_error_shift / pose_error_rotation / tilt_axis_error). Existing files are
 never replaced unless overwrite=true.
 
 Every data.* key of the phantom works here as in fasttomo-reconstruct (--help data lists them)."""

@@ -195,12 +195,14 @@ def test_misaligned_series_keeps_its_true_poses():
     assert make_tiltseries(_cfg(thickness=20)).ground_truth.shape == (20, 24, 32)
 
 
-@pytest.mark.parametrize("kind,shift,rotation", [("benchmark-like", 3.0, 1.0), ("rotations only", 0.0, 10.0)])
-def test_misaligned_data_match_the_projector_with_the_true_poses(kind, shift, rotation):
+@pytest.mark.parametrize("kind,shift,rotation,axis", [("benchmark-like", 3.0, 1.0, 0.0), ("rotations only", 0.0, 10.0, 0.0),
+                                                     ("tilt-axis error", 1.0, 1.0, 4.0)])
+def test_misaligned_data_match_the_projector_with_the_true_poses(kind, shift, rotation, axis):
     """The projector of fasttomo (Poses -> rays -> quadrature), fed the specimen's exact density
     and the true poses loaded into Poses, reproduces the misaligned pixels; without them, or with
-    the opposite poses, it does not. This is what makes the truth comparable with learned poses."""
-    ts = make_tiltseries(_cfg(pose_error_shift=shift, pose_error_rotation=rotation, n_tilts=11))
+    the opposite poses, it does not. This is what makes the truth comparable with learned poses.
+    A tilt-axis error turns the reference view too: its z3 loads as the common rotation."""
+    ts = make_tiltseries(_cfg(pose_error_shift=shift, pose_error_rotation=rotation, n_tilts=11, tilt_axis_error=axis))
     n, h, w = ts.stack.shape
     ph = random_ellipsoids(ts.ground_truth.shape, 8, 0)
     half = torch.tensor([w / 2, h / 2, ts.ground_truth.shape[0] / 2], dtype=torch.float64)
@@ -215,8 +217,10 @@ def test_misaligned_data_match_the_projector_with_the_true_poses(kind, shift, ro
     true = ts.metadata["true_poses"]
     opposite = {k: [-x for x in true[k]] for k in ("z3_deg", "shift_u_px", "shift_v_px")}
     errors = {}
+    ref = ts.reference_index()
+    assert true["z3_deg"][ref] == axis and ts.metadata["tilt_axis_error_deg"] == axis
     for name, vals in (("true", true), ("none", None), ("opposite", opposite)):
-        poses = Poses(ts.angles, ts.reference_index())
+        poses = Poses(ts.angles, ref)
         if vals is not None:
             set_poses(poses, vals)
         proj = Projector(TrueDensity(), poses, Box(ts.ground_truth.shape), (h, w), 1200)
@@ -235,6 +239,8 @@ def test_new_config_fields_validate():
                       (dict(noise_relative_to="mean"), "data.noise_relative_to"),
                       (dict(pose_error_shift=-1.0), "data.pose_error_shift"),
                       (dict(pose_error_rotation=60.0), "data.pose_error_rotation"),
+                      (dict(tilt_axis_error=50.0), "data.tilt_axis_error"),
+                      (dict(tilt_axis_error=float("nan")), "data.tilt_axis_error"),
                       (dict(phantom_seed=-2), "data.phantom_seed")):
         with pytest.raises(ConfigError, match=field):
             DataConfig(**kw)

@@ -45,6 +45,29 @@ def test_identical_poses_give_zero():
     assert err["shift_rms_px"] < 1e-5 and err["rotation_rms_deg"] < 1e-4
 
 
+def test_a_tilt_axis_error_is_scored_on_the_reference_view_too():
+    """A tilt-axis error turns every view, the reference's included: learned poses that miss it on
+    the reference view (pinned) show that view's error; the same poses with it learned score 0."""
+    true = random_pose_errors(ODD, 1.0, 0.5, seed=4, axis=2.0)
+    assert true["z3_deg"][30] == 2.0
+    err = pose_errors(true, true)
+    assert err["rotation_rms_deg"] == 0.0 and err["n_rotations_compared"] == 61
+    pinned = dict(true, z3_deg=[0.0 if i == 30 else z for i, z in enumerate(true["z3_deg"])])
+    err = pose_errors(pinned, true)
+    assert err["rotation_max_deg"] == pytest.approx(2.0, abs=1e-9) and err["n_rotations_compared"] == 61
+    assert err["per_view"]["rotation_error_deg"][30] == pytest.approx(2.0, abs=1e-9)
+    assert err["rotation_rms_deg"] == pytest.approx(2.0 / np.sqrt(61), abs=1e-9)
+    # without any reference rotation the reference view stays out of the figures (as before)
+    assert pose_errors(random_pose_errors(ODD, 1.0, 0.5, seed=4), random_pose_errors(ODD, 1.0, 0.5, seed=4)
+                       )["n_rotations_compared"] == 60
+    poses = Poses(ODD, 30, learn_rotations=True, learn_z1=False, learn_shifts=True, learn_tilt_axis=True)
+    set_poses(poses, true)
+    assert pose_errors(poses.describe(), true)["rotation_rms_deg"] < 1e-4
+    assert poses.describe()["tilt_axis_deg"] == pytest.approx(2.0, abs=1e-5)
+    with pytest.raises(ValueError, match="reference view 30 has a non-zero shift_u_px"):
+        set_poses(poses, dict(true, shift_u_px=[1.0] * 61))
+
+
 def test_pure_tz_gauge_is_removed():
     true = random_pose_errors(ODD, 3.0, 0.0, seed=2)                 # no in-plane rotations: su += -t_z sin(theta)
     tz = 4.0
@@ -123,8 +146,12 @@ def test_set_poses_checks_the_reference_and_angles():
     d = poses.describe()
     np.testing.assert_allclose(d["shift_u_px"], true["shift_u_px"], atol=1e-6)
     np.testing.assert_allclose(d["z3_deg"], true["z3_deg"], atol=1e-5)
-    bad = dict(true, z3_deg=[1.0] * 61)
-    with pytest.raises(ValueError, match="reference view"):
+    bad = dict(true, z1_deg=[1.0] * 61)
+    with pytest.raises(ValueError, match="reference view 30 has a non-zero z1_deg"):
         set_poses(poses, bad)
+    # a z3 on the reference view is a rotation of every view (a tilt-axis error): it loads
+    turned = dict(true, z3_deg=[1.0] * 61)
+    set_poses(poses, turned)
+    np.testing.assert_allclose(poses.describe()["z3_deg"], [1.0] * 61, atol=1e-5)
     with pytest.raises(ValueError, match="tilt_deg"):
         set_poses(poses, dict(true, tilt_deg=list(ODD + 1.0)))

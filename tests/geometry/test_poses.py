@@ -130,14 +130,18 @@ def test_from_tiltseries_describe_and_fp32_under_autocast():
     assert r.dtype == torch.float32 and s.dtype == torch.float32
 
 
-def _posed(free: bool, seed: int = 0) -> Poses:
-    """Poses over ANGLES (reference 0.5 degrees, index 3) with random rotations and shifts."""
-    poses = Poses(ANGLES, reference_index=3, learn_rotations=True, learn_shifts=True, free_reference_shift=free)
+def _posed(free: bool, seed: int = 0, tilt_axis: bool = False) -> Poses:
+    """Poses over ANGLES (reference 0.5 degrees, index 3) with random rotations and shifts; with
+    ``tilt_axis`` z3 alone (z1 not learned) plus a rotation common to every view."""
+    poses = Poses(ANGLES, reference_index=3, learn_rotations=True, learn_shifts=True, free_reference_shift=free,
+                  learn_z1=not tilt_axis, learn_tilt_axis=tilt_axis)
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
-        poses.z1.copy_(0.02 * torch.randn(len(ANGLES), generator=g))
+        z1 = 0.02 * torch.randn(len(ANGLES), generator=g)
+        poses.z1.copy_(0.0 * z1 if tilt_axis else z1)
         poses.z3.copy_(0.02 * torch.randn(len(ANGLES), generator=g))
         poses.shifts.copy_(2.0 * torch.randn(len(ANGLES), 2, generator=g))
+        poses.axis.fill_(0.03 if tilt_axis else 0.0)
     return poses
 
 
@@ -164,6 +168,31 @@ def test_free_reference_shift_is_reported_in_the_frame_where_it_is_zero():
     assert torch.equal(s, torch.zeros(1, 2))
 
 
+def test_tilt_axis_rotation_turns_every_view_and_learns_only_without_z1():
+    """The common rotation adds to every view's z3, the reference's included, and is learned from
+    all of them (z1 not learned); with z1 learned it is not learned (else an exact gauge)."""
+    poses = _posed(False, tilt_axis=True)
+    assert poses.learn_tilt_axis and poses.axis.requires_grad and not poses.z1.requires_grad
+    r, _ = poses(torch.arange(len(ANGLES)))
+    for v in range(len(ANGLES)):
+        z3 = (0.0 if v == 3 else float(poses.z3.detach()[v])) + 0.03
+        np.testing.assert_allclose(r[v].detach().numpy(), _rz(z3) @ _ry(math.radians(ANGLES[v])), atol=1e-6)
+    r.sum().backward()
+    assert poses.axis.grad != 0 and poses.z3.grad[3] == 0
+    d = poses.describe()
+    assert d["tilt_axis_deg"] == pytest.approx(math.degrees(0.03), rel=1e-6)
+    assert d["z3_deg"][3] == pytest.approx(math.degrees(0.03), rel=1e-6)
+    with_z1 = Poses(ANGLES, reference_index=3, learn_rotations=True, learn_z1=True, learn_tilt_axis=True)
+    assert not with_z1.learn_tilt_axis and not with_z1.axis.requires_grad
+    # a state dict from before the common rotation existed loads (it was zero)
+    old = {k: v for k, v in poses.state_dict().items() if k != "axis"}
+    fresh = Poses(ANGLES, reference_index=3, learn_rotations=True, learn_z1=False, learn_tilt_axis=True)
+    with torch.no_grad():
+        fresh.axis.fill_(0.5)
+    fresh.load_state_dict(old)
+    assert float(fresh.axis.detach()) == 0.0 and torch.equal(fresh.z3, poses.z3.detach())
+
+
 class _Blob(torch.nn.Module):
     """An analytic field: a Gaussian blob at ``centre`` (voxels) in a box (normalized input)."""
 
@@ -178,24 +207,28 @@ class _Blob(torch.nn.Module):
         return torch.exp(-((p - self.centre) ** 2).sum(-1) / (2 * self.sigma ** 2)) + 0 * self.dummy
 
 
-def test_projector_images_and_exported_volume_agree_across_the_gauge():
+@pytest.mark.parametrize("tilt_axis", [False, True])
+def test_projector_images_and_exported_volume_agree_across_the_gauge(tilt_axis):
     """The field f seen with raw shifts s_n predicts the same images as the exported volume (f moved
-    by t) seen with the reported shifts s_n - P R_n t; volume() puts the blob at centre + t."""
+    by t) seen with the reported shifts s_n - P R_n t; volume() puts the blob at centre + t. Also
+    with a tilt-axis rotation turning the reference view, which t includes."""
     from fasttomo.geometry.rays import Box
     from fasttomo.projector import Projector
 
     box = Box((24, 24, 24))
     hw = (24, 24)
-    poses = _posed(True, seed=3)
+    poses = _posed(True, seed=3, tilt_axis=tilt_axis)
     centre = torch.tensor([1.5, -2.0, 3.0])
     proj = Projector(_Blob(box, centre), poses, box, hw, samples_per_ray=96)
     t = poses.gauge_translation()
     assert float(t.norm()) > 0.5
-    moved = Poses(ANGLES, reference_index=3, learn_rotations=True, learn_shifts=True)
+    moved = Poses(ANGLES, reference_index=3, learn_rotations=True, learn_shifts=True,
+                  learn_z1=not tilt_axis, learn_tilt_axis=tilt_axis)
     d = poses.describe()
     with torch.no_grad():
         moved.z1.copy_(poses.z1)
         moved.z3.copy_(poses.z3)
+        moved.axis.copy_(poses.axis)
         moved.shifts.copy_(torch.tensor(np.stack((d["shift_u_px"], d["shift_v_px"]), -1), dtype=torch.float32))
     proj_moved = Projector(_Blob(box, centre + t), moved, box, hw, samples_per_ray=96)
     tilt = torch.arange(len(ANGLES)).repeat_interleave(hw[0] * hw[1])

@@ -520,15 +520,18 @@ def random_ellipsoids(shape_zyx: Sequence[int], n: int = 8, seed: int = 0,
                    name=f"random ellipsoids (n={int(n)}, seed={int(seed)})")
 
 
-def random_pose_errors(angles_deg: np.ndarray, shift: float, rotation: float, seed: int = 0) -> dict:
+def random_pose_errors(angles_deg: np.ndarray, shift: float, rotation: float, seed: int = 0,
+                       axis: float = 0.0) -> dict:
     """Per-view pose errors of a misaligned series, as the true poses of :func:`project`.
 
     Shifts su, sv are each uniform in +-``shift`` pixels, the in-plane image rotation z3 uniform in
     +-``rotation`` degrees, z1 = 0 (the specimen-side rotation, which a real stage does not
     wobble). The reference view (smallest |angle|, as ``TiltSeries.reference_index``) gets no
-    error, so these poses are directly comparable with the ones fasttomo learns (which keep that
-    view fixed). Drawn from ``SeedSequence(seed, spawn_key=(2,))``: unit draws scaled by
-    ``shift``/``rotation``, so the error pattern is the same whatever the magnitudes.
+    random error, so these poses are directly comparable with the ones fasttomo learns (which keep
+    that view's shift at zero). ``axis`` (degrees) is an error of the tilt-axis angle: one image
+    rotation added to every view's z3, the reference's included. Drawn from
+    ``SeedSequence(seed, spawn_key=(2,))``: unit draws scaled by ``shift``/``rotation``, so the
+    error pattern is the same whatever the magnitudes.
 
     Returns {"reference_index", "tilt_deg", "z1_deg", "z3_deg", "shift_u_px", "shift_v_px"} with
     per-view lists (the keys of ``Poses.describe()``).
@@ -539,6 +542,8 @@ def random_pose_errors(angles_deg: np.ndarray, shift: float, rotation: float, se
     for name, val in (("shift", shift), ("rotation", rotation)):
         if not (isinstance(val, (int, float)) and math.isfinite(val) and val >= 0):
             raise PhantomError(f"random_pose_errors: {name} must be a number >= 0, got {val!r}.")
+    if not (isinstance(axis, (int, float)) and math.isfinite(axis) and abs(axis) <= 45.0):
+        raise PhantomError(f"random_pose_errors: axis must be a number of degrees in [-45, 45], got {axis!r}.")
     rng = _stream(seed, _POSE_STREAM)
     unit_shift = rng.uniform(-1.0, 1.0, size=(n, 2))
     unit_rot = rng.uniform(-1.0, 1.0, size=n)
@@ -547,6 +552,7 @@ def random_pose_errors(angles_deg: np.ndarray, shift: float, rotation: float, se
     z3 = unit_rot * float(rotation)
     shifts[ref] = 0.0
     z3[ref] = 0.0
+    z3 = z3 + float(axis)
     return {
         "reference_index": ref,
         "tilt_deg": [float(a) for a in tilt],
@@ -595,7 +601,9 @@ def make_tiltseries(cfg: Any) -> TiltSeries:
     angles = np.linspace(float(cfg.tilt_min), float(cfg.tilt_max), int(cfg.n_tilts))
     shift_err = float(getattr(cfg, "pose_error_shift", 0.0))
     rot_err = float(getattr(cfg, "pose_error_rotation", 0.0))
-    true_poses = random_pose_errors(angles, shift_err, rot_err, seed) if (shift_err > 0 or rot_err > 0) else None
+    axis_err = float(getattr(cfg, "tilt_axis_error", 0.0))
+    true_poses = (random_pose_errors(angles, shift_err, rot_err, seed, axis=axis_err)
+                  if (shift_err > 0 or rot_err > 0 or axis_err != 0) else None)
     if kind == "nanoparticle":
         stack = phantom.project(angles, cfg.height, cfg.width, poses=true_poses)
     else:
@@ -628,6 +636,7 @@ def make_tiltseries(cfg: Any) -> TiltSeries:
         "tilt_range_deg": [float(cfg.tilt_min), float(cfg.tilt_max)],
         "pose_error_shift_px": shift_err,
         "pose_error_rotation_deg": rot_err,
+        "tilt_axis_error_deg": axis_err,
         "geometry": "u = x cos(theta) + z sin(theta), v = y (IMOD reoriented frame); exact line integrals",
     }
     if kind == "nanoparticle":

@@ -24,7 +24,10 @@ Gauge freedoms (what the data cannot fix)
     angle(R_L R_T^T) = atan2(|axis vector|, trace - 1): independent of how the Euler angles
     share it, and for small errors sqrt((dz1 sin theta)^2 + (dz3 + dz1 cos theta)^2). The raw z3
     difference is reported beside it for reference. There is no rotation gauge left: the fixed
-    reference view pins the volume's orientation, and the tilt angles are not learned.
+    reference view pins the volume's orientation, and the tilt angles are not learned. With z1 not
+    learned, a rotation common to every view may be learned too (``learn_tilt_axis``: an error of
+    the tilt-axis angle turns every image, the reference's included); the tilted views fix it, and
+    the reference view is then scored like the others.
 """
 
 from __future__ import annotations
@@ -89,6 +92,8 @@ def pose_errors(learned: Mapping[str, Any], true: Mapping[str, Any]) -> dict:
       rotations R_n (module docstring), the in-plane rotation error that does not depend on the
       z1/z3 split;
     * ``rotation_z3_rms_deg``: raw RMS of the z3 difference alone (wrapped to +-180);
+    * ``n_rotations_compared``: views in the rotation figures: the non-reference views, and the
+      reference view when either pose turns it (a tilt-axis error, ``learn_tilt_axis``);
     * ``n_views``, ``n_compared``, ``reference_index``, and ``per_view`` lists (tilt_deg,
       shift_error_px, shift_error_px_gauge_free, rotation_error_deg; 0 for the reference view).
     """
@@ -121,6 +126,10 @@ def pose_errors(learned: Mapping[str, Any], true: Mapping[str, Any]) -> dict:
     err_gauge = np.linalg.norm(d_free, axis=-1)
 
     rot_err = _geodesic_deg(r_learned, r_true)
+    # the reference view's rotation counts when either side turns it (a tilt-axis error, learned
+    # with pose.learn_tilt_axis); otherwise both are zero there and it is left out
+    ref_turned = any(abs(a[k][ref]) > 1e-9 for a in (lp, tp) for k in ("z1_deg", "z3_deg"))
+    rot_views = free | ((np.arange(n) == ref) & ref_turned)
     dz3 = (lp["z3_deg"] - tp["z3_deg"] + 180.0) % 360.0 - 180.0
     zero_ref = lambda x: np.where(free, x, 0.0)  # noqa: E731
     return {
@@ -133,14 +142,15 @@ def pose_errors(learned: Mapping[str, Any], true: Mapping[str, Any]) -> dict:
         "shift_max_px_gauge_free": float(err_gauge[free].max(initial=0.0)),
         "gauge_tau_px": tau,
         "gauge_translation_xyz_px": [float(v) + 0.0 for v in -tau * beam],   # + 0.0: no "-0.0" in JSON
-        "rotation_rms_deg": _rms(rot_err[free]),
-        "rotation_max_deg": float(rot_err[free].max(initial=0.0)),
-        "rotation_z3_rms_deg": _rms(dz3[free]),
+        "rotation_rms_deg": _rms(rot_err[rot_views]),
+        "rotation_max_deg": float(rot_err[rot_views].max(initial=0.0)),
+        "rotation_z3_rms_deg": _rms(dz3[rot_views]),
+        "n_rotations_compared": int(rot_views.sum()),
         "per_view": {
             "tilt_deg": [float(v) for v in tp["tilt_deg"]],
             "shift_error_px": [float(v) for v in zero_ref(err_raw)],
             "shift_error_px_gauge_free": [float(v) for v in zero_ref(err_gauge)],
-            "rotation_error_deg": [float(v) for v in zero_ref(rot_err)],
+            "rotation_error_deg": [float(v) for v in np.where(rot_views, rot_err, 0.0)],
         },
     }
 
@@ -166,13 +176,17 @@ def set_poses(poses, values: Mapping[str, Any]) -> None:
             raise ValueError("set_poses: values['tilt_deg'] do not match the module's angles; load the poses of this "
                              "tilt series, in its view order.")
     ref = poses.reference_index
-    if any(abs(arr[k][ref]) > 1e-9 for k in arr):
-        raise ValueError(f"set_poses: the reference view {ref} has a non-zero pose, which Poses ignores (it is fixed); "
-                         "express the poses relative to the reference view.")
+    fixed = [k for k in ("z1_deg", "shift_u_px", "shift_v_px") if abs(arr[k][ref]) > 1e-9]
+    if fixed:
+        raise ValueError(f"set_poses: the reference view {ref} has a non-zero {', '.join(fixed)}, which Poses "
+                         "ignores (it is fixed); express the poses relative to the reference view (its z3, a "
+                         "rotation of every view, loads as the tilt-axis rotation).")
+    axis = arr["z3_deg"][ref]   # the reference view's z3 is the rotation common to every view
     with torch.no_grad():
         p = poses.z1
         poses.z1.copy_(torch.as_tensor(np.deg2rad(arr["z1_deg"]), dtype=p.dtype, device=p.device))
-        poses.z3.copy_(torch.as_tensor(np.deg2rad(arr["z3_deg"]), dtype=p.dtype, device=p.device))
+        poses.z3.copy_(torch.as_tensor(np.deg2rad(arr["z3_deg"] - axis), dtype=p.dtype, device=p.device))
+        poses.axis.fill_(float(np.deg2rad(axis)))
         poses.shifts.copy_(torch.as_tensor(np.stack((arr["shift_u_px"], arr["shift_v_px"]), -1), dtype=p.dtype,
                                            device=p.device))
 

@@ -9,7 +9,13 @@ shift, u = x cos(theta) + z sin(theta), v = y). theta comes from the data (degre
 a buffer in radians here), optionally one angle per image line (continuous-rotation data,
 ``angles_deg`` of shape (N, H)). z1, z3 (radians) and the shifts (pixels) are parameters, all
 starting at zero; the reference view (smallest |angle|) is multiplied by a zero mask, so its
-values have no effect and receive zero gradient. Everything is a registered parameter or buffer,
+values have no effect and receive zero gradient, except its shift where ``free_reference_shift``
+opens it (a gauge, reported in the frame where it is zero). One more rotation, ``axis`` (radians),
+is added to every view's z3, the reference's included: an error of the tilt-axis angle. It is
+learned with ``learn_tilt_axis`` when z1 is not (with z1 it would be an exact gauge: the volume
+turned about z and every z1 moved); the tilted views fix it. One shared parameter, not a free
+reference z3: the common rotation is the slow direction of the fit (the field can turn to follow
+it), and one parameter fed by every view's gradient moves along it faster. Everything is a registered parameter or buffer,
 so ``.to(device)`` moves the state and never re-initializes it. Rotation math runs in fp32 with
 autocast disabled.
 """
@@ -26,9 +32,12 @@ from fasttomo.geometry.so3 import rot_y, rot_z
 
 class Poses(torch.nn.Module):
     def __init__(self, angles_deg: np.ndarray, reference_index: int, learn_rotations: bool = False,
-                 learn_shifts: bool = False, learn_z1: bool = True, free_reference_shift: bool = False) -> None:
+                 learn_shifts: bool = False, learn_z1: bool = True, free_reference_shift: bool = False,
+                 learn_tilt_axis: bool = False) -> None:
         """``learn_rotations`` learns z3 and, with ``learn_z1``, z1; ``free_reference_shift`` (with
-        ``learn_shifts``) learns the reference view's shift too (module docstring)."""
+        ``learn_shifts``) learns the reference view's shift too; ``learn_tilt_axis`` (with
+        ``learn_rotations``, without ``learn_z1``) learns the rotation common to every view (module
+        docstring)."""
         super().__init__()
         angles = np.asarray(angles_deg, dtype=np.float64)
         if angles.ndim not in (1, 2) or angles.shape[0] < 1:
@@ -48,9 +57,19 @@ class Poses(torch.nn.Module):
         # not persistent: checkpoints of either kind load into either kind
         self.register_buffer("shift_mask", torch.ones(n) if self.free_reference_shift else mask.clone(),
                              persistent=False)
+        self.learn_tilt_axis = bool(learn_tilt_axis and learn_rotations and not learn_z1)
         self.z1 = torch.nn.Parameter(torch.zeros(n), requires_grad=self.learn_rotations and bool(learn_z1))
         self.z3 = torch.nn.Parameter(torch.zeros(n), requires_grad=self.learn_rotations)
         self.shifts = torch.nn.Parameter(torch.zeros(n, 2), requires_grad=self.learn_shifts)
+        self.axis = torch.nn.Parameter(torch.zeros(()), requires_grad=self.learn_tilt_axis)
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                              error_msgs) -> None:
+        # checkpoints from before the tilt-axis rotation existed: it was zero
+        if prefix + "axis" not in state_dict:
+            state_dict = {**state_dict, prefix + "axis": torch.zeros((), device=self.axis.device)}
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                                      error_msgs)
 
     @property
     def per_line(self) -> bool:
@@ -58,7 +77,7 @@ class Poses(torch.nn.Module):
 
     def _effective(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         m = self.free_mask
-        return self.z1 * m, self.z3 * m, self.shifts * self.shift_mask.unsqueeze(-1)
+        return self.z1 * m, self.z3 * m + self.axis, self.shifts * self.shift_mask.unsqueeze(-1)
 
     @torch.no_grad()
     def gauge_translation(self) -> torch.Tensor:
@@ -69,7 +88,8 @@ class Poses(torch.nn.Module):
             return torch.zeros(3, device=self.shifts.device)
         with torch.autocast(device_type=self.theta.device.type, enabled=False):
             theta = self.theta[ref].mean().reshape(1)
-            r = rot_y(theta)[0]   # the reference view's z1 = z3 = 0 (masked)
+            # the reference view's z1 is 0 (masked); its z3 is the common (tilt-axis) rotation
+            r = (rot_z(self.axis.detach().float().reshape(1)) @ rot_y(theta))[0]
             s = torch.cat((self.shifts[ref].float(), self.shifts.new_zeros(1)))
             return r.t() @ s
 
@@ -119,6 +139,7 @@ class Poses(torch.nn.Module):
             "reference_index": self.reference_index,
             "learn_rotations": self.learn_rotations,
             "learn_shifts": self.learn_shifts,
+            "learn_tilt_axis": self.learn_tilt_axis,
             "tilt_deg": [float(a) for a in ang],
             "z1_deg": (z1 * deg).tolist(),
             "z3_deg": (z3 * deg).tolist(),
@@ -126,4 +147,5 @@ class Poses(torch.nn.Module):
             "shift_v_px": shifts[:, 1].tolist(),
             "max_abs_inplane_deg": float(((z1.abs() + z3.abs()) * deg).max()),
             "max_abs_shift_px": float(shifts.abs().max()),
+            "tilt_axis_deg": float(self.axis.detach().double().cpu()) * deg,
         }
