@@ -64,6 +64,7 @@ def test_help_of_one_key_and_one_group(tmp_path):
                    "data.path: str or null"):
         assert option in group.stdout, option
     assert "IMOD-style stack" in group.stdout                               # an option's comment, in full
+    assert "Keys and defaults" not in group.stdout                          # the YAML's key list is not prose
     section = cli(["--help=output"], tmp_path)                              # a section without options
     assert section.returncode == 0 and "output.overwrite: bool, default false" in section.stdout
     bad = cli(["--help", "optim.stepz"], tmp_path)

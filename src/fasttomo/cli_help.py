@@ -168,6 +168,8 @@ def _first_comment(path: Path) -> str:
         s = s.lstrip("#").strip()
         if s.startswith("@package"):
             continue
+        if s.startswith("Keys and defaults"):  # the key list that follows is shown from the schema
+            break
         if not s or raw.lstrip("#").startswith("   "):  # an indented example ends the prose
             if lines:
                 break
