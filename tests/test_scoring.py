@@ -149,3 +149,41 @@ def test_strided_render_is_the_full_render_subsampled():
     full = _render(comps.projector, 9, 1000)
     for s in (2, 3):
         np.testing.assert_allclose(_render(comps.projector, 9, 777, s), full[:, ::s, ::s], rtol=1e-5, atol=1e-6)
+
+
+def test_held_out_views_are_predicted_with_the_learned_tilt_axis_rotation():
+    """A tilt-axis error turns every view, the ones set aside too: predict_views applies the
+    learned common rotation (and nothing else of the learned poses) to the held-out angles."""
+    import torch
+
+    from fasttomo.geometry.poses import Poses
+    from fasttomo.geometry.rays import Box
+    from fasttomo.projector import Projector
+    from fasttomo.scoring import predict_views
+
+    class Blob(torch.nn.Module):          # an off-centre, elongated blob: a rotation shows
+        def __init__(self, box):
+            super().__init__()
+            self.box = box
+            self.w = torch.nn.Parameter(torch.ones(()))
+
+        def forward(self, pts):
+            p = self.box.denormalize(pts)
+            return self.w * torch.exp(-((p[:, 0] - 3.0) ** 2 / 8.0 + (p[:, 1] + 1.0) ** 2 / 2.0 + p[:, 2] ** 2 / 4.0))
+
+    box = Box((12, 16, 16))
+    angles = np.array([-40.0, 0.0, 35.0])
+    poses = Poses(angles, 1, learn_rotations=True, learn_z1=False, learn_tilt_axis=True)
+    with torch.no_grad():
+        poses.axis.fill_(np.deg2rad(4.0))
+    src = Projector(Blob(box), poses, box, (16, 16), samples_per_ray=48)
+    held = predict_views(src, angles)
+    tilt = torch.arange(3).repeat_interleave(256)
+    row = torch.arange(16).repeat_interleave(16).repeat(3)
+    col = torch.arange(16).repeat(48)
+    with torch.no_grad():
+        same = src(tilt, row, col).reshape(3, 16, 16).numpy()
+        poses.axis.zero_()
+        unturned = src(tilt, row, col).reshape(3, 16, 16).numpy()
+    np.testing.assert_allclose(held, same, atol=1e-6)
+    assert np.abs(held - unturned).max() > 0.05 * np.abs(same).max()

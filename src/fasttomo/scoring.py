@@ -143,13 +143,15 @@ def _render(proj, n: int, chunk: int, stride: int = 1) -> np.ndarray:
 @torch.no_grad()
 def predict_views(field_projector, angles: np.ndarray, chunk: int = 1 << 15) -> np.ndarray:
     """The images (n, H, W) that ``field_projector``'s field predicts at tilt ``angles`` (untouched
-    poses, no intensity model): line integrals in the projector's normalized units."""
+    per-view poses; the learned tilt-axis rotation, common to every view, applied; no intensity
+    model): line integrals in the projector's normalized units."""
     from fasttomo.geometry.poses import Poses
     from fasttomo.projector import Projector
 
     src = field_projector
     device = next(src.field.parameters()).device
     poses = Poses(angles, int(np.argmin(np.abs(angles if angles.ndim == 1 else angles.mean(axis=1))))).to(device)
+    poses.axis.copy_(src.poses.axis.detach())   # a tilt-axis error turns the views set aside too
     proj = Projector(src.field, poses, src.box, src.image_hw, src.samples_per_ray)
     return _render(proj, len(angles), chunk)
 
