@@ -182,6 +182,22 @@ def test_closing_summary_names_the_refined_poses(tmp_path):
     assert not any(ln.startswith("poses refined") for ln in fixed)
 
 
+def test_rotation_plot_draws_z1_only_when_learned_and_names_the_tilt_axis():
+    from fasttomo.geometry.poses import Poses
+    from fasttomo.report import rotation_series
+
+    angles = np.linspace(-60, 60, 7)
+    z3_only = Poses(angles, 3, learn_rotations=True, learn_z1=False, learn_tilt_axis=True)
+    with torch.no_grad():
+        z3_only.axis.fill_(np.deg2rad(0.75))
+    title, ser = rotation_series(z3_only.describe())
+    assert [s.label for s in ser] == ["z3 (in-plane, after the tilt)"]
+    assert title == "Learned rotations per view (tilt axis +0.75 deg)"
+    title, ser = rotation_series(Poses(angles, 3, learn_rotations=True, learn_z1=True).describe())
+    assert [s.label for s in ser] == ["z1 (before the tilt)", "z3 (in-plane, after the tilt)"]
+    assert title == "Learned rotations per view"
+
+
 def test_report_png_is_readable_and_in_tensorboard(redirected_run):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 

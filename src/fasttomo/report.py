@@ -187,11 +187,25 @@ def _plots(metrics: dict, truth_curves: dict | None, half_curves: dict | None, t
             out.append(render_line_plot(ser, "Learned shifts per view", "tilt angle (deg)", "shift (px)",
                                         hlines=[0.0], legend="below", size=PLOT_SIZE)[0])
         if poses.get("learn_rotations", True):
-            ser = [Series("z1 (before the tilt)", tilt, poses["z1_deg"], markers=True),
-                   Series("z3 (in-plane, after the tilt)", tilt, poses["z3_deg"], markers=True)]
-            out.append(render_line_plot(ser, "Learned rotations per view", "tilt angle (deg)", "angle (deg)",
+            title, ser = rotation_series(poses)
+            out.append(render_line_plot(ser, title, "tilt angle (deg)", "angle (deg)",
                                         hlines=[0.0], legend="below", size=PLOT_SIZE)[0])
     return out
+
+
+def rotation_series(poses: dict) -> tuple[str, list]:
+    """Title and curves of the learned-rotations plot of a pose dict (``Poses.describe()``): z3
+    per view, z1 only when it was learned (or is not zero), the tilt-axis correction in the title."""
+    from fasttomo.plots import Series
+
+    tilt = poses["tilt_deg"]
+    ser = [Series("z3 (in-plane, after the tilt)", tilt, poses["z3_deg"], markers=True)]
+    if poses.get("learn_z1", True) or any(poses["z1_deg"]):
+        ser.insert(0, Series("z1 (before the tilt)", tilt, poses["z1_deg"], markers=True))
+    title = "Learned rotations per view"
+    if poses.get("learn_tilt_axis"):
+        title += f" (tilt axis {poses['tilt_axis_deg']:+.2f} deg)"
+    return title, ser
 
 
 def headline(metrics: dict) -> str:

@@ -139,6 +139,7 @@ class Poses(torch.nn.Module):
             "reference_index": self.reference_index,
             "learn_rotations": self.learn_rotations,
             "learn_shifts": self.learn_shifts,
+            "learn_z1": bool(self.z1.requires_grad),
             "learn_tilt_axis": self.learn_tilt_axis,
             "tilt_deg": [float(a) for a in ang],
             "z1_deg": (z1 * deg).tolist(),
