@@ -27,15 +27,17 @@ TINY = [
     "experiment=quick", "logging=quiet", "runtime=cpu", "runtime.threads=1",
     "data.width=16", "data.height=16", "data.n_tilts=9",
     "model.resolutions=[8]", "sampler.batch_size=256", "projector.samples_per_ray=16",
-    "pose=refine", "pose.start_step=0", "pose.learn_z1=true",   # every pose part moves from the first step
+    "pose=refine", "pose.start_step=0",   # poses move from the first step (_cfg: which parts)
     "loss=tv",                            # volume TV draws from the regularizer generator
     "schedule=plateau", "schedule.plateau_patience=0", "schedule.warmup_steps=3",
     f"optim.steps={N + M}", "logging.log_every=1", "logging.val_every=3",  # N is not a validation step
 ]
 
 
-def _cfg(out: Path, *extra: str):
-    return compose_config([*TINY, f"output.dir={out}", *extra])
+def _cfg(out: Path, *extra: str, z1: bool = True):
+    """z1: every pose part learned (z1, z3, shifts); otherwise the default split (z3, the shared
+    tilt-axis rotation, shifts)."""
+    return compose_config([*TINY, f"pose.learn_z1={str(z1).lower()}", f"output.dir={out}", *extra])
 
 
 def _assert_close_tree(a, b, path="", tol=1e-6):
@@ -59,9 +61,10 @@ def _assert_close_tree(a, b, path="", tol=1e-6):
         assert a == b, f"{path}: {a!r} vs {b!r}"
 
 
-def test_exact_resume_single_process(tmp_path):
+@pytest.mark.parametrize("z1", [True, False], ids=["z1-z3-shifts", "z3-tilt-axis-shifts"])
+def test_exact_resume_single_process(tmp_path, z1):
     # A: N + M straight, with a checkpoint at step N on the way
-    cfg_a = _cfg(tmp_path / "a", f"logging.checkpoint_every={N}")
+    cfg_a = _cfg(tmp_path / "a", f"logging.checkpoint_every={N}", z1=z1)
     run(cfg_a)
     straight = load_checkpoint(tmp_path / "a/checkpoints/last.pt")
     at_n = load_checkpoint(tmp_path / "a/checkpoints" / f"step{N:07d}.pt")
@@ -79,7 +82,7 @@ def test_exact_resume_single_process(tmp_path):
     assert isinstance(at_n["scaler"], dict)
 
     # B: a run that stops at N (a fresh Trainer, fit(N), save) ...
-    cfg_b = _cfg(tmp_path / "b")
+    cfg_b = _cfg(tmp_path / "b", z1=z1)
     comps = build(cfg_b, load_tiltseries(cfg_b.data))
     trainer = make_trainer(comps, tmp_path / "b")
     trainer.fit(N)
@@ -93,7 +96,7 @@ def test_exact_resume_single_process(tmp_path):
     # ... C: resumed in a NEW run folder; everything rebuilt, global RNG disturbed first
     torch.manual_seed(12345)
     torch.rand(1000)
-    metrics = run(_cfg(tmp_path / "c", f"resume={tmp_path / 'b/checkpoints/paused.pt'}"))
+    metrics = run(_cfg(tmp_path / "c", f"resume={tmp_path / 'b/checkpoints/paused.pt'}", z1=z1))
     resumed = load_checkpoint(tmp_path / "c/checkpoints/last.pt")
 
     assert metrics["steps"] == N + M and metrics["resumed_from"]["step"] == N
@@ -106,7 +109,8 @@ def test_exact_resume_single_process(tmp_path):
     _assert_close_tree(resumed["val_history"], straight["val_history"], "val_history")
     assert [h[0] for h in resumed["history"]] == list(range(1, N + M + 1))
     _assert_close_tree(resumed["rng"], straight["rng"], "rng", tol=0.0)
-    assert straight["model"]["poses.shifts"].abs().max() > 0 and straight["model"]["poses.z1"].abs().max() > 0
+    learned = ("poses.shifts", "poses.z3", "poses.z1" if z1 else "poses.axis")
+    assert all(straight["model"][k].abs().max() > 0 for k in learned), learned
     # the paused run's folder was not touched by the resumed run
     assert sorted(p.relative_to(tmp_path / "b") for p in (tmp_path / "b").rglob("*")) == b_files
 
