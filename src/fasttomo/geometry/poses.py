@@ -15,9 +15,9 @@ is added to every view's z3, the reference's included: an error of the tilt-axis
 learned with ``learn_tilt_axis`` when z1 is not (with z1 it would be an exact gauge: the volume
 turned about z and every z1 moved); the tilted views fix it. One shared parameter, not a free
 reference z3: the common rotation is the slow direction of the fit (the field can turn to follow
-it), and one parameter fed by every view's gradient moves along it faster. Everything is a registered parameter or buffer,
-so ``.to(device)`` moves the state and never re-initializes it. Rotation math runs in fp32 with
-autocast disabled.
+it), and one parameter fed by every view's gradient moves along it faster. Everything is a
+registered parameter or buffer, so ``.to(device)`` moves the state and never re-initializes it.
+Rotation math runs in fp32 with autocast disabled.
 """
 
 from __future__ import annotations
