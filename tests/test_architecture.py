@@ -16,7 +16,7 @@ LAYERS = [
     # 0: foundations: typed config, pure helpers, the tilt-series container and its files
     ["fasttomo.config", "fasttomo.logging", "fasttomo.metrics", "fasttomo.plots", "fasttomo.stop",
      "fasttomo.losses", "fasttomo.intensity", "fasttomo.data.tiltseries", "fasttomo.data.io",
-     "fasttomo.data.background", "fasttomo.timeline"],
+     "fasttomo.data.background", "fasttomo.timeline", "fasttomo.allocator"],
     # 1: data and geometry
     ["fasttomo.data", "fasttomo.geometry", "fasttomo.trace"],
     # 2: the kernel door

@@ -149,6 +149,10 @@ def build(cfg: Config, ts: TiltSeries, *, rank: int = 0, world_size: int = 1, lo
     from fasttomo.models import build_field
 
     device = resolve_device(cfg.runtime.device, local_rank)
+    if device.type == "cpu":
+        from fasttomo.allocator import tune_cpu_allocator
+
+        tune_cpu_allocator()  # a CPU step's MB-sized tensors stay in the heap (no page-fault churn)
     if cfg.kernels.backend == "triton" and device.type != "cuda":
         raise ConfigError(f"kernels.backend=triton: the fused kernels need a CUDA device, but this run is on "
                           f"{device}; use kernels=auto (fused where possible) or kernels=torch.")
