@@ -92,6 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--phase-steps", type=int, default=10, help="eager steps timed per phase (0: none)")
     p.add_argument("--extra", nargs="*", default=[], help="more config overrides for every variant")
+    p.add_argument("--label", default="", help="appended to the record's case name (an A/B's two sides)")
     p.add_argument("--no-write", action="store_true")
     args = p.parse_args(argv)
 
@@ -176,12 +177,14 @@ def main(argv: list[str] | None = None) -> int:
                   + "/".join(f"{ph.get(f'{q}_ms', float('nan')):.2f}" for q in PHASES))
         if not args.no_write:
             case = args.case if world == 1 else f"{args.case}-ddp{world}"
+            case += f"-{args.label}" if args.label else ""
             argv_used = sys.argv[1:] if argv is None else argv
             for out in [None] + ([Path(os.environ["OUT"])] if os.environ.get("OUT") else []):
                 path = write_result("bench_step", case, device_name(dev), rows, argv=argv_used, out_dir=out,
                                     steps=args.steps, warmup=args.warmup, overrides=args.extra,
                                     process_to_first_step_s=round(first_step_s, 3),
-                                    process_start_exact=timeline.EXACT)
+                                    process_start_exact=timeline.EXACT,
+                                    env={k: v for k, v in os.environ.items() if k.startswith("FASTTOMO_")})
             print(f"wrote {path.name}")
     return 0
 
