@@ -66,13 +66,11 @@ class Box:
 
     def normalize(self, p: torch.Tensor) -> torch.Tensor:
         """Physical (..., 3) xyz in voxel units -> normalized [-1, 1]^3 coordinates."""
-        h = self.half_extent
-        return torch.stack([p[..., a] / h[a] for a in range(3)], dim=-1)
+        return p / _half_extent(self, p.device, p.dtype)
 
     def denormalize(self, p_n: torch.Tensor) -> torch.Tensor:
         """Normalized (..., 3) xyz -> physical coordinates in voxel units."""
-        h = self.half_extent
-        return torch.stack([p_n[..., a] * h[a] for a in range(3)], dim=-1)
+        return p_n * _half_extent(self, p_n.device, p_n.dtype)
 
 
 SAMPLE_SPACING = 4.0 / 3.0
@@ -125,6 +123,17 @@ def pixel_to_detector(row: torch.Tensor, col: torch.Tensor, image_hw: tuple[int,
     return col.to(dtype) - (w - 1) / 2.0, row.to(dtype) - (h - 1) / 2.0
 
 
+_half_extent_cache: dict = {}
+
+
+def _half_extent(box: Box, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    """(3,) ``box.half_extent`` (x, y, z) as a tensor, built once per box, device and dtype."""
+    key = (tuple(box.half_extent), device, dtype)
+    if key not in _half_extent_cache:
+        _half_extent_cache[key] = torch.tensor(key[0], device=device, dtype=dtype)
+    return _half_extent_cache[key]
+
+
 def ray_samples(row: torch.Tensor, col: torch.Tensor, R: torch.Tensor, shift: torch.Tensor,
                 image_hw: tuple[int, int], box: Box, n_samples: int) -> RaySamples:
     """Midpoint samples of the rays of pixels (row, col) (B,) in views with poses R (B, 3, 3),
@@ -139,21 +148,19 @@ def ray_samples(row: torch.Tensor, col: torch.Tensor, R: torch.Tensor, shift: to
         rt = R.transpose(-1, -2)
         origin = (rt @ det.unsqueeze(-1)).squeeze(-1)  # (B, 3) voxel units
         direction = rt[..., 2]  # R^T e_z, unit length
-        # slab method, one axis at a time (python-float half extents: no host->device copies)
-        t_in = t_out = None
-        for a, h in enumerate(box.half_extent):
-            o, d = origin[:, a], direction[:, a]
-            parallel = d.abs() < 1e-9
-            d_safe = torch.where(parallel, torch.ones_like(d), d)
-            t1, t2 = (-h - o) / d_safe, (h - o) / d_safe
-            lo, hi = torch.minimum(t1, t2), torch.maximum(t1, t2)
-            # a ray parallel to the slab is inside it for all t, or for none
-            within = o.abs() <= h
-            inf = torch.full_like(lo, float("inf"))
-            lo = torch.where(parallel, torch.where(within, -inf, inf), lo)
-            hi = torch.where(parallel, torch.where(within, inf, -inf), hi)
-            t_in = lo if t_in is None else torch.maximum(t_in, lo)
-            t_out = hi if t_out is None else torch.minimum(t_out, hi)
+        # slab method, the three axes at once (the half extents: a cached device constant, so a
+        # captured step makes no host->device copy)
+        h = _half_extent(box, origin.device, origin.dtype)  # (3,)
+        parallel = direction.abs() < 1e-9
+        d_safe = torch.where(parallel, torch.ones_like(direction), direction)
+        t1, t2 = (-h - origin) / d_safe, (h - origin) / d_safe
+        lo, hi = torch.minimum(t1, t2), torch.maximum(t1, t2)
+        # a ray parallel to a slab is inside it for all t, or for none
+        inf = torch.full_like(lo, float("inf"))
+        within = origin.abs() <= h
+        lo = torch.where(parallel, torch.where(within, -inf, inf), lo)
+        hi = torch.where(parallel, torch.where(within, inf, -inf), hi)
+        t_in, t_out = lo.amax(dim=-1), hi.amin(dim=-1)
         hit = t_out > t_in
         zero = torch.zeros_like(t_in)
         t_in = torch.where(hit, t_in, zero)

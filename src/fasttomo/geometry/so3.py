@@ -75,17 +75,44 @@ def rotation_from_matrix(m: torch.Tensor) -> torch.Tensor:
     return _SpecialProcrustes.apply(m)
 
 
+_QUAT_TERMS = (  # R_ij = sum of sign * q_a q_b over these (a, b), for a unit quaternion (w, x, y, z) = 0..3
+    ((1, 0, 0), (1, 1, 1), (-1, 2, 2), (-1, 3, 3)),   # R00 = w^2 + x^2 - y^2 - z^2
+    ((2, 1, 2), (-2, 0, 3)),                           # R01 = 2 (xy - wz)
+    ((2, 1, 3), (2, 0, 2)),                            # R02 = 2 (xz + wy)
+    ((2, 1, 2), (2, 0, 3)),                            # R10 = 2 (xy + wz)
+    ((1, 0, 0), (-1, 1, 1), (1, 2, 2), (-1, 3, 3)),   # R11 = w^2 - x^2 + y^2 - z^2
+    ((2, 2, 3), (-2, 0, 1)),                           # R12 = 2 (yz - wx)
+    ((2, 1, 3), (-2, 0, 2)),                           # R20 = 2 (xz - wy)
+    ((2, 2, 3), (2, 0, 1)),                            # R21 = 2 (yz + wx)
+    ((1, 0, 0), (-1, 1, 1), (-1, 2, 2), (1, 3, 3)),   # R22 = w^2 - x^2 - y^2 + z^2
+)
+_quat_basis_cache: dict = {}
+
+
+def _quat_basis(device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    """(16, 9) constant with vec(R) = vec(q q^T) @ basis for a unit quaternion q; built once per
+    device and dtype (first call before a CUDA-graph capture: no host copy inside the step)."""
+    key = (device, dtype)
+    if key not in _quat_basis_cache:
+        b = torch.zeros(16, 9, dtype=torch.float64)
+        for j, terms in enumerate(_QUAT_TERMS):
+            for sign, a, c in terms:
+                b[4 * a + c, j] += sign
+        _quat_basis_cache[key] = b.to(device=device, dtype=dtype)
+    return _quat_basis_cache[key]
+
+
 def rotation_from_quaternion(q: torch.Tensor) -> torch.Tensor:
-    """(..., 3, 3) rotations from (..., 4) quaternions (w, x, y, z), normalized inside."""
+    """(..., 3, 3) rotations from (..., 4) quaternions (w, x, y, z), normalized inside.
+
+    R = Q(q) / |q|^2 with Q the quadratic form of the unit-quaternion formula (the rotation of
+    q / |q|), written as one product with a constant so a step runs a handful of kernels (and
+    their backward) instead of one per term."""
     if q.shape[-1] != 4:
         raise ValueError(f"rotation_from_quaternion: expected (..., 4), got {tuple(q.shape)}")
-    q = q / q.norm(dim=-1, keepdim=True).clamp_min(1e-12)
-    w, x, y, z = q.unbind(-1)
-    return torch.stack((
-        1 - 2 * (y * y + z * z), 2 * (x * y - w * z), 2 * (x * z + w * y),
-        2 * (x * y + w * z), 1 - 2 * (x * x + z * z), 2 * (y * z - w * x),
-        2 * (x * z - w * y), 2 * (y * z + w * x), 1 - 2 * (x * x + y * y),
-    ), dim=-1).unflatten(-1, (3, 3))
+    outer = (q.unsqueeze(-1) * q.unsqueeze(-2)).flatten(-2)  # (..., 16)
+    norm2 = q.square().sum(dim=-1, keepdim=True).clamp_min(1e-24)
+    return ((outer @ _quat_basis(q.device, q.dtype)) / norm2).unflatten(-1, (3, 3))
 
 
 def random_quaternions(n: int, generator: torch.Generator | None = None,
