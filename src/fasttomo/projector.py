@@ -29,7 +29,7 @@ from fasttomo.config import LossConfig
 from fasttomo.geometry.poses import Poses
 from fasttomo.geometry.rays import Box, line_integral, ray_samples, voxel_grid
 from fasttomo.intensity import Intensity
-from fasttomo.models.regularizers import SUBGRID_NOISE, needs_noise, regularization
+from fasttomo.models.regularizers import SUBGRID_NOISE, needs_noise, regularization, subgrid_points
 
 
 class Projector(nn.Module):
@@ -77,23 +77,41 @@ class Projector(nn.Module):
             parts["s3im"] = lc.s3im * losses.s3im(pred, batch.target, batch.weight, s3im_noise)
         return parts
 
-    def regularization(self, generator: torch.Generator | None = None, noise: torch.Tensor | None = None
-                       ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        """The field's weighted regularizers (plane TV, volume TV) and their total."""
-        return regularization(self.field, self.loss, generator, noise)
+    def tv_points(self, generator: torch.Generator | None = None, noise: torch.Tensor | None = None
+                  ) -> torch.Tensor | None:
+        """The volume TV's random sub-grid (n, n, n, 3) for this step, or None when the field has
+        no such term; evaluate it with the rays (``forward(..., extra_points=)``) and pass the
+        density to :meth:`regularization`."""
+        return subgrid_points(self.field, self.loss, generator, noise)
 
-    def forward(self, tilt: torch.Tensor, row: torch.Tensor, col: torch.Tensor) -> torch.Tensor:
+    def regularization(self, generator: torch.Generator | None = None, noise: torch.Tensor | None = None,
+                       tv_density: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """The field's weighted regularizers (plane TV, volume TV) and their total; ``tv_density``:
+        the field on :meth:`tv_points` (else the sub-grid is drawn and evaluated here)."""
+        return regularization(self.field, self.loss, generator, noise, tv_density)
+
+    def forward(self, tilt: torch.Tensor, row: torch.Tensor, col: torch.Tensor,
+                extra_points: torch.Tensor | None = None):
         """Predicted measurements (B,) fp32 for pixels (tilt, row, col): the line integrals,
-        through the intensity model when there is one."""
+        through the intensity model when there is one. With ``extra_points`` (..., 3) normalized
+        xyz, the field is evaluated there in the same call and ``(predicted, density there)`` is
+        returned (one field evaluation per step for the rays and the volume TV's sub-grid)."""
         device_type = tilt.device.type
         with torch.autocast(device_type=device_type, enabled=False):
             rot, shift = self.poses(tilt, row)
             samples = ray_samples(row, col, rot, shift, self.image_hw, self.box, self.samples_per_ray)
         b, s = samples.points.shape[:2]
-        density = self.field(samples.points.reshape(b * s, 3)).reshape(b, s)
+        points = samples.points.reshape(b * s, 3)
+        if extra_points is not None:
+            points = torch.cat((points, extra_points.reshape(-1, 3).to(points.dtype)))
+        out = self.field(points)
+        density = out[:b * s].reshape(b, s)
         with torch.autocast(device_type=device_type, enabled=False):
             integral = line_integral(density.float(), samples) / self.length_unit
-            return integral if self.intensity is None else self.intensity(integral, tilt)
+            pred = integral if self.intensity is None else self.intensity(integral, tilt)
+        if extra_points is None:
+            return pred
+        return pred, out[b * s:].reshape(extra_points.shape[:-1])
 
     def density(self, points: torch.Tensor) -> torch.Tensor:
         """Density per voxel length (target units) at normalized points (N, 3), fp32."""

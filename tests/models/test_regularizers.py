@@ -67,3 +67,43 @@ def test_regularization_parts_and_weights():
     total, parts = regularization(v, LossConfig(plane_tv=1.0, volume_tv=3.0, volume_tv_kind="l1"))
     assert set(parts) == {"volume_tv"}
     torch.testing.assert_close(total, 3.0 * reference.volume_tv(v.density(), "l1"))
+
+
+def test_the_sub_grid_evaluated_with_the_rays_gives_the_same_losses_and_gradients():
+    """Projector.forward(extra_points=) evaluates the field once for the rays and the volume TV's
+    sub-grid (the trainer's step); predictions, the TV term and every gradient match the two
+    separate evaluations."""
+    from fasttomo.geometry.poses import Poses
+    from fasttomo.projector import Projector
+
+    torch.manual_seed(0)
+    box = Box((4, 6, 6))
+    cfg = LossConfig(plane_tv=0.5, volume_tv=2.0, volume_tv_points=4)
+    proj = Projector(KPlanesTILTED(n_rotations=2, **TINY), Poses(torch.tensor([-30.0, 0.0, 30.0]), 1), box,
+                     (6, 6), samples_per_ray=5, loss=cfg)
+    tilt, row, col = torch.tensor([0, 1, 2, 2]), torch.tensor([0, 2, 5, 3]), torch.tensor([1, 3, 0, 5])
+    noise = torch.rand(4, generator=torch.Generator().manual_seed(5))
+    grads = []
+    for merged in (False, True):
+        proj.zero_grad(set_to_none=True)
+        if merged:
+            pts = proj.tv_points(noise=noise)
+            assert pts.shape == (4, 4, 4, 3)
+            pred, dens = proj(tilt, row, col, pts)
+            assert dens.shape == (4, 4, 4)
+            reg, parts = proj.regularization(noise=noise, tv_density=dens)
+        else:
+            pred = proj(tilt, row, col)
+            reg, parts = proj.regularization(noise=noise)
+        (pred.square().sum() + reg).backward()
+        grads.append((pred.detach(), parts["volume_tv"].detach(),
+                      [p.grad.clone() for p in proj.parameters() if p.grad is not None]))
+    (p0, tv0, g0), (p1, tv1, g1) = grads
+    torch.testing.assert_close(p1, p0)
+    torch.testing.assert_close(tv1, tv0)
+    assert tv0 > 0 and len(g0) == len(g1) >= 3
+    for a, b in zip(g0, g1):
+        torch.testing.assert_close(b, a)
+    # no volume TV term: no sub-grid
+    proj.loss = LossConfig(volume_tv=0.0)
+    assert proj.tv_points(noise=noise) is None

@@ -51,13 +51,26 @@ def needs_noise(field: nn.Module, loss_cfg: LossConfig) -> bool:
     return loss_cfg.volume_tv > 0 and not hasattr(field, "volume_tv")
 
 
+def subgrid_points(field: nn.Module, loss_cfg: LossConfig, generator: torch.Generator | None = None,
+                   noise: torch.Tensor | None = None) -> torch.Tensor | None:
+    """The (n, n, n, 3) random sub-grid of the field volume TV (n = loss.volume_tv_points), or None
+    when the field has no such term. A trainer evaluates the field there in the same call as the
+    ray samples (one field evaluation per step) and hands the density to :func:`regularization`."""
+    if not needs_noise(field, loss_cfg):
+        return None
+    return random_subgrid(loss_cfg.volume_tv_points, generator, _device(field), noise=noise)
+
+
 def regularization(field: nn.Module, loss_cfg: LossConfig, generator: torch.Generator | None = None,
-                   noise: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+                   noise: torch.Tensor | None = None, tv_density: torch.Tensor | None = None
+                   ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Weighted regularization total and its weighted parts ({'plane_tv', 'volume_tv'}, only the
     terms with a positive weight that apply to the field; the parts sum to the total).
 
     plane TV: fields with ``plane_tv()`` (K-Planes). Volume TV: the field's own ``volume_tv``
-    (voxel grid) or, for other fields, :func:`field_volume_tv` on a random sub-grid.
+    (voxel grid) or, for other fields, the volume TV of ``tv_density`` (the field's density on
+    :func:`subgrid_points`, evaluated by the caller) or else :func:`field_volume_tv` on a random
+    sub-grid drawn here.
     """
     total = torch.zeros((), device=_device(field))
     parts: dict[str, torch.Tensor] = {}
@@ -66,6 +79,8 @@ def regularization(field: nn.Module, loss_cfg: LossConfig, generator: torch.Gene
     if loss_cfg.volume_tv > 0:
         if hasattr(field, "volume_tv"):
             tv = field.volume_tv(loss_cfg.volume_tv_kind)
+        elif tv_density is not None:
+            tv = dispatch.volume_tv(tv_density, loss_cfg.volume_tv_kind)
         else:
             tv = field_volume_tv(field, loss_cfg.volume_tv_points, loss_cfg.volume_tv_kind, generator, noise)
         parts["volume_tv"] = loss_cfg.volume_tv * tv

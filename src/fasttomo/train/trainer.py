@@ -150,11 +150,16 @@ class Trainer:
             mark("forward")
         self.optimizer.zero_grad(set_to_none=True)
         k = self._subgrid_noise
+        # the volume TV's sub-grid rides along with the rays: one field evaluation per step
+        tv_points = self.projector.tv_points(self.reg_generator, noise[:k] if k else None)
         with self.precision.autocast():
-            pred = self.model(batch.tilt, batch.row, batch.col)
+            if tv_points is None:
+                pred, tv_density = self.model(batch.tilt, batch.row, batch.col), None
+            else:
+                pred, tv_density = self.model(batch.tilt, batch.row, batch.col, tv_points)
         data_parts = self.projector.data_loss(pred, batch, noise[k:] if self._s3im_noise else None)
         with self.precision.autocast():
-            reg, parts = self.projector.regularization(self.reg_generator, noise[:k] if k else None)
+            reg, parts = self.projector.regularization(self.reg_generator, noise[:k] if k else None, tv_density)
         loss = sum(data_parts.values()) + reg.float()
         if mark:
             mark("backward")
