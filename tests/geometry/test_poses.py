@@ -67,6 +67,32 @@ def test_in_plane_rotations_and_shifts_match_the_explicit_matrix_product(which):
             assert abs(v - (p[1] + sv)) > 1e-2
 
 
+@pytest.mark.parametrize("per_line", [False, True])
+def test_fixed_poses_come_from_a_table_that_follows_every_change(per_line):
+    """Nothing learned: the rotations and shifts come from a per-view table (no rotation math per
+    step). It equals the learned path's formula, and a state-dict load (what a resume or a
+    rollback does) updates it in the same tensors a captured CUDA graph reads."""
+    ang = np.linspace(-40, 40, 6 * 4).reshape(6, 4) if per_line else ANGLES
+    fixed = Poses(ang, reference_index=3)
+    learned = Poses(ang, reference_index=3, learn_rotations=True, learn_shifts=True, learn_z1=True)
+    tilt, row = torch.tensor([0, 1, 4, 5, 3]), torch.tensor([0, 3, 2, 1, 0])
+    g = torch.Generator().manual_seed(1)
+    state = {"z1": torch.rand(6, generator=g) - 0.5, "z3": torch.rand(6, generator=g) - 0.5,
+             "shifts": torch.randn(6, 2, generator=g), "axis": torch.tensor(0.2)}
+    r0, s0 = fixed(tilt, row)
+    table = fixed._table
+    assert table is not None and learned._fixed_table() is None
+    np.testing.assert_allclose(r0.numpy(), learned(tilt, row)[0].detach().numpy(), atol=1e-6)
+    for poses in (fixed, learned):
+        poses.load_state_dict({**poses.state_dict(), **state})
+    r1, s1 = fixed(tilt, row)
+    r2, s2 = learned(tilt, row)
+    assert fixed._table[0] is table[0] and fixed._table[1] is table[1]  # updated in place
+    np.testing.assert_allclose(r1.numpy(), r2.detach().numpy(), atol=1e-6)
+    np.testing.assert_allclose(s1.numpy(), s2.detach().numpy(), atol=1e-6)
+    assert (r1 - r0).abs().max() > 0.1 and s1.abs().max() > 0.1
+
+
 def test_reference_view_is_fixed_and_gets_zero_gradient():
     poses = Poses(ANGLES, reference_index=3, learn_rotations=True, learn_shifts=True)
     with torch.no_grad():

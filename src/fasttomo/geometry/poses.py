@@ -62,6 +62,8 @@ class Poses(torch.nn.Module):
         self.z3 = torch.nn.Parameter(torch.zeros(n), requires_grad=self.learn_rotations)
         self.shifts = torch.nn.Parameter(torch.zeros(n, 2), requires_grad=self.learn_shifts)
         self.axis = torch.nn.Parameter(torch.zeros(()), requires_grad=self.learn_tilt_axis)
+        self._table: tuple[torch.Tensor, torch.Tensor] | None = None  # see _fixed_table
+        self._table_key: tuple | None = None
 
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
                               error_msgs) -> None:
@@ -111,16 +113,44 @@ class Poses(torch.nn.Module):
 
         ``row`` (B,) selects the per-line angle for (N, H) angles; ignored otherwise.
         """
+        if self.per_line and row is None:
+            raise ValueError("Poses: per-line angles need the image row of every ray")
+        table = self._fixed_table()
+        if table is not None:  # nothing learned: two lookups instead of the rotation math
+            r_all, s_all = table
+            return (r_all[tilt, row] if self.per_line else r_all[tilt]), s_all[tilt]
         with torch.autocast(device_type=self.theta.device.type, enabled=False):
-            if self.per_line:
-                if row is None:
-                    raise ValueError("Poses: per-line angles need the image row of every ray")
-                theta = self.theta[tilt, row]
-            else:
-                theta = self.theta[tilt]
+            theta = self.theta[tilt, row] if self.per_line else self.theta[tilt]
             z1, z3, shifts = self._effective()
             r = rot_z(z3[tilt]) @ rot_y(theta) @ rot_z(z1[tilt])
             return r, shifts[tilt]
+
+    @torch.no_grad()
+    def _fixed_table(self) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """Every view's rotation ((N, 3, 3), or (N, H, 3, 3) per line) and shift (N, 2) when no
+        pose parameter is learned, else None. Kept between calls and recomputed when a parameter or
+        buffer changed (in place: its version counter; or moved: its storage), into the same
+        tensors where the shapes allow, so a captured CUDA graph reading them sees the update."""
+        tensors = (self.theta, self.z1, self.z3, self.shifts, self.axis, self.free_mask, self.shift_mask)
+        if any(t.requires_grad for t in tensors):
+            return None
+        key = tuple((t.data_ptr(), t._version) for t in tensors)
+        if self._table is not None and self._table_key == key:
+            return self._table
+        with torch.autocast(device_type=self.theta.device.type, enabled=False):
+            z1, z3, shifts = self._effective()
+            if self.per_line:
+                r = rot_z(z3)[:, None] @ rot_y(self.theta) @ rot_z(z1)[:, None]
+            else:
+                r = rot_z(z3) @ rot_y(self.theta) @ rot_z(z1)
+        old = self._table
+        if old is not None and old[0].shape == r.shape and old[0].device == r.device:
+            old[0].copy_(r)
+            old[1].copy_(shifts)
+        else:
+            self._table = (r, shifts.clone())
+        self._table_key = key
+        return self._table
 
     def angles_deg(self) -> np.ndarray:
         """The tilt angles in degrees, (N,) or (N, H) as given."""
