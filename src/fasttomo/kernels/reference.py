@@ -48,30 +48,6 @@ def tilted_kplanes(points: torch.Tensor, matrices: torch.Tensor, plane_data: tor
     return torch.cat(feats, dim=1)
 
 
-MATRIX_GRAD_CHUNKS = 64
-"""Blocks the N-long reduction of :func:`matrix_gradient` is split into (one GEMM of N = 524k
-points x 12 rows ran on a single 32x32 tile: 0.105 ms of a 1.55 ms small128 step on an H200)."""
-
-
-def matrix_gradient(dq: torch.Tensor, points: torch.Tensor) -> torch.Tensor:
-    """dL/dM (T, 3, 3) of q_t = M_t p from dq (3, T, N) = dL/dq and points (N, 3): the sum over
-    points of dq p^T, as ``einsum('itn,nj->tij')``, with the reduction split into
-    MATRIX_GRAD_CHUNKS batched blocks so it spreads over the GPU (the fused backward's host side)."""
-    three, t, n = dq.shape
-    dq2 = dq.reshape(three * t, n)
-    points = points.to(dq.dtype)
-    k = n // MATRIX_GRAD_CHUNKS
-    if k < 1024:
-        out = dq2 @ points
-    else:
-        main = k * MATRIX_GRAD_CHUNKS
-        a = dq2[:, :main].unflatten(1, (MATRIX_GRAD_CHUNKS, k)).transpose(0, 1)  # (chunks, 3T, k)
-        out = torch.bmm(a, points[:main].reshape(MATRIX_GRAD_CHUNKS, k, 3)).sum(dim=0)
-        if main < n:
-            out = out + dq2[:, main:] @ points[main:]
-    return out.reshape(three, t, 3).transpose(0, 1)  # [t, i, j] = sum_n dq[i, t, n] p[n, j]
-
-
 def plane_tv(plane_data: torch.Tensor, layout: PlaneLayout) -> torch.Tensor:
     """Plane total variation: mean over every plane of squared neighbour differences along H and W,
     summed over planes (each plane's mean taken separately, then averaged over the 3*L*T planes)."""

@@ -120,7 +120,7 @@ def _kp_backward(ctx, grad):
     gplanes, dq = torch.ops.fasttomo.tilted_kplanes_bwd(grad, points, matrices, plane_data, n_rot,
                                                         channels, resolutions, need_dq)
     gp = torch.einsum("itn,tij->nj", dq, matrices) if need_p else None  # dq: (3, T, N)
-    gm = reference.matrix_gradient(dq, points) if need_m else None
+    gm = torch.einsum("itn,nj->tij", dq, points) if need_m else None
     return gp, gm, (gplanes if need_x else None), None, None, None, None
 
 
