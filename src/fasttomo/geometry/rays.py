@@ -144,33 +144,31 @@ def ray_samples(row: torch.Tensor, col: torch.Tensor, R: torch.Tensor, shift: to
         R = _at_least_fp32(R)
         shift = shift.to(R.dtype)
         u, v = pixel_to_detector(row, col, image_hw, R.dtype)
-        det = torch.stack((u - shift[:, 0], v - shift[:, 1], torch.zeros_like(u)), dim=-1)
-        rt = R.transpose(-1, -2)
-        origin = (rt @ det.unsqueeze(-1)).squeeze(-1)  # (B, 3) voxel units
-        direction = rt[..., 2]  # R^T e_z, unit length
+        # origin = R^T (u - su, v - sv, 0): rows 0 and 1 of R weighted (no 3x3 product per ray)
+        origin = (u - shift[:, 0]).unsqueeze(-1) * R[:, 0] + (v - shift[:, 1]).unsqueeze(-1) * R[:, 1]  # (B, 3) voxels
+        direction = R[:, 2]  # R^T e_z, unit length
         # slab method, the three axes at once (the half extents: a cached device constant, so a
         # captured step makes no host->device copy)
         h = _half_extent(box, origin.device, origin.dtype)  # (3,)
         parallel = direction.abs() < 1e-9
-        d_safe = torch.where(parallel, torch.ones_like(direction), direction)
+        d_safe = torch.where(parallel, 1.0, direction)
         t1, t2 = (-h - origin) / d_safe, (h - origin) / d_safe
         lo, hi = torch.minimum(t1, t2), torch.maximum(t1, t2)
         # a ray parallel to a slab is inside it for all t, or for none
-        inf = torch.full_like(lo, float("inf"))
+        inf = float("inf")
         within = origin.abs() <= h
-        lo = torch.where(parallel, torch.where(within, -inf, inf), lo)
-        hi = torch.where(parallel, torch.where(within, inf, -inf), hi)
+        lo = torch.where(parallel, torch.where(within, -inf, inf).to(lo.dtype), lo)
+        hi = torch.where(parallel, torch.where(within, inf, -inf).to(hi.dtype), hi)
         t_in, t_out = lo.amax(dim=-1), hi.amin(dim=-1)
         hit = t_out > t_in
-        zero = torch.zeros_like(t_in)
-        t_in = torch.where(hit, t_in, zero)
-        t_out = torch.where(hit, t_out, zero)
+        t_in = torch.where(hit, t_in, 0.0)
+        t_out = torch.where(hit, t_out, 0.0)
         dt = (t_out - t_in) / n_samples
         k = torch.arange(n_samples, device=dt.device, dtype=dt.dtype) + 0.5
         t = t_in.unsqueeze(-1) + k * dt.unsqueeze(-1)  # (B, S)
         p = origin.unsqueeze(1) + t.unsqueeze(-1) * direction.unsqueeze(1)  # (B, S, 3)
         points = box.normalize(p)
-        points = torch.where(hit[:, None, None], points, torch.zeros_like(points))
+        points = torch.where(hit[:, None, None], points, 0.0)
         inside = inside_box(points) & hit.unsqueeze(-1)
         return RaySamples(points=points, dt=dt, inside=inside)
 
@@ -179,7 +177,7 @@ def line_integral(density: torch.Tensor, samples: RaySamples) -> torch.Tensor:
     """(B,) midpoint-rule line integrals of ``density`` (B, S) at ``samples`` (fp32)."""
     with torch.autocast(device_type=density.device.type, enabled=False):
         d = _at_least_fp32(density)
-        d = torch.where(samples.inside, d, torch.zeros((), device=d.device, dtype=d.dtype))
+        d = torch.where(samples.inside, d, 0.0)
         return d.sum(dim=-1) * samples.dt
 
 

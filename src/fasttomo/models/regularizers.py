@@ -72,7 +72,6 @@ def regularization(field: nn.Module, loss_cfg: LossConfig, generator: torch.Gene
     :func:`subgrid_points`, evaluated by the caller) or else :func:`field_volume_tv` on a random
     sub-grid drawn here.
     """
-    total = torch.zeros((), device=_device(field))
     parts: dict[str, torch.Tensor] = {}
     if loss_cfg.plane_tv > 0 and hasattr(field, "plane_tv"):
         parts["plane_tv"] = loss_cfg.plane_tv * field.plane_tv()
@@ -84,6 +83,7 @@ def regularization(field: nn.Module, loss_cfg: LossConfig, generator: torch.Gene
         else:
             tv = field_volume_tv(field, loss_cfg.volume_tv_points, loss_cfg.volume_tv_kind, generator, noise)
         parts["volume_tv"] = loss_cfg.volume_tv * tv
+    total = None
     for v in parts.values():
-        total = total + v
-    return total, parts
+        total = v if total is None else total + v
+    return (torch.zeros((), device=_device(field)) if total is None else total), parts

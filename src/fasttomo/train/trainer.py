@@ -160,7 +160,9 @@ class Trainer:
         data_parts = self.projector.data_loss(pred, batch, noise[k:] if self._s3im_noise else None)
         with self.precision.autocast():
             reg, parts = self.projector.regularization(self.reg_generator, noise[:k] if k else None, tv_density)
-        loss = sum(data_parts.values()) + reg.float()
+        loss = reg.float()
+        for v in data_parts.values():  # no python sum(): its start value 0 would cost a kernel
+            loss = v + loss
         if mark:
             mark("backward")
         self.precision.backward(loss)
