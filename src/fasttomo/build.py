@@ -149,6 +149,9 @@ def build(cfg: Config, ts: TiltSeries, *, rank: int = 0, world_size: int = 1, lo
     from fasttomo.models import build_field
 
     device = resolve_device(cfg.runtime.device, local_rank)
+    from fasttomo.kernels import prewarm
+
+    prewarm.wait()  # the kernels' background load (reconstruct.main) ends before anything uses them
     if device.type == "cpu":
         from fasttomo.allocator import tune_cpu_allocator
 

@@ -273,7 +273,9 @@ def program():
 
 def main() -> None:
     from fasttomo.cli_errors import run_checked
+    from fasttomo.kernels import prewarm
 
+    prewarm.start()  # a GPU run: load the fused kernels while the config, data and model are prepared
     _note_existing_folders(sys.argv[1:])
     run_checked(program(), sys.argv[1:], _app)
 

@@ -1,0 +1,42 @@
+"""kernels.prewarm: the background load of the fused kernels at a GPU run's start (fresh processes)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+CHILD = r"""
+import json, sys
+from fasttomo.kernels import prewarm
+started = prewarm.start()
+again = prewarm.start()
+prewarm.wait()
+out = {"started": started, "again": again, "ops_loaded": "fasttomo.kernels.triton.ops" in sys.modules}
+if started:
+    from triton.runtime.cache import triton_key
+    out["key_cached"] = triton_key.cache_info().currsize == 1
+print(json.dumps(out))
+"""
+
+
+def _child() -> dict:
+    out = subprocess.run([sys.executable, "-c", CHILD], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the no-GPU case (this machine has a GPU)")
+def test_without_a_gpu_nothing_is_loaded():
+    assert _child() == {"started": False, "again": False, "ops_loaded": False}
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not (torch.cuda.is_available() and importlib.util.find_spec("triton")),
+                    reason="needs a CUDA GPU and triton")
+def test_on_a_gpu_the_kernels_and_the_cache_key_are_ready_after_wait():
+    assert _child() == {"started": True, "again": False, "ops_loaded": True, "key_cached": True}
