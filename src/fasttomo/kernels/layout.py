@@ -103,3 +103,26 @@ class PlaneLayout:
         o = self.offsets[scale][kind]
         n = self.n_rot * h * w * self.channels
         return plane_data[o : o + n].view(self.n_rot, h, w, self.channels)
+
+    def kind_runs(self, scale: int):
+        """Runs of consecutive plane kinds at ``scale`` that share (H, W), as (k0, k1, H, W) with
+        kinds k0..k1-1: their planes are back to back in the buffer, so one run is one batch of
+        (k1-k0)*T planes (all 3 kinds for a cubic resolution)."""
+        runs = []
+        for k in range(3):
+            hw = self.plane_shape(scale, k)
+            if runs and runs[-1][2:] == hw:
+                runs[-1] = (runs[-1][0], k + 1) + hw
+            else:
+                runs.append((k, k + 1) + hw)
+        return runs
+
+    def view_kinds(self, plane_data, scale: int, k0: int, k1: int):
+        """The ((k1-k0)*T, H, W, C) view of plane kinds k0..k1-1 at one scale (no copy); they must
+        share (H, W) (a run of ``kind_runs``)."""
+        h, w = self.plane_shape(scale, k0)
+        if any(self.plane_shape(scale, k) != (h, w) for k in range(k0, k1)):
+            raise ValueError(f"PlaneLayout.view_kinds: kinds {k0}..{k1 - 1} of scale {scale} differ in (H, W)")
+        o = self.offsets[scale][k0]
+        n = (k1 - k0) * self.n_rot * h * w * self.channels
+        return plane_data[o : o + n].view((k1 - k0) * self.n_rot, h, w, self.channels)
