@@ -44,15 +44,17 @@ def test_import_does_not_import_triton():
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
-@pytest.mark.parametrize("backend", ["auto", "torch"])
-def test_cpu_tensors_take_the_twin(backend):
+@pytest.mark.parametrize("backend, kp_path", [("auto", "cpu"), ("torch", "torch")])
+def test_cpu_tensors_take_the_twin_or_the_cpu_path(backend, kp_path):
+    """On the CPU, tilted_kplanes takes its CPU path (kernels/cpu.py) under backend auto and the
+    twin under backend torch, with the twin's values either way; the TV ops run their twins."""
     dispatch.configure(backend)
     pts, M, x = _inputs()
     out = dispatch.tilted_kplanes(pts, M, x, LAYOUT)
     torch.testing.assert_close(out, reference.tilted_kplanes(pts, M, x, LAYOUT), rtol=0, atol=0)
     dispatch.plane_tv(x, LAYOUT)
     dispatch.volume_tv(torch.randn(3, 4, 5), "l1")
-    assert dispatch.counters == {"tilted_kplanes": {"torch": 1}, "plane_tv": {"torch": 1},
+    assert dispatch.counters == {"tilted_kplanes": {kp_path: 1}, "plane_tv": {"torch": 1},
                                  "volume_tv": {"torch": 1}}
 
 
@@ -109,14 +111,16 @@ def test_invalid_backend_and_kind():
         dispatch.volume_tv(torch.randn(3, 3, 3), "l2")
 
 
-def test_choice_logged_once(caplog):
+@pytest.mark.parametrize("backend, path", [("auto", "cpu"), ("torch", "torch")])
+def test_choice_logged_once(caplog, backend, path):
+    dispatch.configure(backend)
     pts, M, x = _inputs()
     with caplog.at_level(logging.INFO, logger="fasttomo.kernels"):
         for _ in range(3):
             dispatch.tilted_kplanes(pts, M, x, LAYOUT)
     lines = [r.getMessage() for r in caplog.records if "tilted_kplanes ->" in r.getMessage()]
-    assert len(lines) == 1 and "torch" in lines[0], lines
-    assert dispatch.counters["tilted_kplanes"]["torch"] == 3
+    assert len(lines) == 1 and lines[0].startswith(f"kernels: tilted_kplanes -> {path}"), lines
+    assert dispatch.counters["tilted_kplanes"] == {path: 3}
 
 
 def test_twins_small_cases():

@@ -1,7 +1,8 @@
 """The kernel door's spy: how often each op took which path (a plain module, no imports of the
 rest of ``fasttomo.kernels``, so the door and the custom ops both write here without a cycle).
 
-``counters[op][path]`` with path 'triton' or 'torch'; backward passes count as '<op>_bwd'. Nothing
+``counters[op][path]`` with path 'triton', 'cpu' (``kernels/cpu.py``) or 'torch'; backward
+passes count as '<op>_bwd'. Nothing
 is counted while torch.compile traces. ``reset()`` clears the table in place (``dispatch.counters``
 is the same dict).
 """

@@ -9,6 +9,10 @@ Each op takes its fast path (a Triton kernel registered as a torch custom op in
 - Triton imports and the custom ops register (checked once, lazily);
 - the tensors are CUDA, fp32, of supported shapes (see each ``_why_not_*``).
 
+On the CPU, ``tilted_kplanes`` has a fast path of its own (``kernels/cpu.py``: the twin's result with
+a hand-written backward, path ``'cpu'``), taken under ``backend='auto'`` for float32/float64 inputs of
+the layout's shapes outside autocast; ``backend='torch'`` keeps the twin there too.
+
 Otherwise the pure-torch twin in ``kernels/reference.py`` runs. Under ``backend='triton'`` an input
 the fast path cannot take raises ``KernelUnavailableError`` naming the reason. The path taken is
 logged once per (op, path, reason) on logger ``fasttomo.kernels`` and counted in ``counters``
@@ -31,6 +35,7 @@ from typing import Optional
 import torch
 
 from fasttomo.kernels import counters as _spy
+from fasttomo.kernels import cpu as _cpu
 from fasttomo.kernels import reference
 from fasttomo.kernels.layout import PlaneLayout
 
@@ -108,18 +113,22 @@ def _common_reason(tensors) -> Optional[str]:
 
 def _route(op: str, reason: Optional[str]) -> bool:
     """Decide, count and log once. True: take the fast path."""
-    path = "triton" if reason is None else "torch"
     if reason is not None and _state["backend"] == "triton":
         raise KernelUnavailableError(
             f"{op}: kernels.backend=triton but the fast path cannot take this input: {reason}. "
             f"Fix the input or set kernels.backend=auto to fall back to the pure-torch twin.")
+    _note(op, "triton" if reason is None else "torch", reason)
+    return reason is None
+
+
+def _note(op: str, path: str, reason: Optional[str]) -> None:
+    """Count the path taken and log it once per (op, path, reason)."""
     if not torch.compiler.is_compiling():
         _count(op, path)
         key = (op, path, reason)
         if key not in _logged:
             _logged.add(key)
             log.info("kernels: %s -> %s%s", op, path, "" if reason is None else f" ({reason})")
-    return reason is None
 
 
 def _why_not_kplanes(points, matrices, plane_data, layout: PlaneLayout) -> Optional[str]:
@@ -140,9 +149,32 @@ def _why_not_kplanes(points, matrices, plane_data, layout: PlaneLayout) -> Optio
     return None
 
 
+def _why_not_cpu_kplanes(points, matrices, plane_data, layout: PlaneLayout) -> Optional[str]:
+    """None when the CPU fast path (kernels/cpu.py) can take the input."""
+    if _state["backend"] != "auto":
+        return f"kernels.backend={_state['backend']}"
+    if any(t.device.type != "cpu" for t in (points, matrices, plane_data)):
+        return "not all tensors on the CPU"
+    if points.dtype not in (torch.float32, torch.float64) or any(
+            t.dtype != points.dtype for t in (matrices, plane_data)):
+        return f"dtypes {points.dtype}/{matrices.dtype}/{plane_data.dtype}, CPU path needs one of float32, float64"
+    if torch.is_autocast_enabled("cpu"):
+        return "CPU autocast on"
+    T = layout.n_rot
+    if points.dim() != 2 or points.shape[1] != 3 or tuple(matrices.shape) != (T, 3, 3):
+        return f"points {tuple(points.shape)}, matrices {tuple(matrices.shape)}; CPU path needs (N, 3), ({T}, 3, 3)"
+    if plane_data.dim() != 1 or plane_data.numel() != layout.numel or not plane_data.is_contiguous():
+        return f"plane_data must be a contiguous 1-D buffer of {layout.numel} elements"
+    return None
+
+
 def tilted_kplanes(points: torch.Tensor, matrices: torch.Tensor, plane_data: torch.Tensor,
                    layout: PlaneLayout) -> torch.Tensor:
-    if _route("tilted_kplanes", _why_not_kplanes(points, matrices, plane_data, layout)):
+    reason = _why_not_kplanes(points, matrices, plane_data, layout)
+    if reason is not None and _why_not_cpu_kplanes(points, matrices, plane_data, layout) is None:
+        _note("tilted_kplanes", "cpu", None)
+        return _cpu.tilted_kplanes(points, matrices, plane_data, layout)
+    if _route("tilted_kplanes", reason):
         out_bf16 = (torch.is_autocast_enabled("cuda")
                     and torch.get_autocast_dtype("cuda") == torch.bfloat16)
         return torch.ops.fasttomo.tilted_kplanes(points.contiguous(), matrices.contiguous(),

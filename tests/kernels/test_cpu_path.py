@@ -1,0 +1,208 @@
+"""The CPU path of tilted_kplanes (kernels/cpu.py) against its oracle, the pure-torch twin
+(kernels/reference.py): forward values and the three gradients in float64 (tight) and float32,
+on several layouts, points partly outside the box (border clamping), every combination of inputs
+needing a gradient; gradcheck; double backward; what the backward asks of aten; the door's spy."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from fasttomo.kernels import cpu, dispatch, reference
+from fasttomo.kernels.layout import PlaneLayout
+
+LAYOUTS = {
+    "T1_C2_cubic": PlaneLayout(1, 2, ((5, 5, 5),)),
+    "T3_C8_4_345": PlaneLayout(3, 8, ((4, 4, 4), (3, 4, 5))),  # model.resolutions=[4, [3, 4, 5]]
+    # runs of kinds sharing (H, W): [xy+xz, yz], [xy, xz+yz], three single kinds
+    "T3_C2_three_scales": PlaneLayout(3, 2, ((6, 4, 4), (4, 4, 7), (3, 5, 6))),
+    "T1_C8_two_scales": PlaneLayout(1, 8, ((7, 6, 5), (4, 4, 4))),
+}
+TOL = {torch.float64: dict(rtol=1e-10, atol=1e-10), torch.float32: dict(rtol=2e-5, atol=2e-5)}
+
+
+@pytest.fixture(autouse=True)
+def _restore():
+    dispatch.configure("auto")
+    dispatch.reset_counters()
+    yield
+    dispatch.configure("auto")
+    dispatch.reset_counters()
+
+
+def _inputs(lay: PlaneLayout, n: int, dtype, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    pts = torch.rand(n, 3, generator=g, dtype=dtype) * 2.8 - 1.4  # partly outside [-1, 1]^3
+    M = torch.linalg.qr(torch.randn(lay.n_rot, 3, 3, generator=g, dtype=dtype))[0] * 1.1
+    x = torch.randn(lay.numel, generator=g, dtype=dtype)
+    return pts, M, x
+
+
+def _grads(fn, pts, M, x, lay, need, gout):
+    leaves = [t.detach().clone().requires_grad_(r) for t, r in zip((pts, M, x), need)]
+    out = fn(*leaves, lay)
+    wrt = [t for t in leaves if t.requires_grad]
+    got = torch.autograd.grad(out, wrt, gout) if wrt else []
+    return out.detach(), got
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["fp64", "fp32"])
+@pytest.mark.parametrize("lname", list(LAYOUTS))
+def test_values_and_gradients_match_the_twin(lname, dtype):
+    lay = LAYOUTS[lname]
+    pts, M, x = _inputs(lay, 97, dtype)
+    q = torch.einsum("tij,nj->tni", M, pts)
+    assert (q.abs() > 1).any() and (q.abs() < 1).all(dim=-1).any()  # clamped and inner points both
+    gout = torch.randn(pts.shape[0], lay.n_features, dtype=dtype, generator=torch.Generator().manual_seed(1))
+    for need in itertools.product((False, True), repeat=3):
+        ref, gref = _grads(reference.tilted_kplanes, pts, M, x, lay, need, gout)
+        got, ggot = _grads(cpu.tilted_kplanes, pts, M, x, lay, need, gout)
+        assert got.shape == ref.shape == (pts.shape[0], lay.n_features) and got.dtype == dtype
+        torch.testing.assert_close(got, ref, **TOL[dtype])
+        assert len(ggot) == len(gref) == sum(need)
+        for a, b in zip(ggot, gref):
+            assert a.dtype == dtype
+            torch.testing.assert_close(a, b, **TOL[dtype])
+
+
+def test_fp32_forward_is_the_twin_bit_for_bit():
+    """Same q, same grid values, same product order: the fp32 features are identical, with a
+    graph (the autograd Function), without one (nothing requires grad) and under no_grad."""
+    for lay in LAYOUTS.values():
+        pts, M, x = _inputs(lay, 200, torch.float32, seed=3)
+        ref = reference.tilted_kplanes(pts, M, x, lay)
+        assert torch.equal(cpu.tilted_kplanes(pts, M, x, lay), ref)
+        x.requires_grad_()
+        out = cpu.tilted_kplanes(pts, M, x, lay)
+        assert out.requires_grad and torch.equal(out.detach(), ref)
+        with torch.no_grad():
+            out = cpu.tilted_kplanes(pts, M, x, lay)
+        assert not out.requires_grad and torch.equal(out, ref)
+
+
+def test_expanded_and_strided_output_gradients():
+    """Autograd hands backward expanded (stride-0) gradients, e.g. of .sum(); and a column slice
+    of a larger gradient is strided."""
+    lay = LAYOUTS["T3_C8_4_345"]
+    pts, M, x = _inputs(lay, 31, torch.float64, seed=4)
+    for fn_out in (lambda o: o.sum(), lambda o: (torch.cat([o, o], 1)[:, ::2] * 1.5).sum()):
+        got = torch.autograd.grad(fn_out(cpu.tilted_kplanes(pts.requires_grad_(), M.requires_grad_(),
+                                                            x.requires_grad_(), lay)), [pts, M, x])
+        ref = torch.autograd.grad(fn_out(reference.tilted_kplanes(pts, M, x, lay)), [pts, M, x])
+        for a, b in zip(got, ref):
+            torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
+
+
+def test_gradcheck_float64():
+    lay = PlaneLayout(2, 2, ((3, 4, 3), (4, 3, 3)))
+    pts, M, x = _inputs(lay, 6, torch.float64, seed=5)
+    # keep points off texel edges, where bilinear sampling has kinks finite differences straddle
+    assert torch.autograd.gradcheck(lambda p, m, v: cpu.tilted_kplanes(p, m, v, lay),
+                                    (pts.requires_grad_(), M.requires_grad_(), x.requires_grad_()),
+                                    eps=1e-7, atol=1e-6)
+
+
+def test_double_backward_matches_the_twin():
+    """A create_graph backward runs the twin's formula with a graph (spy: 'torch'); the second
+    derivatives are the twin's."""
+    lay = LAYOUTS["T3_C8_4_345"]
+    pts, M, x = _inputs(lay, 23, torch.float64, seed=6)
+    res = {}
+    for name, fn in (("cpu", cpu.tilted_kplanes), ("twin", reference.tilted_kplanes)):
+        leaves = [t.detach().clone().requires_grad_() for t in (pts, M, x)]
+        dispatch.reset_counters()
+        g1 = torch.autograd.grad(fn(*leaves, lay).square().sum(), leaves, create_graph=True)
+        spy = dict(dispatch.counters.get("tilted_kplanes_bwd", {}))
+        g2 = torch.autograd.grad(sum((g * torch.cos(g)).sum() for g in g1), leaves)
+        res[name] = (g1, g2, spy)
+    assert res["cpu"][2] == {"torch": 1}
+    for a, b in zip(res["cpu"][0] + res["cpu"][1], res["twin"][0] + res["twin"][1]):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
+    assert any(float(g.abs().max()) > 0 for g in res["cpu"][1])  # a real second derivative
+
+
+class _AtenLog(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.calls = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.calls.append((func, args))
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("need", [(False, False, True), (True, False, False), (False, True, True),
+                                  (True, True, True)])
+def test_backward_asks_aten_only_for_what_is_needed(need):
+    """output_mask of grid_sampler_2d_backward follows needs_input_grad, and no full-size buffer
+    is zero-filled for the plane gradient (every element is written by a copy)."""
+    lay = PlaneLayout(2, 4, ((6, 6, 6), (9, 9, 9)))  # cubic: one batched call per scale
+    pts, M, x = _inputs(lay, 50, torch.float32, seed=7)
+    leaves = [t.clone().requires_grad_(r) for t, r in zip((pts, M, x), need)]
+    out = cpu.tilted_kplanes(*leaves, lay)
+    with _AtenLog() as log:
+        torch.autograd.grad(out, [t for t in leaves if t.requires_grad], torch.ones_like(out))
+    bw = [a for f, a in log.calls if f is torch.ops.aten.grid_sampler_2d_backward.default]
+    assert len(bw) == lay.n_scales
+    assert all(list(a[6]) == [need[2], need[0] or need[1]] for a in bw)
+    zeroed = [f for f, a in log.calls if f in (torch.ops.aten.zeros.default, torch.ops.aten.zeros_like.default,
+                                                torch.ops.aten.fill_.Scalar, torch.ops.aten.zero_.default)
+              and a and isinstance(a[0], torch.Tensor) and a[0].numel() == lay.numel]
+    assert not zeroed
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_the_door_routes_cpu_inputs_to_the_cpu_path(dtype):
+    lay = LAYOUTS["T3_C8_4_345"]
+    pts, M, x = _inputs(lay, 40, dtype, seed=8)
+    x.requires_grad_()
+    out = dispatch.tilted_kplanes(pts, M, x, lay)
+    out.sum().backward()
+    assert dispatch.counters == {"tilted_kplanes": {"cpu": 1}, "tilted_kplanes_bwd": {"cpu": 1}}
+    (gref,) = torch.autograd.grad(reference.tilted_kplanes(pts, M, x, lay).sum(), [x])
+    torch.testing.assert_close(x.grad, gref, **TOL[dtype])
+
+
+def test_backend_torch_keeps_the_twin():
+    dispatch.configure("torch")
+    lay = LAYOUTS["T3_C8_4_345"]
+    pts, M, x = _inputs(lay, 40, torch.float32, seed=9)
+    x.requires_grad_()
+    dispatch.tilted_kplanes(pts, M, x, lay).sum().backward()
+    assert dispatch.counters == {"tilted_kplanes": {"torch": 1}}  # the twin's backward is autograd's
+
+
+def test_autocast_other_dtypes_and_odd_buffers_take_the_twin():
+    lay = LAYOUTS["T1_C2_cubic"]
+    pts, M, x = _inputs(lay, 40, torch.float32, seed=10)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = dispatch.tilted_kplanes(pts, M, x, lay)
+    assert out.dtype == torch.float32  # the twin keeps fp32 under autocast
+    strided = torch.randn(2 * lay.numel)[::2]  # not contiguous: the twin's views still work
+    torch.testing.assert_close(dispatch.tilted_kplanes(pts, M, strided, lay),
+                               reference.tilted_kplanes(pts, M, strided.contiguous(), lay), rtol=0, atol=0)
+    assert dispatch.counters == {"tilted_kplanes": {"torch": 2}}
+    why = dispatch._why_not_cpu_kplanes(pts.bfloat16(), M.bfloat16(), x.bfloat16(), lay)
+    assert why is not None and "dtype" in why
+    assert dispatch._why_not_cpu_kplanes(pts, M, x, lay) is None
+
+
+def test_layout_kind_runs_and_views():
+    """The runs of kinds the CPU path batches: consecutive kinds of equal (H, W), whose views are
+    the per-kind views back to back."""
+    for lay in LAYOUTS.values():
+        x = torch.arange(lay.numel, dtype=torch.float64)
+        for l in range(lay.n_scales):
+            runs = lay.kind_runs(l)
+            assert [k for k0, k1, _, _ in runs for k in range(k0, k1)] == [0, 1, 2]
+            for k0, k1, h, w in runs:
+                assert all(lay.plane_shape(l, k) == (h, w) for k in range(k0, k1))
+                assert torch.equal(lay.view_kinds(x, l, k0, k1),
+                                   torch.cat([lay.view(x, l, k) for k in range(k0, k1)]))
+            assert all(a[2:] != b[2:] for a, b in zip(runs, runs[1:]))  # maximal runs
+    assert [r[:2] for r in LAYOUTS["T3_C2_three_scales"].kind_runs(0)] == [(0, 2), (2, 3)]
+    with pytest.raises(ValueError, match="differ"):
+        LAYOUTS["T3_C2_three_scales"].view_kinds(torch.zeros(LAYOUTS["T3_C2_three_scales"].numel), 0, 0, 3)
