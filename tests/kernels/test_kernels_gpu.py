@@ -193,11 +193,11 @@ def test_spy_kill_switch_cpu_dtype_create_graph():
                                  "volume_tv": {"torch": 1}}
     dispatch.configure("auto")
     dispatch.reset_counters()
-    dispatch.tilted_kplanes(pts.detach().cpu(), M.cpu(), x.detach().cpu(), lay)
-    dispatch.tilted_kplanes(pts.double(), M.double(), x.double(), lay)
+    dispatch.tilted_kplanes(pts.detach().cpu(), M.cpu(), x.detach().cpu(), lay)  # CPU: kernels/cpu.py
+    dispatch.tilted_kplanes(pts.double(), M.double(), x.double(), lay)  # CUDA fp64: the twin
     dispatch.volume_tv(torch.randn(4, 4, 4, device="cuda", dtype=torch.float64))
     dispatch.volume_tv(torch.randn(1, 4, 4, device="cuda"))  # a size-1 axis: twin
-    assert dispatch.counters == {"tilted_kplanes": {"torch": 2}, "volume_tv": {"torch": 2}}
+    assert dispatch.counters == {"tilted_kplanes": {"cpu": 1, "torch": 1}, "volume_tv": {"torch": 2}}
     dispatch.reset_counters()
     out = dispatch.tilted_kplanes(pts, M, x, lay)
     (gp,) = torch.autograd.grad(out.square().sum(), [pts], create_graph=True)
