@@ -207,8 +207,8 @@ def main() -> int:
         try:
             def fb(tu=tu):
                 f = kp.kplanes_forward(pts, M, x, lay, False, tu)
-                gp, dq = kp.kplanes_backward(gout, pts, M, x, lay, True, tu)
-                torch.einsum("itn,tij->nj", dq, M), torch.einsum("itn,nj->tij", dq, pts)
+                gp, dq, gm = kp.kplanes_backward(gout, pts, M, x, lay, True, tu, need_gm=True)
+                torch.einsum("itn,tij->nj", dq, M)
                 return f, gp
             m = time_ms(fb, reps=args.reps)
             row(f"fused {tag} (grads: all)", "tilted_kplanes", "fwd+bwd", *m, b_fwd + b_bwd_all,

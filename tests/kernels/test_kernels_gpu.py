@@ -99,9 +99,11 @@ def test_kplanes_parity(lname, pkind):
     for tuning in (kp.KPlanesTuning(backward="runs", min_programs_per_sm=0),
                    kp.KPlanesTuning(backward="pairs")):
         assert kp.backward_strategy(pts.shape[0], lay.n_rot, pts.device, tuning) == tuning.backward
-        gp, dq = kp.kplanes_backward(g, pts.detach(), M.detach(), x.detach(), lay, True, tuning)
+        gp, dq, gm = kp.kplanes_backward(g, pts.detach(), M.detach(), x.detach(), lay, True, tuning,
+                                         need_gm=True)
         errs[f"planes_{tuning.backward}"] = rel(gp, gr[2])
         errs[f"points_{tuning.backward}"] = rel(torch.einsum("itn,tij->nj", dq, M.detach()), gr[0])
+        errs[f"matrices_{tuning.backward}"] = rel(gm, gr[1])  # summed in the kernel
     assert max(errs.values()) < 2e-5, errs
     assert torch.isfinite(out).all()
 
@@ -235,7 +237,10 @@ def test_opcheck_tilted_kplanes():
     _opcheck(torch.ops.fasttomo.tilted_kplanes.default, (pts, M, x, 2, 5, res, False))
     _opcheck(torch.ops.fasttomo.tilted_kplanes.default, (pts.detach(), M.detach(), x, 2, 5, res, True))
     g = torch.randn(50, lay.n_features, device="cuda")
-    _opcheck(torch.ops.fasttomo.tilted_kplanes_bwd.default, (g, pts.detach(), M.detach(), x.detach(), 2, 5, res, True))
+    _opcheck(torch.ops.fasttomo.tilted_kplanes_bwd.default, (g, pts.detach(), M.detach(), x.detach(), 2, 5, res, True,
+                                                             True))
+    _opcheck(torch.ops.fasttomo.tilted_kplanes_bwd.default, (g, pts.detach(), M.detach(), x.detach(), 2, 5, res, False,
+                                                             True))
 
 
 def test_opcheck_tv():

@@ -31,9 +31,15 @@ def _texel_runs(errs, g, pts, M, x, lay, res, gr):
     from fasttomo.kernels.triton import kplanes as kp
     for rows, run in ((4, 4), (2, 8), (16, 16)):
         tuning = kp.KPlanesTuning(backward="runs", run_rows=rows, run_len=run, run_warps=1)
-        gp, dq = kp.kplanes_backward(g, pts.detach(), M.detach(), x.detach(), lay, True, tuning)
+        gp, dq, gm = kp.kplanes_backward(g, pts.detach(), M.detach(), x.detach(), lay, True, tuning,
+                                         need_gm=True)
         errs[f"d_planes_runs{rows}x{run}"] = _rel(gp, gr[2])
         errs[f"d_points_runs{rows}x{run}"] = _rel(torch.einsum("itn,tij->nj", dq, M.detach()), gr[0])
+        errs[f"d_matrices_runs{rows}x{run}"] = _rel(gm, gr[1])  # summed in the kernel
+        # the matrices' gradient alone: dq is not written (N = 0) and gm is the same
+        _, dq0, gm0 = kp.kplanes_backward(g, pts.detach(), M.detach(), x.detach(), lay, False, tuning,
+                                          need_gm=True)
+        errs[f"d_matrices_only_runs{rows}x{run}"] = _rel(gm0, gr[1]) + float(dq0.numel() != 0)
 
 
 def _checks():
@@ -79,10 +85,14 @@ def _checks():
                     "d_matrices": _rel(gg[1], gr[1]), "d_planes": _rel(gg[2], gr[2])}
             for bn in (16, 2):  # the "pairs" backward
                 tuning = kp.KPlanesTuning(backward="pairs", pairs_block_n=bn)
-                gp, dq = kp.kplanes_backward(g, pts.detach(), M.detach(), x.detach(), lay, True,
-                                             tuning)
+                gp, dq, gm = kp.kplanes_backward(g, pts.detach(), M.detach(), x.detach(), lay, True,
+                                                 tuning, need_gm=True)
                 errs[f"d_planes_pairs{bn}"] = _rel(gp, gr[2])
                 errs[f"d_points_pairs{bn}"] = _rel(torch.einsum("itn,tij->nj", dq, M.detach()), gr[0])
+                errs[f"d_matrices_pairs{bn}"] = _rel(gm, gr[1])
+                _, dq0, gm0 = kp.kplanes_backward(g, pts.detach(), M.detach(), x.detach(), lay, False,
+                                                  tuning, need_gm=True)
+                errs[f"d_matrices_only_pairs{bn}"] = _rel(gm0, gr[1]) + float(dq0.numel() != 0)
             _texel_runs(errs, g, pts, M, x, lay, res, gr)
             record(f"kplanes[{lname}-{pname}]", errs)
 

@@ -175,6 +175,26 @@ def _store_dq(dq_ptr, s, n, nmask, t, N, gx, gy, gz, ACCUM: tl.constexpr):
 
 
 @triton.jit
+def _add_gm(gm_ptr, pts_ptr, n, nmask, t, gx, gy, gz):
+    """dL/dM_t += sum over this program's points of dq p^T (9 fp32 atomics per program and t):
+    the frame matrices' gradient without writing dq out and reducing it over N afterwards."""
+    n64 = n.to(tl.int64)
+    x = tl.load(pts_ptr + n64 * 3 + 0, mask=nmask, other=0.0)
+    y = tl.load(pts_ptr + n64 * 3 + 1, mask=nmask, other=0.0)
+    z = tl.load(pts_ptr + n64 * 3 + 2, mask=nmask, other=0.0)
+    b = gm_ptr + t * 9
+    tl.atomic_add(b + 0, tl.sum(tl.reshape(gx * x, [gx.numel]), axis=0), sem="relaxed")
+    tl.atomic_add(b + 1, tl.sum(tl.reshape(gx * y, [gx.numel]), axis=0), sem="relaxed")
+    tl.atomic_add(b + 2, tl.sum(tl.reshape(gx * z, [gx.numel]), axis=0), sem="relaxed")
+    tl.atomic_add(b + 3, tl.sum(tl.reshape(gy * x, [gx.numel]), axis=0), sem="relaxed")
+    tl.atomic_add(b + 4, tl.sum(tl.reshape(gy * y, [gx.numel]), axis=0), sem="relaxed")
+    tl.atomic_add(b + 5, tl.sum(tl.reshape(gy * z, [gx.numel]), axis=0), sem="relaxed")
+    tl.atomic_add(b + 6, tl.sum(tl.reshape(gz * x, [gx.numel]), axis=0), sem="relaxed")
+    tl.atomic_add(b + 7, tl.sum(tl.reshape(gz * y, [gx.numel]), axis=0), sem="relaxed")
+    tl.atomic_add(b + 8, tl.sum(tl.reshape(gz * z, [gx.numel]), axis=0), sem="relaxed")
+
+
+@triton.jit
 def kplanes_fwd_kernel(pts_ptr, mat_ptr, planes_ptr, out_ptr, N, F, col0,
                        off_xy, off_xz, off_yz, RX, RY, RZ,
                        T: tl.constexpr, C: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -211,9 +231,10 @@ def kplanes_fwd_kernel(pts_ptr, mat_ptr, planes_ptr, out_ptr, N, F, col0,
 
 @triton.jit
 def kplanes_bwd_kernel(grad_ptr, pts_ptr, mat_ptr, planes_ptr, gplanes_ptr, dq_ptr, dq_stride,
-                       N, F, col0, off_xy, off_xz, off_yz, RX, RY, RZ,
+                       gm_ptr, N, F, col0, off_xy, off_xz, off_yz, RX, RY, RZ,
                        T: tl.constexpr, C: tl.constexpr, BLOCK_N: tl.constexpr,
-                       BLOCK_C: tl.constexpr, NEED_DQ: tl.constexpr, ACCUM_DQ: tl.constexpr):
+                       BLOCK_C: tl.constexpr, NEED_DQ: tl.constexpr, ACCUM_DQ: tl.constexpr,
+                       NEED_GM: tl.constexpr, NEED_S: tl.constexpr):
     """Backward "pairs": a program owns BLOCK_N consecutive points and one rotation t."""
     pid = tl.program_id(0)
     t = tl.program_id(1)
@@ -240,8 +261,8 @@ def kplanes_bwd_kernel(grad_ptr, pts_ptr, mat_ptr, planes_ptr, gplanes_ptr, dq_p
         g = tl.load(g_row[:, None] + c[None, :], mask=m2, other=0.0).to(tl.float32)
         g_xy, g_xz, g_yz, sx, sy, sz = _chunk_grads(
             g, planes_ptr + off_t_xy, planes_ptr + off_t_xz, planes_ptr + off_t_yz,
-            p_xy, p_xz, p_yz, RX, RY, C, c, m2, fx, fy, fz, NEED_DQ)
-        if NEED_DQ:
+            p_xy, p_xz, p_yz, RX, RY, C, c, m2, fx, fy, fz, NEED_S)
+        if NEED_S:
             acc_x += sx
             acc_y += sy
             acc_z += sz
@@ -254,6 +275,8 @@ def kplanes_bwd_kernel(grad_ptr, pts_ptr, mat_ptr, planes_ptr, gplanes_ptr, dq_p
     if NEED_DQ:
         _store_dq(dq_ptr, dq_stride, n.to(tl.int64), nmask, t, N, acc_x * dx, acc_y * dy,
                   acc_z * dz, ACCUM_DQ)
+    if NEED_GM:
+        _add_gm(gm_ptr, pts_ptr, n, nmask, t, acc_x * dx, acc_y * dy, acc_z * dz)
 
 
 @triton.jit
@@ -306,10 +329,10 @@ def _run_flush(gbase, acc00, acc01, acc10, acc11, pu, pv, Ru, C: tl.constexpr, c
 
 @triton.jit
 def kplanes_bwd_runs_kernel(grad_ptr, pts_ptr, mat_ptr, planes_ptr, gplanes_ptr, dq_ptr,
-                            dq_stride, N, F, col0, off_xy, off_xz, off_yz, RX, RY, RZ,
+                            dq_stride, gm_ptr, N, F, col0, off_xy, off_xz, off_yz, RX, RY, RZ,
                             T: tl.constexpr, C: tl.constexpr, ROWS: tl.constexpr,
                             RUN: tl.constexpr, BLOCK_C: tl.constexpr, NEED_DQ: tl.constexpr,
-                            ACCUM_DQ: tl.constexpr):
+                            ACCUM_DQ: tl.constexpr, NEED_GM: tl.constexpr, NEED_S: tl.constexpr):
     """Backward "runs": texel-run accumulation.
 
     A program owns ROWS rows of RUN consecutive points and one rotation t (grid axis 1); for each
@@ -355,8 +378,8 @@ def kplanes_bwd_runs_kernel(grad_ptr, pts_ptr, mat_ptr, planes_ptr, gplanes_ptr,
             g_xy, g_xz, g_yz, sx, sy, sz = _chunk_grads(
                 g, planes_ptr + off_t_xy, planes_ptr + off_t_xz, planes_ptr + off_t_yz,
                 (iy * RX + ix) * C, (iz * RX + ix) * C, (iz * RY + iy) * C, RX, RY, C, c, m2,
-                fx, fy, fz, NEED_DQ)
-            if NEED_DQ:
+                fx, fy, fz, NEED_S)
+            if NEED_S:
                 col = (kk == k)[None, :]
                 dqx = tl.where(col, dqx + (sx * dx)[:, None], dqx)
                 dqy = tl.where(col, dqy + (sy * dy)[:, None], dqy)
@@ -386,9 +409,11 @@ def kplanes_bwd_runs_kernel(grad_ptr, pts_ptr, mat_ptr, planes_ptr, gplanes_ptr,
         _run_flush(g_xy_base, a00, a01, a10, a11, pix, piy, RX, C, c, m2)
         _run_flush(g_xz_base, b00, b01, b10, b11, pix, piz, RX, C, c, m2)
         _run_flush(g_yz_base, e00, e01, e10, e11, piy, piz, RY, C, c, m2)
+    n2 = row0[:, None] + kk[None, :]
     if NEED_DQ:
-        n2 = row0[:, None] + kk[None, :]
         _store_dq(dq_ptr, dq_stride, n2, n2 < N, t, N, dqx, dqy, dqz, ACCUM_DQ)
+    if NEED_GM:
+        _add_gm(gm_ptr, pts_ptr, n2, n2 < N, t, dqx, dqy, dqz)
 
 
 # ------------------------------------------------------------------------------------ launchers
@@ -475,9 +500,10 @@ def backward_strategy(n_points: int, n_rot: int, device: torch.device,
 
 def kplanes_backward(grad: torch.Tensor, points: torch.Tensor, matrices: torch.Tensor,
                      plane_data: torch.Tensor, layout: PlaneLayout, need_dq: bool,
-                     tuning: KPlanesTuning = DEFAULT_TUNING):
-    """Plane gradients and dL/dq, laid out (3, T, N) (N = 0 unless need_dq); the strategy from
-    ``backward_strategy``."""
+                     tuning: KPlanesTuning = DEFAULT_TUNING, need_gm: bool = False):
+    """Plane gradients, dL/dq laid out (3, T, N) (N = 0 unless need_dq) and, with need_gm, the
+    frame matrices' gradient dL/dM (T, 3, 3) summed inside the kernel ((0, 3, 3) otherwise); the
+    strategy from ``backward_strategy``."""
     points, matrices, plane_data = points.contiguous(), matrices.contiguous(), plane_data.contiguous()
     N = points.shape[0]
     T, C = layout.n_rot, layout.channels
@@ -486,21 +512,22 @@ def kplanes_backward(grad: torch.Tensor, points: torch.Tensor, matrices: torch.T
     bc = _block_c(C)
     gplanes = torch.zeros_like(plane_data)
     dq = torch.empty((3, T, N if need_dq else 0), device=points.device, dtype=torch.float32)
+    gm = torch.zeros((T if need_gm else 0, 3, 3), device=points.device, dtype=torch.float32)
     if N == 0:
-        return gplanes, dq
+        return gplanes, dq, gm
     grad = grad.contiguous()  # autograd may hand an expanded (stride-0) gradient
     for l, rx, ry, rz, oxy, oxz, oyz in layout.scales():
-        common = (grad, points, matrices, plane_data, gplanes, dq, T * N, N, F,
+        common = (grad, points, matrices, plane_data, gplanes, dq, T * N, gm, N, F,
                   l * T * C, oxy, oxz, oyz, rx, ry, rz)
+        flags = dict(NEED_DQ=need_dq, ACCUM_DQ=l > 0, NEED_GM=need_gm, NEED_S=need_dq or need_gm)
         if strategy == "runs":
             rows, run = tuning.run_rows, tuning.run_len
             extra = {"maxnreg": int(tuning.run_maxnreg)} if tuning.run_maxnreg else {}
             kplanes_bwd_runs_kernel[(triton.cdiv(N, rows * run), T)](
-                *common, T=T, C=C, ROWS=rows, RUN=run, BLOCK_C=bc, NEED_DQ=need_dq,
-                ACCUM_DQ=l > 0, num_warps=tuning.run_warps, **extra)
+                *common, T=T, C=C, ROWS=rows, RUN=run, BLOCK_C=bc, num_warps=tuning.run_warps,
+                **flags, **extra)
         else:
             bn = tuning.pairs_block_n
             kplanes_bwd_kernel[(triton.cdiv(N, bn), T)](
-                *common, T=T, C=C, BLOCK_N=bn, BLOCK_C=bc, NEED_DQ=need_dq,
-                ACCUM_DQ=l > 0, num_warps=4)
-    return gplanes, dq
+                *common, T=T, C=C, BLOCK_N=bn, BLOCK_C=bc, num_warps=4, **flags)
+    return gplanes, dq, gm
