@@ -175,23 +175,24 @@ def _store_dq(dq_ptr, s, n, nmask, t, N, gx, gy, gz, ACCUM: tl.constexpr):
 
 
 @triton.jit
-def _add_gm(gm_ptr, pts_ptr, n, nmask, t, gx, gy, gz):
-    """dL/dM_t += sum over this program's points of dq p^T (9 fp32 atomics per program and t):
-    the frame matrices' gradient without writing dq out and reducing it over N afterwards."""
+def _add_gm(gm_ptr, pts_ptr, n, nmask, gx, gy, gz):
+    """This program's share of dL/dM_t, the sum over its points of dq p^T (9 floats), stored in
+    its own slot ``gm_ptr`` of the partials buffer; the host sums the slots in a fixed order, so
+    the frame matrices' gradient is deterministic (atomics would not be) and dq need not be written
+    out and reduced over N afterwards."""
     n64 = n.to(tl.int64)
     x = tl.load(pts_ptr + n64 * 3 + 0, mask=nmask, other=0.0)
     y = tl.load(pts_ptr + n64 * 3 + 1, mask=nmask, other=0.0)
     z = tl.load(pts_ptr + n64 * 3 + 2, mask=nmask, other=0.0)
-    b = gm_ptr + t * 9
-    tl.atomic_add(b + 0, tl.sum(tl.reshape(gx * x, [gx.numel]), axis=0), sem="relaxed")
-    tl.atomic_add(b + 1, tl.sum(tl.reshape(gx * y, [gx.numel]), axis=0), sem="relaxed")
-    tl.atomic_add(b + 2, tl.sum(tl.reshape(gx * z, [gx.numel]), axis=0), sem="relaxed")
-    tl.atomic_add(b + 3, tl.sum(tl.reshape(gy * x, [gx.numel]), axis=0), sem="relaxed")
-    tl.atomic_add(b + 4, tl.sum(tl.reshape(gy * y, [gx.numel]), axis=0), sem="relaxed")
-    tl.atomic_add(b + 5, tl.sum(tl.reshape(gy * z, [gx.numel]), axis=0), sem="relaxed")
-    tl.atomic_add(b + 6, tl.sum(tl.reshape(gz * x, [gx.numel]), axis=0), sem="relaxed")
-    tl.atomic_add(b + 7, tl.sum(tl.reshape(gz * y, [gx.numel]), axis=0), sem="relaxed")
-    tl.atomic_add(b + 8, tl.sum(tl.reshape(gz * z, [gx.numel]), axis=0), sem="relaxed")
+    tl.store(gm_ptr + 0, tl.sum(tl.reshape(gx * x, [gx.numel]), axis=0))
+    tl.store(gm_ptr + 1, tl.sum(tl.reshape(gx * y, [gx.numel]), axis=0))
+    tl.store(gm_ptr + 2, tl.sum(tl.reshape(gx * z, [gx.numel]), axis=0))
+    tl.store(gm_ptr + 3, tl.sum(tl.reshape(gy * x, [gx.numel]), axis=0))
+    tl.store(gm_ptr + 4, tl.sum(tl.reshape(gy * y, [gx.numel]), axis=0))
+    tl.store(gm_ptr + 5, tl.sum(tl.reshape(gy * z, [gx.numel]), axis=0))
+    tl.store(gm_ptr + 6, tl.sum(tl.reshape(gz * x, [gx.numel]), axis=0))
+    tl.store(gm_ptr + 7, tl.sum(tl.reshape(gz * y, [gx.numel]), axis=0))
+    tl.store(gm_ptr + 8, tl.sum(tl.reshape(gz * z, [gx.numel]), axis=0))
 
 
 @triton.jit
@@ -231,7 +232,7 @@ def kplanes_fwd_kernel(pts_ptr, mat_ptr, planes_ptr, out_ptr, N, F, col0,
 
 @triton.jit
 def kplanes_bwd_kernel(grad_ptr, pts_ptr, mat_ptr, planes_ptr, gplanes_ptr, dq_ptr, dq_stride,
-                       gm_ptr, N, F, col0, off_xy, off_xz, off_yz, RX, RY, RZ,
+                       gm_ptr, gm_slot0, N, F, col0, off_xy, off_xz, off_yz, RX, RY, RZ,
                        T: tl.constexpr, C: tl.constexpr, BLOCK_N: tl.constexpr,
                        BLOCK_C: tl.constexpr, NEED_DQ: tl.constexpr, ACCUM_DQ: tl.constexpr,
                        NEED_GM: tl.constexpr, NEED_S: tl.constexpr):
@@ -276,7 +277,8 @@ def kplanes_bwd_kernel(grad_ptr, pts_ptr, mat_ptr, planes_ptr, gplanes_ptr, dq_p
         _store_dq(dq_ptr, dq_stride, n.to(tl.int64), nmask, t, N, acc_x * dx, acc_y * dy,
                   acc_z * dz, ACCUM_DQ)
     if NEED_GM:
-        _add_gm(gm_ptr, pts_ptr, n, nmask, t, acc_x * dx, acc_y * dy, acc_z * dz)
+        _add_gm(gm_ptr + ((gm_slot0 + pid).to(tl.int64) * T + t) * 9, pts_ptr, n, nmask, acc_x * dx,
+                acc_y * dy, acc_z * dz)
 
 
 @triton.jit
@@ -329,7 +331,7 @@ def _run_flush(gbase, acc00, acc01, acc10, acc11, pu, pv, Ru, C: tl.constexpr, c
 
 @triton.jit
 def kplanes_bwd_runs_kernel(grad_ptr, pts_ptr, mat_ptr, planes_ptr, gplanes_ptr, dq_ptr,
-                            dq_stride, gm_ptr, N, F, col0, off_xy, off_xz, off_yz, RX, RY, RZ,
+                            dq_stride, gm_ptr, gm_slot0, N, F, col0, off_xy, off_xz, off_yz, RX, RY, RZ,
                             T: tl.constexpr, C: tl.constexpr, ROWS: tl.constexpr,
                             RUN: tl.constexpr, BLOCK_C: tl.constexpr, NEED_DQ: tl.constexpr,
                             ACCUM_DQ: tl.constexpr, NEED_GM: tl.constexpr, NEED_S: tl.constexpr):
@@ -413,7 +415,8 @@ def kplanes_bwd_runs_kernel(grad_ptr, pts_ptr, mat_ptr, planes_ptr, gplanes_ptr,
     if NEED_DQ:
         _store_dq(dq_ptr, dq_stride, n2, n2 < N, t, N, dqx, dqy, dqz, ACCUM_DQ)
     if NEED_GM:
-        _add_gm(gm_ptr, pts_ptr, n2, n2 < N, t, dqx, dqy, dqz)
+        _add_gm(gm_ptr + ((gm_slot0 + pid).to(tl.int64) * T + t) * 9, pts_ptr, n2, n2 < N, dqx, dqy,
+                dqz)
 
 
 # ------------------------------------------------------------------------------------ launchers
@@ -502,7 +505,8 @@ def kplanes_backward(grad: torch.Tensor, points: torch.Tensor, matrices: torch.T
                      plane_data: torch.Tensor, layout: PlaneLayout, need_dq: bool,
                      tuning: KPlanesTuning = DEFAULT_TUNING, need_gm: bool = False):
     """Plane gradients, dL/dq laid out (3, T, N) (N = 0 unless need_dq) and, with need_gm, the
-    frame matrices' gradient dL/dM (T, 3, 3) summed inside the kernel ((0, 3, 3) otherwise); the
+    frame matrices' gradient dL/dM (T, 3, 3) from per-program partial sums, added up here in a fixed
+    order (deterministic) ((0, 3, 3) otherwise); the
     strategy from ``backward_strategy``."""
     points, matrices, plane_data = points.contiguous(), matrices.contiguous(), plane_data.contiguous()
     N = points.shape[0]
@@ -512,12 +516,16 @@ def kplanes_backward(grad: torch.Tensor, points: torch.Tensor, matrices: torch.T
     bc = _block_c(C)
     gplanes = torch.zeros_like(plane_data)
     dq = torch.empty((3, T, N if need_dq else 0), device=points.device, dtype=torch.float32)
-    gm = torch.zeros((T if need_gm else 0, 3, 3), device=points.device, dtype=torch.float32)
+    per_program = tuning.run_rows * tuning.run_len if strategy == "runs" else tuning.pairs_block_n
+    n_prog = triton.cdiv(N, per_program)
+    # one slot of 9 partial sums per (scale, program, t), each written by one program
+    partials = torch.empty((layout.n_scales * n_prog if need_gm else 0, T, 9), device=points.device,
+                           dtype=torch.float32)
     if N == 0:
-        return gplanes, dq, gm
+        return gplanes, dq, torch.zeros((T if need_gm else 0, 3, 3), device=points.device, dtype=torch.float32)
     grad = grad.contiguous()  # autograd may hand an expanded (stride-0) gradient
     for l, rx, ry, rz, oxy, oxz, oyz in layout.scales():
-        common = (grad, points, matrices, plane_data, gplanes, dq, T * N, gm, N, F,
+        common = (grad, points, matrices, plane_data, gplanes, dq, T * N, partials, l * n_prog, N, F,
                   l * T * C, oxy, oxz, oyz, rx, ry, rz)
         flags = dict(NEED_DQ=need_dq, ACCUM_DQ=l > 0, NEED_GM=need_gm, NEED_S=need_dq or need_gm)
         if strategy == "runs":
@@ -530,4 +538,5 @@ def kplanes_backward(grad: torch.Tensor, points: torch.Tensor, matrices: torch.T
             bn = tuning.pairs_block_n
             kplanes_bwd_kernel[(triton.cdiv(N, bn), T)](
                 *common, T=T, C=C, BLOCK_N=bn, BLOCK_C=bc, num_warps=4, **flags)
+    gm = partials.sum(dim=0).reshape(-1, 3, 3) if need_gm else partials.new_zeros((0, 3, 3))
     return gplanes, dq, gm
