@@ -5,9 +5,10 @@ benchmarks/results/first_step-profile-NVIDIA-H200-b70b6da.json): importing trito
 module (about 0.8 s), and Triton's cache key, a hash of its own installation computed once per
 process (0.4 s, ``triton.runtime.cache.triton_key``), before the first kernel came from the cache.
 ``start()`` runs that work in a daemon thread from the command's entry point, while the main thread
-composes the config, reads the data and builds the model; the hashing and file reading release the
-GIL, so they overlap. ``wait()`` joins the thread before the kernels are needed (the builder calls
-it), so nothing else runs beside it from then on. Any failure in the thread is ignored: the door
+composes the config, opens the run folder and reads the data; the hashing and file reading release
+the GIL, so they overlap. ``wait()`` joins the thread at the start of ``build`` (before the model
+and the kernels are used), so nothing runs beside it from then on. Measured: the default run's
+first step 1.9 s -> 0.8 s with a warm cache (b70b6da -> bb1bf7e, one H200). Any failure in the thread is ignored: the door
 (``dispatch``) loads the kernels itself and reports a problem where it matters.
 """
 
