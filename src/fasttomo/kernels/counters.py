@@ -2,8 +2,8 @@
 rest of ``fasttomo.kernels``, so the door and the custom ops both write here without a cycle).
 
 ``counters[op][path]`` with path 'triton', 'cpu' (``kernels/cpu.py``) or 'torch'; backward
-passes count as '<op>_bwd'. Nothing is counted while torch.compile traces. ``reset()`` clears the table in place (``dispatch.counters``
-is the same dict).
+passes count as '<op>_bwd'. Nothing is counted while torch.compile traces. ``reset()`` clears the
+table in place (``dispatch.counters`` is the same dict).
 """
 
 from __future__ import annotations
