@@ -505,9 +505,9 @@ def kplanes_backward(grad: torch.Tensor, points: torch.Tensor, matrices: torch.T
                      plane_data: torch.Tensor, layout: PlaneLayout, need_dq: bool,
                      tuning: KPlanesTuning = DEFAULT_TUNING, need_gm: bool = False):
     """Plane gradients, dL/dq laid out (3, T, N) (N = 0 unless need_dq) and, with need_gm, the
-    frame matrices' gradient dL/dM (T, 3, 3) from per-program partial sums, added up here in a fixed
-    order (deterministic) ((0, 3, 3) otherwise); the
-    strategy from ``backward_strategy``."""
+    frame matrices' gradient dL/dM (T, 3, 3) from per-program partial sums added up here in a fixed
+    order, so it is deterministic ((0, 3, 3) without need_gm); the strategy from
+    ``backward_strategy``."""
     points, matrices, plane_data = points.contiguous(), matrices.contiguous(), plane_data.contiguous()
     N = points.shape[0]
     T, C = layout.n_rot, layout.channels
