@@ -24,15 +24,6 @@ LAYOUTS = {
 TOL = {torch.float64: dict(rtol=1e-10, atol=1e-10), torch.float32: dict(rtol=2e-5, atol=2e-5)}
 
 
-@pytest.fixture(autouse=True)
-def _restore():
-    dispatch.configure("auto")
-    dispatch.reset_counters()
-    yield
-    dispatch.configure("auto")
-    dispatch.reset_counters()
-
-
 def _inputs(lay: PlaneLayout, n: int, dtype, seed: int = 0):
     g = torch.Generator().manual_seed(seed)
     pts = torch.rand(n, 3, generator=g, dtype=dtype) * 2.8 - 1.4  # partly outside [-1, 1]^3

@@ -20,15 +20,6 @@ from fasttomo.kernels.layout import PlaneLayout
 LAYOUT = PlaneLayout(2, 4, ((5, 4, 3), (9, 7, 6)))
 
 
-@pytest.fixture(autouse=True)
-def _restore():
-    dispatch.configure("auto")
-    dispatch.reset_counters()
-    yield
-    dispatch.configure("auto")
-    dispatch.reset_counters()
-
-
 def _inputs(n=17, dtype=torch.float32):
     g = torch.Generator().manual_seed(0)
     pts = (torch.rand(n, 3, generator=g, dtype=dtype) * 2.4 - 1.2).requires_grad_()

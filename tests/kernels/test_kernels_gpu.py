@@ -31,14 +31,6 @@ def rel(a, b):
     return float((a - b).norm() / b.norm().clamp_min(1e-30))
 
 
-@pytest.fixture(autouse=True)
-def _auto():
-    dispatch.configure("auto")
-    dispatch.reset_counters()
-    yield
-    dispatch.configure("auto")
-
-
 def _rays(n_rays, n_samples, device, spread=1.0):
     o = (torch.rand(n_rays, 1, 3, device=device) * 2 - 1) * spread
     d = torch.nn.functional.normalize(torch.randn(n_rays, 1, 3, device=device), dim=-1)
