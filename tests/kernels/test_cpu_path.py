@@ -5,13 +5,14 @@ needing a gradient; gradcheck; double backward; what the backward asks of aten; 
 
 from __future__ import annotations
 
+import functools
 import itertools
 
 import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from fasttomo.kernels import cpu, dispatch, reference
+from fasttomo.kernels import cpu, cpu_native, dispatch, reference
 from fasttomo.kernels.layout import PlaneLayout
 
 LAYOUTS = {
@@ -40,9 +41,18 @@ def _grads(fn, pts, M, x, lay, need, gout):
     return out.detach(), got
 
 
+def _native_or_skip(native):
+    if native and cpu_native.library(torch.float64, 2) is None:
+        pytest.skip("the native CPU kernels cannot be built here (no C compiler)")
+    return native
+
+
+@pytest.mark.parametrize("native", [False, True], ids=["aten", "native"])
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["fp64", "fp32"])
 @pytest.mark.parametrize("lname", list(LAYOUTS))
-def test_values_and_gradients_match_the_twin(lname, dtype):
+def test_values_and_gradients_match_the_twin(lname, dtype, native):
+    """Both implementations of the CPU path (aten's grid sampler; the C kernels of cpu_native)."""
+    fn = functools.partial(cpu.tilted_kplanes, native=_native_or_skip(native))
     lay = LAYOUTS[lname]
     pts, M, x = _inputs(lay, 97, dtype)
     q = torch.einsum("tij,nj->tni", M, pts)
@@ -50,7 +60,7 @@ def test_values_and_gradients_match_the_twin(lname, dtype):
     gout = torch.randn(pts.shape[0], lay.n_features, dtype=dtype, generator=torch.Generator().manual_seed(1))
     for need in itertools.product((False, True), repeat=3):
         ref, gref = _grads(reference.tilted_kplanes, pts, M, x, lay, need, gout)
-        got, ggot = _grads(cpu.tilted_kplanes, pts, M, x, lay, need, gout)
+        got, ggot = _grads(fn, pts, M, x, lay, need, gout)
         assert got.shape == ref.shape == (pts.shape[0], lay.n_features) and got.dtype == dtype
         torch.testing.assert_close(got, ref, **TOL[dtype])
         assert len(ggot) == len(gref) == sum(need)
@@ -60,17 +70,18 @@ def test_values_and_gradients_match_the_twin(lname, dtype):
 
 
 def test_fp32_forward_is_the_twin_bit_for_bit():
-    """Same q, same grid values, same product order: the fp32 features are identical, with a
-    graph (the autograd Function), without one (nothing requires grad) and under no_grad."""
+    """The aten path: same q, same grid values, same product order: the fp32 features are
+    identical, with a graph (the autograd Function), without one (nothing requires grad) and
+    under no_grad. (The native kernels round differently: within TOL, tested above.)"""
     for lay in LAYOUTS.values():
         pts, M, x = _inputs(lay, 200, torch.float32, seed=3)
         ref = reference.tilted_kplanes(pts, M, x, lay)
-        assert torch.equal(cpu.tilted_kplanes(pts, M, x, lay), ref)
+        assert torch.equal(cpu.tilted_kplanes(pts, M, x, lay, native=False), ref)
         x.requires_grad_()
-        out = cpu.tilted_kplanes(pts, M, x, lay)
+        out = cpu.tilted_kplanes(pts, M, x, lay, native=False)
         assert out.requires_grad and torch.equal(out.detach(), ref)
         with torch.no_grad():
-            out = cpu.tilted_kplanes(pts, M, x, lay)
+            out = cpu.tilted_kplanes(pts, M, x, lay, native=False)
         assert not out.requires_grad and torch.equal(out, ref)
 
 
@@ -133,7 +144,7 @@ def test_backward_asks_aten_only_for_what_is_needed(need):
     lay = PlaneLayout(2, 4, ((6, 6, 6), (9, 9, 9)))  # cubic: one batched call per scale
     pts, M, x = _inputs(lay, 50, torch.float32, seed=7)
     leaves = [t.clone().requires_grad_(r) for t, r in zip((pts, M, x), need)]
-    out = cpu.tilted_kplanes(*leaves, lay)
+    out = cpu.tilted_kplanes(*leaves, lay, native=False)
     with _AtenLog() as log:
         torch.autograd.grad(out, [t for t in leaves if t.requires_grad], torch.ones_like(out))
     bw = [a for f, a in log.calls if f is torch.ops.aten.grid_sampler_2d_backward.default]
@@ -197,3 +208,38 @@ def test_layout_kind_runs_and_views():
     assert [r[:2] for r in LAYOUTS["T3_C2_three_scales"].kind_runs(0)] == [(0, 2), (2, 3)]
     with pytest.raises(ValueError, match="differ"):
         LAYOUTS["T3_C2_three_scales"].view_kinds(torch.zeros(LAYOUTS["T3_C2_three_scales"].numel), 0, 0, 3)
+
+
+def test_native_kernels_agree_across_thread_counts():
+    """The points are split among the worker threads: the features are the same bits, the
+    gradients (per-thread plane buffers and float64 matrix sums, added up in a fixed order) agree."""
+    _native_or_skip(True)
+    lay = LAYOUTS["T3_C8_4_345"]
+    pts, M, x = _inputs(lay, 301, torch.float64, seed=11)
+    gout = torch.randn(pts.shape[0], lay.n_features, dtype=torch.float64)
+    before = torch.get_num_threads()
+    res = []
+    try:
+        for nt in (1, 3):
+            torch.set_num_threads(nt)
+            res.append(_grads(functools.partial(cpu.tilted_kplanes, native=True), pts, M, x, lay,
+                              (True, True, True), gout))
+    finally:
+        torch.set_num_threads(before)
+    assert torch.equal(res[0][0], res[1][0])
+    for a, b in zip(res[0][1], res[1][1]):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+
+
+def test_native_kernels_fall_back_without_a_compiler(monkeypatch, tmp_path):
+    lay = LAYOUTS["T1_C2_cubic"]
+    pts, M, x = _inputs(lay, 20, torch.float64, seed=12)
+    monkeypatch.setattr(cpu_native, "_libs", {})
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))  # nothing cached there
+    monkeypatch.setenv("CC", str(tmp_path / "no-such-compiler"))
+    assert cpu_native.library(torch.float64, lay.channels) is None
+    torch.testing.assert_close(cpu.tilted_kplanes(pts, M, x, lay), reference.tilted_kplanes(pts, M, x, lay),
+                               **TOL[torch.float64])
+    with pytest.raises(RuntimeError, match="native CPU kernels could not be built"):
+        cpu.tilted_kplanes(pts, M, x, lay, native=True)
+    assert cpu_native.library(torch.float64, cpu_native.MAX_CHANNELS + 1) is None  # too many channels

@@ -24,6 +24,12 @@ backward is written out:
 - without a gradient to take (grad mode off, or no input requiring grad) the forward alone runs,
   keeping nothing.
 
+Native kernels: where the C kernels of ``kernels/cpu_native.py`` can be built (a C compiler on the
+machine; compiled once and cached), forward and backward run there instead (one pass over the
+points per frame and scale, no grid, products or transposing copies; nothing saved but the
+inputs); ``native=False`` keeps the aten path described above (the tests pin it where they check
+aten's calls or the twin's bits).
+
 Computes in the input dtype (float32, float64). The door (``dispatch.tilted_kplanes``) sends CPU
 float32/float64 inputs here under ``kernels.backend=auto`` and counts path 'cpu'. Measurements and
 what did not help: docs/kernels.md, "CPU path (tilted_kplanes)".
@@ -34,7 +40,7 @@ from __future__ import annotations
 import torch
 
 from fasttomo.kernels import counters as _spy
-from fasttomo.kernels import reference
+from fasttomo.kernels import cpu_native, reference
 from fasttomo.kernels.layout import PLANE_AXES, PlaneLayout
 
 _BILINEAR, _BORDER = 0, 1  # grid_sampler's interpolation_mode / padding_mode codes
@@ -93,15 +99,18 @@ def _forward(points, matrices, plane_data, layout: PlaneLayout, keep: bool):
 
 class TiltedKPlanesCPU(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, points, matrices, plane_data, layout: PlaneLayout):
+    def forward(ctx, points, matrices, plane_data, layout: PlaneLayout, lib=None):
+        ctx.layout, ctx.lib = layout, lib
+        if lib is not None:  # native kernels: the backward recomputes what it needs from the inputs
+            ctx.save_for_backward(points, matrices, plane_data)
+            return cpu_native.forward(lib, points, matrices, plane_data, layout)
         out, grid, others = _forward(points, matrices, plane_data, layout, keep=True)
-        ctx.layout = layout
         ctx.save_for_backward(points, matrices, plane_data, grid, *others)
         return out
 
     @staticmethod
     def backward(ctx, grad):
-        points, matrices, plane_data, grid, *others = ctx.saved_tensors
+        points, matrices, plane_data, *kept = ctx.saved_tensors
         layout: PlaneLayout = ctx.layout
         need_p, need_m, need_x = ctx.needs_input_grad[:3]
         if torch.is_grad_enabled():
@@ -115,8 +124,12 @@ class TiltedKPlanesCPU(torch.autograd.Function):
             res = [None, None, None]
             for (i, t), g in zip(wrt, got):
                 res[i] = torch.zeros_like(t) if g is None else g
-            return res[0], res[1], res[2], None
+            return res[0], res[1], res[2], None, None
         _spy.count("tilted_kplanes_bwd", "cpu")
+        if ctx.lib is not None:
+            return (*cpu_native.backward(ctx.lib, points, matrices, plane_data, layout, grad,
+                                         need_p, need_m, need_x), None, None)
+        grid, *others = kept
         T, C, L = layout.n_rot, layout.channels, layout.n_scales
         n = points.shape[0]
         need_grid = bool(need_p or need_m)
@@ -152,14 +165,25 @@ class TiltedKPlanesCPU(torch.autograd.Function):
                 gm6 = torch.matmul(dgrid.view(3 * T, n, 2).transpose(1, 2), points).view(3, T, 2, 3)
                 gm = matrices.new_zeros((T, 3, 3)).index_add_(1, torch.tensor(_AXES),
                                                               gm6.transpose(0, 1).reshape(T, 6, 3))
-        return gp, gm, gplanes, None
+        return gp, gm, gplanes, None, None
 
 
 def tilted_kplanes(points: torch.Tensor, matrices: torch.Tensor, plane_data: torch.Tensor,
-                   layout: PlaneLayout) -> torch.Tensor:
+                   layout: PlaneLayout, native: bool | None = None) -> torch.Tensor:
     """The twin's ``tilted_kplanes`` on CPU float32/float64 tensors (same dtype, points (N, 3),
-    matrices (T, 3, 3), plane_data the contiguous 1-D buffer of ``layout``); no autocast."""
+    matrices (T, 3, 3), plane_data the contiguous 1-D buffer of ``layout``); no autocast.
+    ``native``: None uses the C kernels where they can be built, False the aten path, True
+    requires the C kernels (RuntimeError where they cannot be built)."""
+    lib = None
+    if native is not False:
+        lib = cpu_native.library(points.dtype, layout.channels)
+        if lib is None and native:
+            raise RuntimeError("tilted_kplanes: the native CPU kernels could not be built (see the log)")
+        if lib is not None:
+            points, matrices = points.contiguous(), matrices.contiguous()
     if torch.is_grad_enabled() and (points.requires_grad or matrices.requires_grad
                                     or plane_data.requires_grad):
-        return TiltedKPlanesCPU.apply(points, matrices, plane_data, layout)
+        return TiltedKPlanesCPU.apply(points, matrices, plane_data, layout, lib)
+    if lib is not None:
+        return cpu_native.forward(lib, points, matrices, plane_data, layout)
     return _forward(points, matrices, plane_data, layout, keep=False)[0]  # nothing to differentiate
