@@ -61,6 +61,10 @@ class TrainerConfig:
                    curve_every=cfg.evaluation.curve_every, guard=cfg.guard)
 
 
+VAL_CHUNK_FLOATS = 1 << 28
+"""Validation chunks hold at most this many decoder-input floats (1 GiB in fp32)."""
+
+
 class Trainer:
     def __init__(self, cfg: TrainerConfig, *, projector, sampler, optimizer: torch.optim.Optimizer,
                  base_lrs: list[float], schedule, precision, reg_generator: torch.Generator,
@@ -178,12 +182,23 @@ class Trainer:
                                **{k: v.detach() for k, v in parts.items()}}
 
     # ------------------------------------------------------------------ evaluation
+    def val_chunk_rays(self) -> int:
+        """Rays per validation chunk: the training batch times k (1 to 16), the most whose
+        decoder inputs (rays x samples x field features, fp32, no autograd) stay within
+        VAL_CHUNK_FLOATS. At 128^3 on an H200 a validation took 11.9 ms in training-batch chunks
+        and 3.6 ms in 16x bigger ones, the same loss to float rounding (24b9dd2,
+        benchmarks/results/validation_chunks-NVIDIA-H200-24b9dd2.json); the flagship (1152
+        features) keeps its training-batch chunks."""
+        feats = max(1, int(getattr(self.projector.field, "n_features", 1)))
+        per_batch = self.sampler.batch_size * max(1, int(getattr(self.projector, "samples_per_ray", 1))) * feats
+        return self.sampler.batch_size * max(1, min(16, VAL_CHUNK_FLOATS // per_batch))
+
     @torch.no_grad()
     def validate(self) -> float:
         """Mean validation loss in fp32 (no autocast) over the whole validation set."""
         total = torch.zeros((), device=self.device, dtype=torch.float64)
         weight = torch.zeros((), device=self.device, dtype=torch.float64)
-        for batch in self.sampler.val_batches():
+        for batch in self.sampler.val_batches(self.val_chunk_rays()):
             pred = self.projector(batch.tilt, batch.row, batch.col)
             total += self.projector.pixel_errors(pred, batch).sum().double()
             weight += batch.weight.sum().double()
