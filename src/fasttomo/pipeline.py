@@ -99,6 +99,12 @@ def run_reconstruction(cfg: Config) -> dict:
     wants_cuda = cfg.runtime.device.startswith("cuda") or (cfg.runtime.device == "auto" and torch.cuda.is_available())
     joined = not is_distributed() and init_distributed("cuda" if wants_cuda else "cpu")
     rank, world, local_rank = dist_info()
+    if wants_cuda and torch.cuda.is_available():  # (no CUDA: build reports runtime.device=cuda)
+        from fasttomo.build import resolve_device
+        from fasttomo.kernels import prewarm
+
+        device = resolve_device(cfg.runtime.device, local_rank)
+        prewarm.warm_device(device.index if device.index is not None else torch.cuda.current_device())
     out_dir = Path(broadcast_object(str(Path(cfg.output.dir).resolve())))
     main = rank == 0
 

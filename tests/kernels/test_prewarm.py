@@ -20,6 +20,12 @@ out = {"started": started, "again": again, "ops_loaded": "fasttomo.kernels.trito
 if started:
     from triton.runtime.cache import triton_key
     out["key_cached"] = triton_key.cache_info().currsize == 1
+    out["gluon_loaded"] = "triton.experimental.gluon" in sys.modules
+out["device_started"] = prewarm.warm_device(0) if started else None
+prewarm.wait()
+if started:
+    import torch
+    out["context"] = torch.cuda.is_initialized()
 print(json.dumps(out))
 """
 
@@ -32,11 +38,12 @@ def _child() -> dict:
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the no-GPU case (this machine has a GPU)")
 def test_without_a_gpu_nothing_is_loaded():
-    assert _child() == {"started": False, "again": False, "ops_loaded": False}
+    assert _child() == {"started": False, "again": False, "ops_loaded": False, "device_started": None}
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not (torch.cuda.is_available() and importlib.util.find_spec("triton")),
                     reason="needs a CUDA GPU and triton")
-def test_on_a_gpu_the_kernels_and_the_cache_key_are_ready_after_wait():
-    assert _child() == {"started": True, "again": False, "ops_loaded": True, "key_cached": True}
+def test_on_a_gpu_the_kernels_the_cache_key_and_the_device_are_ready_after_wait():
+    assert _child() == {"started": True, "again": False, "ops_loaded": True, "key_cached": True, "gluon_loaded": True,
+                        "device_started": True, "context": True}
