@@ -21,7 +21,7 @@ def mrc_run(tmp_path_factory):
     paths = write_tiltseries(tmp / "ph.mrc", make_tiltseries(DataConfig(width=16, height=16, n_tilts=9)), "mrc")
     out = tmp / "first"
     run(compose_config([*TINY, "data=mrc", f"data.path={paths[0]}", f"data.angles={paths[1]}", "data.thickness=8",
-                        "data.normalize=quantile", "optim.steps=4", "optim.lr_grids=0.03", f"output.dir={out}"]))
+                        "data.normalize=quantile", "optim.steps=4", "optim.lr_grids=0.05", f"output.dir={out}"]))
     return tmp, out / "checkpoints" / "last.pt", paths
 
 
@@ -29,7 +29,7 @@ def test_resume_alone_continues_the_saved_run(mrc_run):
     tmp, ckpt, paths = mrc_run
     cfg = compose_config([f"resume={ckpt}", "optim.steps=6", f"output.dir={tmp / 'more'}"])
     assert cfg.data.source == "mrc" and cfg.data.path == paths[0] and cfg.data.thickness == 8
-    assert cfg.optim.steps == 6 and cfg.optim.lr_grids == 0.03 and cfg.model.resolutions == [8]
+    assert cfg.optim.steps == 6 and cfg.optim.lr_grids == 0.05 and cfg.model.resolutions == [8]
     assert cfg.output.dir == str(tmp / "more") and cfg.resume == str(ckpt)
     metrics = run(cfg)
     assert metrics["steps"] == 6 and metrics["resumed_from"]["step"] == 4
