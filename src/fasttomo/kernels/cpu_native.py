@@ -298,7 +298,7 @@ def _compile(dtype: torch.dtype, channels: int) -> Path:
         c_file, so_tmp = Path(tmp) / "k.c", Path(tmp) / "k.so"
         c_file.write_text(_SOURCE)
         proc = subprocess.run([cc, *_CFLAGS, *defs, "-o", str(so_tmp), str(c_file), "-lpthread", "-lm"],
-                              capture_output=True, text=True)
+                              capture_output=True, text=True, timeout=300)
         if proc.returncode != 0:
             raise RuntimeError(f"{cc} failed: {proc.stderr.strip()[:500]}")
         os.replace(so_tmp, out)  # atomic: a concurrent process sees the whole library or none
