@@ -243,3 +243,59 @@ def test_native_kernels_fall_back_without_a_compiler(monkeypatch, tmp_path):
     with pytest.raises(RuntimeError, match="native CPU kernels could not be built"):
         cpu.tilted_kplanes(pts, M, x, lay, native=True)
     assert cpu_native.library(torch.float64, cpu_native.MAX_CHANNELS + 1) is None  # too many channels
+
+
+# ------------------------------------------------------------------------------------ plane TV
+TV_LAYOUTS = dict(LAYOUTS, T2_C3_min_side=PlaneLayout(2, 3, ((2, 3, 2),)))
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["fp64", "fp32"])
+@pytest.mark.parametrize("lname", list(TV_LAYOUTS))
+def test_plane_tv_value_and_gradient_match_the_twin(lname, dtype):
+    """One pass per run of same-shaped kinds and the written-out gradient, against the twin's
+    per-kind means and autograd (anisotropic runs, several scales, 2-texel sides)."""
+    lay = TV_LAYOUTS[lname]
+    x = torch.randn(lay.numel, dtype=dtype, generator=torch.Generator().manual_seed(3)).requires_grad_()
+    got, ref = cpu.plane_tv(x, lay), reference.plane_tv(x, lay)
+    torch.testing.assert_close(got, ref, **TOL[dtype])
+    (g,) = torch.autograd.grad(got * 1.7, [x])
+    (r,) = torch.autograd.grad(ref * 1.7, [x])
+    torch.testing.assert_close(g, r, **TOL[dtype])
+    assert float(got) > 0
+
+
+def test_plane_tv_gradcheck_and_double_backward():
+    lay = TV_LAYOUTS["T3_C2_three_scales"]
+    x = torch.randn(lay.numel, dtype=torch.float64, generator=torch.Generator().manual_seed(4)).requires_grad_()
+    assert torch.autograd.gradcheck(lambda t: cpu.plane_tv(t, lay), (x,))
+    (g,) = torch.autograd.grad(cpu.plane_tv(x, lay), [x], create_graph=True)  # through the twin
+    (gg,) = torch.autograd.grad(g.square().sum(), [x])
+    (r,) = torch.autograd.grad(reference.plane_tv(x, lay), [x], create_graph=True)
+    (rr,) = torch.autograd.grad(r.square().sum(), [x])
+    torch.testing.assert_close(gg, rr, **TOL[torch.float64])
+
+
+def test_plane_tv_of_constant_and_ramp_planes():
+    """Hand-checked values: 0 for a constant buffer; a ramp of slope s along W in every plane
+    gives s^2 per plane (every W difference is s, no H differences), averaged over the planes."""
+    lay = PlaneLayout(2, 3, ((4, 4, 4),))
+    assert float(cpu.plane_tv(torch.full((lay.numel,), 2.5), lay)) == 0.0
+    x = torch.empty(lay.numel, dtype=torch.float64)
+    for l in range(lay.n_scales):
+        for k in range(3):
+            v = lay.view(x, l, k)  # (T, H, W, C)
+            v.copy_(0.3 * torch.arange(v.shape[2], dtype=torch.float64)[None, None, :, None].expand_as(v))
+    assert float(cpu.plane_tv(x, lay)) == pytest.approx(0.09, rel=1e-12)
+
+
+def test_the_door_routes_cpu_plane_tv_to_the_cpu_path_under_auto_only():
+    lay = TV_LAYOUTS["T3_C8_4_345"]
+    x = torch.randn(lay.numel).requires_grad_()
+    dispatch.plane_tv(x, lay).backward()
+    assert dispatch.counters == {"plane_tv": {"cpu": 1}, "plane_tv_bwd": {"cpu": 1}}
+    dispatch.configure("torch")
+    dispatch.plane_tv(x, lay)
+    assert dispatch.counters["plane_tv"] == {"cpu": 1, "torch": 1}
+    dispatch.configure("auto")
+    assert "contiguous" in dispatch._why_not_cpu_plane_tv(torch.zeros(2 * lay.numel)[::2], lay)
+    assert "bfloat16" in dispatch._why_not_cpu_plane_tv(torch.zeros(lay.numel, dtype=torch.bfloat16), lay)

@@ -39,15 +39,16 @@ def test_import_does_not_import_triton():
 def test_cpu_tensors_take_the_twin_or_the_cpu_path(backend, kp_path):
     """On the CPU, tilted_kplanes takes its CPU path (kernels/cpu.py) under backend auto and the
     twin under backend torch, with the twin's values either way (the CPU path's native C kernels
-    round differently: within fp32 rounding); the TV ops run their twins."""
+    round differently: within fp32 rounding); plane TV takes its CPU path under auto too (same
+    value to rounding), volume TV its twin."""
     dispatch.configure(backend)
     pts, M, x = _inputs()
     out = dispatch.tilted_kplanes(pts, M, x, LAYOUT)
     tol = dict(rtol=0, atol=0) if kp_path == "torch" else dict(rtol=2e-5, atol=2e-5)
     torch.testing.assert_close(out, reference.tilted_kplanes(pts, M, x, LAYOUT), **tol)
-    dispatch.plane_tv(x, LAYOUT)
+    torch.testing.assert_close(dispatch.plane_tv(x, LAYOUT), reference.plane_tv(x, LAYOUT), **tol)
     dispatch.volume_tv(torch.randn(3, 4, 5), "l1")
-    assert dispatch.counters == {"tilted_kplanes": {kp_path: 1}, "plane_tv": {"torch": 1},
+    assert dispatch.counters == {"tilted_kplanes": {kp_path: 1}, "plane_tv": {kp_path: 1},
                                  "volume_tv": {"torch": 1}}
 
 

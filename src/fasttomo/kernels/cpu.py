@@ -1,4 +1,5 @@
-"""CPU fast path of ``tilted_kplanes``: the twin's result with a hand-written backward.
+"""CPU fast paths of ``tilted_kplanes`` and ``plane_tv``: the twins' results with hand-written
+backwards (plane TV: see ``PlaneTVCPU`` at the end).
 
 The pure-torch twin (``reference.tilted_kplanes``) builds a large autograd graph per scale and
 plane kind (select, stack, grid_sample, product, permute/reshape, cat) whose backward makes many
@@ -187,3 +188,65 @@ def tilted_kplanes(points: torch.Tensor, matrices: torch.Tensor, plane_data: tor
     if lib is not None:
         return cpu_native.forward(lib, points, matrices, plane_data, layout)
     return _forward(points, matrices, plane_data, layout, keep=False)[0]  # nothing to differentiate
+
+
+# ------------------------------------------------------------------------------------ plane TV
+def _tv_runs(plane_data: torch.Tensor, layout: PlaneLayout):
+    """Per run of plane kinds sharing (H, W) (``PlaneLayout.kind_runs``): its (P, H, W, C) view."""
+    for l in range(layout.n_scales):
+        for k0, k1, _, _ in layout.kind_runs(l):
+            yield layout.view_kinds(plane_data, l, k0, k1)
+
+
+class PlaneTVCPU(torch.autograd.Function):
+    """The twin's plane TV (each plane's mean squared neighbour difference along H and W, averaged
+    over the 3 L T planes) with one pass per run of same-shaped plane kinds instead of one per
+    kind, and its gradient written out: d/dv of sum(d^2) / n is 2 d / n, added at the later
+    neighbour and taken from the earlier one."""
+
+    @staticmethod
+    def forward(ctx, plane_data, layout: PlaneLayout):
+        ctx.layout = layout
+        ctx.save_for_backward(plane_data)
+        return _plane_tv_value(plane_data, layout)
+
+    @staticmethod
+    def backward(ctx, grad):
+        (plane_data,) = ctx.saved_tensors
+        layout: PlaneLayout = ctx.layout
+        if torch.is_grad_enabled():  # create_graph backward: higher-order autograd through the twin
+            _spy.count("plane_tv_bwd", "torch")
+            out = reference.plane_tv(plane_data, layout)
+            (g,) = torch.autograd.grad(out, [plane_data], grad.to(out.dtype), create_graph=True)
+            return g, None
+        _spy.count("plane_tv_bwd", "cpu")
+        gx = torch.empty_like(plane_data)
+        scale = grad.to(plane_data.dtype) * (2.0 / (3 * layout.n_scales * layout.n_rot))
+        for v, gv in zip(_tv_runs(plane_data, layout), _tv_runs(gx, layout)):
+            _, h, w, c = v.shape
+            dh = torch.diff(v, dim=1).mul_(scale / ((h - 1) * w * c))
+            dw = torch.diff(v, dim=2).mul_(scale / (h * (w - 1) * c))
+            gv.zero_()
+            gv[:, 1:] += dh
+            gv[:, :-1] -= dh
+            gv[:, :, 1:] += dw
+            gv[:, :, :-1] -= dw
+        return gx, None
+
+
+def _plane_tv_value(plane_data: torch.Tensor, layout: PlaneLayout) -> torch.Tensor:
+    total = plane_data.new_zeros(())
+    for v in _tv_runs(plane_data, layout):
+        _, h, w, c = v.shape
+        # planes of one run share their shape, so the sum of their means is one sum over n
+        total = total + torch.diff(v, dim=1).square().sum() / ((h - 1) * w * c)
+        total = total + torch.diff(v, dim=2).square().sum() / (h * (w - 1) * c)
+    return total / (3 * layout.n_scales * layout.n_rot)
+
+
+def plane_tv(plane_data: torch.Tensor, layout: PlaneLayout) -> torch.Tensor:
+    """The twin's ``plane_tv`` on a CPU float32/float64 contiguous 1-D buffer of ``layout`` (whose
+    planes are at least 2 x 2 texels: PlaneLayout refuses less)."""
+    if torch.is_grad_enabled() and plane_data.requires_grad:
+        return PlaneTVCPU.apply(plane_data, layout)
+    return _plane_tv_value(plane_data, layout)

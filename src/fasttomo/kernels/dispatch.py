@@ -183,6 +183,19 @@ def tilted_kplanes(points: torch.Tensor, matrices: torch.Tensor, plane_data: tor
     return reference.tilted_kplanes(points, matrices, plane_data, layout)
 
 
+def _why_not_cpu_plane_tv(plane_data: torch.Tensor, layout: PlaneLayout) -> Optional[str]:
+    """None when the CPU path of plane TV (kernels/cpu.py) can take the input."""
+    if _state["backend"] != "auto":
+        return f"kernels.backend={_state['backend']}"
+    if plane_data.device.type != "cpu" or plane_data.dtype not in (torch.float32, torch.float64):
+        return f"{plane_data.device.type} {plane_data.dtype}; CPU path needs a CPU float32/float64 buffer"
+    if torch.is_autocast_enabled("cpu"):
+        return "CPU autocast on"
+    if plane_data.dim() != 1 or plane_data.numel() != layout.numel or not plane_data.is_contiguous():
+        return f"plane_data must be a contiguous 1-D buffer of {layout.numel} elements"
+    return None
+
+
 def plane_tv(plane_data: torch.Tensor, layout: PlaneLayout) -> torch.Tensor:
     r = _common_reason((plane_data,))
     if r is None and (plane_data.dim() != 1 or plane_data.numel() != layout.numel
@@ -190,6 +203,9 @@ def plane_tv(plane_data: torch.Tensor, layout: PlaneLayout) -> torch.Tensor:
         r = f"plane_data must be a contiguous 1-D buffer of {layout.numel} elements"
     if r is None and layout.numel > _INT32_MAX:
         r = "plane buffer larger than 2**31 elements"
+    if r is not None and _why_not_cpu_plane_tv(plane_data, layout) is None:
+        _note("plane_tv", "cpu", None)
+        return _cpu.plane_tv(plane_data, layout)
     if _route("plane_tv", r):
         return torch.ops.fasttomo.plane_tv(plane_data, layout.n_rot, layout.channels,
                                            layout.flat_resolutions)
