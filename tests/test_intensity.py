@@ -96,6 +96,15 @@ def test_camera_offset_is_removed_and_does_not_fill_the_box(tmp_path):
     p_ref, p_cam = pearson(ref["volume"], truth), pearson(cam["volume"], truth)
     assert p_cam > p_ref - 0.02, (p_cam, p_ref)
     # what the old default did with the same file: the pedestal is rescaled, not removed, and the
-    # quantile shift leaves the empty box with density to explain
+    # quantile shift leaves the empty box with density to explain. Measured at f92979e: the empty
+    # voxels' mean density 0.234 of the specimen's against 0.066, Pearson 0.875 against 0.887
+    # (0.849 against 0.872 under the defaults before 93a2b42, whose weaker plane TV let more
+    # of the fill through to the score)
     old = _reconstruct(tmp_path, paths["camera"], angles, "intensity=none", "data.normalize=quantile")
-    assert pearson(old["volume"], truth) < p_cam - 0.02, (pearson(old["volume"], truth), p_cam)
+    empty = truth == 0
+
+    def fill(v):
+        return float(v[empty].mean() / v[~empty].mean())
+
+    assert fill(old["volume"]) > max(0.15, 2 * fill(cam["volume"])), (fill(old["volume"]), fill(cam["volume"]))
+    assert pearson(old["volume"], truth) < p_cam - 0.005, (pearson(old["volume"], truth), p_cam)
