@@ -16,6 +16,7 @@ Cases (``--cases``; 61 tilts each; noise = Gaussian with a standard deviation of
 fraction of the clean projections' maximum):
 
     default64     the embedded phantom (64 x 64 x 32, +-60 degrees), clean, as files
+    noise5_64     the same, 5 % noise (a noisy case small enough for a 2-core CPU)
     clean128      8 random ellipsoids in a 128^3 box, +-60 degrees, clean
     noise5_128    the same, 5 % noise
     noise10_128   the same, 10 % noise
@@ -63,6 +64,7 @@ from benchlib import write_result  # noqa: E402
 
 CASES = {
     "default64": dict(phantom="default", width=64, height=64, thickness=32, tilt=60.0, noise=0.0),
+    "noise5_64": dict(phantom="default", width=64, height=64, thickness=32, tilt=60.0, noise=0.05),
     "clean128": dict(phantom="ellipsoids", width=128, height=128, thickness=128, tilt=60.0, noise=0.0),
     "noise5_128": dict(phantom="ellipsoids", width=128, height=128, thickness=128, tilt=60.0, noise=0.05),
     "noise10_128": dict(phantom="ellipsoids", width=128, height=128, thickness=128, tilt=60.0, noise=0.10),

@@ -68,12 +68,15 @@ class Components:
     """Capture the training step in a CUDA graph (decided here from runtime.cuda_graph)."""
 
 
-def auto_batch_size(ts: TiltSeries) -> int:
-    """sampler.batch_size=None: 1024 x 2^round(log2(pixels / 2^18)), within [1024, 8192]."""
+def auto_batch_size(ts: TiltSeries, patch_size: int = 1) -> int:
+    """sampler.batch_size=None: 1024 x 2^round(log2(pixels / 2^18)), within [1024, 8192], rounded
+    to the nearest whole number of patch_size x patch_size patches (at least one)."""
     import math
 
     k = round(math.log2(max(ts.stack.size, 1) / 2 ** 18))
-    return int(min(8192, max(1024, 1024 * 2 ** k)))
+    b = int(min(8192, max(1024, 1024 * 2 ** k)))
+    p2 = int(patch_size) ** 2
+    return max(p2, int(round(b / p2)) * p2)
 
 
 def samples_per_ray(cfg: Config, box: Box, ts: TiltSeries) -> int:
@@ -169,7 +172,7 @@ def build(cfg: Config, ts: TiltSeries, *, rank: int = 0, world_size: int = 1, lo
                   free_reference_shift=refine and cfg.pose.free_reference_shift,
                   learn_tilt_axis=refine and cfg.pose.learn_tilt_axis)
     if cfg.sampler.batch_size is None:
-        cfg = dataclasses.replace(cfg, sampler=dataclasses.replace(cfg.sampler, batch_size=auto_batch_size(ts)))
+        cfg = dataclasses.replace(cfg, sampler=dataclasses.replace(cfg.sampler, batch_size=auto_batch_size(ts, cfg.sampler.patch_size)))
         log.info("sampler: %d rays per step (about 1/256 of the series' %d pixels; set sampler.batch_size to "
                  "choose)", cfg.sampler.batch_size, ts.stack.size)
     start, est = background_start(cfg.intensity, ts)

@@ -578,11 +578,27 @@ class SamplerConfig(GroupOption):
     """Leave masked pixels (tilt series validity mask False) out of the training and validation
     sets instead of yielding them with weight 0. The split itself is unchanged (made over all
     pixels), so it stays stable whatever the mask."""
+    patch_size: int = 1
+    """Draw training rays as P x P patches of neighbouring pixels of one view (P = this value)
+    instead of single pixels: a batch is batch_size / P^2 patches, each P^2 consecutive rays in row-major
+    order. 1 (the default): independent pixels. Each view is tiled into a fixed grid of P x P
+    tiles (the last row and column of tiles overlap their neighbours where P does not divide the
+    image) and the epoch visits every tile once, in a random order; validation pixels inside a
+    tile are carried with weight 0, so the train/validation split is the same as with single
+    pixels. Neighbouring rays touch the same plane texels, the locality a tiled kernel needs;
+    the effect on convergence is in benchmarks/README.md. batch_size must be a multiple of P^2."""
 
     def __post_init__(self) -> None:
         _choice(self.kind, ("device",) if type(self) is SamplerConfig else ("dataloader",), "sampler.kind")
         _require(self.batch_size is None or (isinstance(self.batch_size, int) and self.batch_size >= 1),
                  "sampler.batch_size", f"must be an integer >= 1 or null (automatic), got {self.batch_size!r}.")
+        _require(isinstance(self.patch_size, int) and not isinstance(self.patch_size, bool) and 1 <= self.patch_size <= 64,
+                 "sampler.patch_size", f"must be an integer in [1, 64] (1: single pixels), got {self.patch_size!r}.")
+        p2 = self.patch_size * self.patch_size if isinstance(self.patch_size, int) else 1
+        _require(self.batch_size is None or not isinstance(self.batch_size, int) or self.batch_size % p2 == 0,
+                 "sampler.batch_size", f"{self.batch_size} rays is not a whole number of {self.patch_size} x "
+                 f"{self.patch_size} patches (sampler.patch_size); use a multiple of {p2}, e.g. "
+                 f"{max(p2, (self.batch_size or 0) // p2 * p2)}.")
         _require(0 <= self.val_fraction < 0.5, "sampler.val_fraction",
                  f"must be in [0, 0.5), got {self.val_fraction!r}.")
         _require(isinstance(self.skip_masked, bool), "sampler.skip_masked",

@@ -12,7 +12,8 @@ command however the run was started. Keys given on the command line replace the 
 * refused, naming the key: what fixes the model and the data it is fitted to -- ``model.*``,
   ``data.*`` (except ``data.path``/``data.angles``: a moved file is fine, the sampler's
   fingerprint checks that the data are the same), the sampler's split and batch
-  (``sampler.batch_size``, ``val_fraction``, ``split_seed``, ``drop_last``, ``skip_masked``) and
+  (``sampler.batch_size``, ``val_fraction``, ``split_seed``, ``drop_last``, ``skip_masked``,
+  ``patch_size``) and
   the pose switches (``pose.learn*``).
 
 ``resume``, ``output.dir``, ``output.overwrite`` and ``dry_run`` always come from this
@@ -28,7 +29,7 @@ from fasttomo.config import ConfigError, flatten  # noqa: F401 - flatten: public
 
 FROM_INVOCATION = ("resume", "output.dir", "output.overwrite", "dry_run")
 IMMUTABLE = ("data", "model", "sampler.batch_size", "sampler.val_fraction", "sampler.split_seed", "sampler.drop_last",
-             "sampler.skip_masked", "pose.learn", "pose.learn_rotations", "pose.learn_shifts")
+             "sampler.skip_masked", "sampler.patch_size", "pose.learn", "pose.learn_rotations", "pose.learn_shifts")
 MUTABLE_EXCEPTIONS = ("data.path", "data.angles")
 
 

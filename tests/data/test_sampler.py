@@ -230,3 +230,125 @@ def test_scale_is_robust_and_guards():
         build_sampler(make_ts(n=2, h=3, w=3), cfg(batch_size=64), seed=0, device=CPU)
     with pytest.raises(ConfigError, match="num_workers"):
         SamplerConfig(kind="dataloader", num_workers=-1)
+
+
+# --------------------------------------------------------------------------------------- patches
+def tiles_of(b: Batch, p: int) -> list[tuple[int, int, int]]:
+    """(view, top row, left col) of each P x P tile of a patch batch, checking that each tile's P^2
+    consecutive rays are one view's neighbouring pixels in row-major order."""
+    out = []
+    for k in range(len(b) // (p * p)):
+        sl = slice(k * p * p, (k + 1) * p * p)
+        t, r, c = b.tilt[sl], b.row[sl], b.col[sl]
+        assert torch.all(t == t[0])
+        dr, dc = torch.meshgrid(torch.arange(p), torch.arange(p), indexing="ij")
+        assert torch.equal(r - r[0], dr.reshape(-1)) and torch.equal(c - c[0], dc.reshape(-1))
+        out.append((int(t[0]), int(r[0]), int(c[0])))
+    return out
+
+
+@pytest.mark.parametrize("masked", [False, True])
+def test_patch_epoch_covers_every_training_pixel_with_validation_weighted_zero(masked):
+    ts = make_ts(n=3, h=10, w=13, valid=masked)  # 3 does not divide 10 or 13: the last tiles overlap
+    s = build_sampler(ts, cfg(batch_size=18, patch_size=3, drop_last=False), seed=5, device=CPU)
+    _, h, w = ts.stack.shape
+    assert s.n_units == 3 * 4 * 5 and s.batches_per_epoch == -(-60 // 2)
+    seen, tiles = {}, []
+    val = set(s.val_ids.tolist())
+    for _ in range(s.batches_per_epoch):
+        b = s.next_batch()
+        tiles += tiles_of(b, 3)
+        for i, wgt, tgt in zip(ids_of(b, ts.stack.shape).tolist(), b.weight.tolist(), b.target.tolist()):
+            expect = 0.0 if (i in val or (masked and not ts.valid.reshape(-1)[i])) else 1.0
+            assert wgt == expect, i
+            assert tgt == pytest.approx(float(ts.stack.reshape(-1)[i]) / s.scale if (not masked or ts.valid.reshape(-1)[i]) else 0.0)
+            seen[i] = max(seen.get(i, 0.0), wgt)
+    # every tile once, on the fixed grid (corners min(aP, H-P), min(bP, W-P))
+    grid = {(v, min(a, h - 3), min(c, w - 3)) for v in range(3) for a in range(0, h, 3) for c in range(0, w, 3)}
+    assert sorted(tiles) == sorted(grid)
+    # every pixel of the series is in some tile; each training pixel is trained on (weight 1)
+    assert set(seen) == set(range(ts.stack.size))
+    trainable = {i for i in s.train_ids.tolist() if not masked or ts.valid.reshape(-1)[i]}
+    assert {i for i, wgt in seen.items() if wgt == 1.0} == trainable
+    assert s.next_batch() is not None and s.epoch == 1  # moves on to the next epoch by itself
+
+
+@pytest.mark.parametrize("drop_last", [True, False])
+@pytest.mark.parametrize("masked", [False, True])
+def test_patch_device_matches_dataloader(drop_last, masked):
+    ts = make_ts(n=4, h=12, w=9, valid=masked)
+    dev = build_sampler(ts, cfg(batch_size=32, patch_size=4, drop_last=drop_last), seed=2, device=CPU)
+    dl = build_sampler(ts, cfg(kind="dataloader", batch_size=32, patch_size=4, drop_last=drop_last), seed=2, device=CPU)
+    for _ in range(2 * dev.batches_per_epoch + 1):
+        assert_same(snap(dev.next_batch()), snap(dl.next_batch()))
+    for a, b in zip(dev.val_batches(), dl.val_batches()):  # validation: the pixel split, valid weights
+        assert_same(snap(a), snap(b))
+    assert torch.equal(torch.cat([ids_of(b, ts.stack.shape) for b in dev.val_batches()]), dev.val_ids)
+
+
+def test_patch_order_is_the_tile_permutation_and_reshuffles():
+    ts = make_ts(n=2, h=8, w=8)
+    s = build_sampler(ts, cfg(batch_size=16, patch_size=4), seed=9, device=CPU)
+    e0 = [t for _ in range(s.batches_per_epoch) for t in tiles_of(s.next_batch(), 4)]
+    e1 = [t for _ in range(s.batches_per_epoch) for t in tiles_of(s.next_batch(), 4)]
+    assert sorted(e0) == sorted(e1) and e0 != e1 and len(e0) == 8
+
+
+def test_patch_shards_disjoint_and_resume_exact():
+    ts = make_ts(n=4, h=12, w=12)
+    shards = [build_sampler(ts, cfg(batch_size=9, patch_size=3), seed=1, device=CPU, rank=r, world_size=2)
+              for r in range(2)]
+    tiles = [[t for _ in range(s.batches_per_epoch) for t in tiles_of(s.next_batch(), 3)] for s in shards]
+    assert len(tiles[0]) == len(tiles[1]) == 32 and not set(tiles[0]) & set(tiles[1])
+    a = build_sampler(ts, cfg(batch_size=9, patch_size=3), seed=1, device=CPU)
+    for _ in range(a.batches_per_epoch + 3):
+        a.next_batch()
+    state = a.state_dict()
+    assert state["patch_size"] == 3
+    expected = [snap(a.next_batch()) for _ in range(a.batches_per_epoch)]
+    b = build_sampler(ts, cfg(kind="dataloader", batch_size=9, patch_size=3), seed=1, device=CPU)
+    b.load_state_dict(state)
+    for e in expected:
+        assert_same(snap(b.next_batch()), e)
+    with pytest.raises(ValueError, match="patch_size"):
+        build_sampler(ts, cfg(batch_size=9), seed=1, device=CPU).load_state_dict(state)
+
+
+def test_state_saved_before_patches_resumes_single_pixels():
+    ts = make_ts()
+    a = build_sampler(ts, cfg(), seed=3, device=CPU)
+    a.next_batch()
+    state = a.state_dict()
+    del state["patch_size"]  # what a checkpoint written before sampler.patch_size holds
+    nxt = snap(a.next_batch())
+    b = build_sampler(ts, cfg(), seed=3, device=CPU)
+    b.load_state_dict(state)
+    assert_same(snap(b.next_batch()), nxt)
+    with pytest.raises(ValueError, match="patch_size"):
+        build_sampler(ts, cfg(batch_size=16, patch_size=2), seed=3, device=CPU).load_state_dict(state)
+
+
+def test_patch_skip_masked_drops_tiles_without_training_pixels():
+    ts = make_ts(n=2, h=8, w=8)
+    ts.valid = np.ones(ts.stack.shape, bool)
+    ts.valid[0, :4, :4] = False  # one whole tile of view 0 masked
+    keep = build_sampler(ts, cfg(batch_size=16, patch_size=4, drop_last=False), seed=0, device=CPU)
+    skip = build_sampler(ts, cfg(batch_size=16, patch_size=4, drop_last=False, skip_masked=True), seed=0, device=CPU)
+    assert keep.n_units == 8 and skip.n_units == 7
+    tiles = [t for _ in range(skip.batches_per_epoch) for t in tiles_of(skip.next_batch(), 4)]
+    assert (0, 0, 0) not in tiles and len(tiles) == 7
+
+
+def test_patch_config_errors_name_the_fix():
+    with pytest.raises(ConfigError, match=r"sampler.batch_size: 1000 rays is not a whole number of 8 x 8 .* multiple of 64"):
+        SamplerConfig(batch_size=1000, patch_size=8)
+    for bad in (0, 65, 2.0, True):
+        with pytest.raises(ConfigError, match="sampler.patch_size"):
+            SamplerConfig(patch_size=bad)
+    with pytest.raises(ConfigError, match=r"sampler.patch_size: 16 x 16 patches do not fit in the 10 x 13 images"):
+        build_sampler(make_ts(), cfg(batch_size=256, patch_size=16), seed=0, device=CPU)
+    from fasttomo.build import auto_batch_size
+
+    big = make_ts(n=61, h=64, w=64)
+    assert auto_batch_size(big) == 1024 and auto_batch_size(big, 8) == 1024
+    assert auto_batch_size(big, 3) == 1026 and auto_batch_size(big, 64) == 4096

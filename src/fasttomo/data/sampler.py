@@ -22,6 +22,15 @@ Order of the pixels (identical for both samplers, every rank, and across save/re
    it is yielded. After the last batch of an epoch the sampler moves to the next epoch by itself
    (``set_epoch`` may also be called, e.g. by a trainer that counts epochs).
 
+**Patches** (``cfg.patch_size = P > 1``): the unit of steps 2-4 is a P x P tile of one view instead
+of a pixel. Each view is cut into a fixed grid of ``ceil(H/P) x ceil(W/P)`` tiles whose top-left
+corners are ``(min(a P, H - P), min(b P, W - P))`` (the last row and column overlap their
+neighbours where P does not divide the image); the tiles of all views, ordered by (view, a, b), are
+permuted, sharded and batched like pixels above, ``batch_size / P^2`` tiles a batch, and a tile is
+P^2 consecutive rays in row-major order. The split of step 1 is unchanged: a validation pixel inside
+a tile comes with weight 0 (as does a masked one), so the validation set is the same as with single
+pixels. With ``skip_masked``, tiles holding no valid training pixel are left out.
+
 :class:`DeviceBatchSampler` keeps the normalized stack, the training ids and the current epoch's
 shard on the device and builds a batch with a few index-arithmetic kernels and two gathers into
 persistent buffers; :class:`DataLoaderSampler` is the classic per-pixel ``torch.utils.data``
@@ -193,14 +202,50 @@ class RaySampler:
         self._val_ids_cpu = val_ids
         self.n_train = int(train_ids.numel())
         self.n_val = int(val_ids.numel())
-        self.n_per_rank = self.n_train // world_size
-        if self.drop_last:
-            self.batches_per_epoch = self.n_per_rank // self.batch_size
+
+        # The unit the epoch permutes: a training pixel id, or (patches) a tile's top-left pixel id.
+        self.patch_size = int(getattr(cfg, "patch_size", 1) or 1)
+        p = self.patch_size
+        if p > 1:
+            if p > min(h, w):
+                raise ConfigError(
+                    f"sampler.patch_size: {p} x {p} patches do not fit in the {h} x {w} images; "
+                    f"use sampler.patch_size <= {min(h, w)}."
+                )
+            rows = torch.minimum(torch.arange(0, h, p), torch.tensor(h - p))
+            cols = torch.minimum(torch.arange(0, w, p), torch.tensor(w - p))
+            corners = (rows[:, None] * w + cols[None, :]).reshape(-1)
+            units = (torch.arange(n, dtype=torch.int64)[:, None] * self._hw + corners[None, :]).reshape(-1)
+            dr, dc = torch.meshgrid(torch.arange(p), torch.arange(p), indexing="ij")
+            self._patch_offsets = (dr * w + dc).reshape(-1).to(torch.int64)
+            # Per-pixel training weight: 1 for a training pixel (valid, if there is a mask), else 0.
+            train_w = torch.zeros(n * self._hw, dtype=torch.uint8)
+            train_w[train_ids] = 1
+            if self._valid is not None:
+                train_w &= torch.from_numpy(self._valid.view(np.uint8))
+            self._train_weight = train_w
+            if self._valid is not None and cfg.skip_masked:
+                has = train_w[(units[:, None] + self._patch_offsets[None, :])].amax(dim=1) > 0
+                units = units[has]
+            self._units_cpu = units
         else:
-            self.batches_per_epoch = -(-self.n_per_rank // self.batch_size)
+            self._patch_offsets = None
+            self._train_weight = None
+            self._units_cpu = train_ids
+        self.n_units = int(self._units_cpu.numel())
+        self._units_per_batch = self.batch_size // (p * p)
+        units_per_rank = self.n_units // world_size
+        self.n_per_rank = units_per_rank * p * p
+        """Rays (pixel slots) this rank visits per epoch."""
+        if self.drop_last:
+            self.batches_per_epoch = units_per_rank // self._units_per_batch
+        else:
+            self.batches_per_epoch = -(-units_per_rank // self._units_per_batch)
+        self._units_per_rank = units_per_rank
         if self.batches_per_epoch < 1:
+            what = "training pixels" if p == 1 else f"{p} x {p} tiles ({self.n_per_rank} rays)"
             raise ConfigError(
-                f"sampler.batch_size: {self.n_per_rank} training pixels per rank (n_train={self.n_train}, "
+                f"sampler.batch_size: {units_per_rank} {what} per rank (n_train={self.n_train}, "
                 f"world_size={world_size}) cannot fill one batch of {self.batch_size} with drop_last=true; "
                 "lower sampler.batch_size or set sampler.drop_last=false."
             )
@@ -215,9 +260,10 @@ class RaySampler:
 
     # -- order ---------------------------------------------------------------------------------
     def _draw_positions(self, epoch: int) -> torch.Tensor:
-        perm = torch.randperm(self.n_train, generator=epoch_generator(self.seed, epoch), dtype=torch.int64)
-        lo = self.rank * self.n_per_rank
-        return perm[lo:lo + self.n_per_rank].clone()  # pure CPU work: no CUDA call off the main thread
+        """Positions (into the units: sorted train ids, or tiles) of this rank's shard of ``epoch``."""
+        perm = torch.randperm(self.n_units, generator=epoch_generator(self.seed, epoch), dtype=torch.int64)
+        lo = self.rank * self._units_per_rank
+        return perm[lo:lo + self._units_per_rank].clone()  # pure CPU work: no CUDA call off the main thread
 
     def _shard_positions(self, epoch: int, prefetch_next: bool = False) -> torch.Tensor:
         """Positions (into the sorted train ids) of this rank's shard of ``epoch``, in order."""
@@ -232,8 +278,15 @@ class RaySampler:
         return pos
 
     def _batch_bounds(self, position: int) -> tuple[int, int]:
-        lo = position * self.batch_size
-        return lo, min(lo + self.batch_size, self.n_per_rank)
+        """[lo, hi) of the units (pixels or tiles) of batch ``position`` in the epoch's order."""
+        lo = position * self._units_per_batch
+        return lo, min(lo + self._units_per_batch, self._units_per_rank)
+
+    def _expand(self, units: torch.Tensor) -> torch.Tensor:
+        """Pixel ids of ``units`` (tiles -> their P^2 pixels, row-major; pixels unchanged), CPU."""
+        if self._patch_offsets is None:
+            return units
+        return (units[:, None] + self._patch_offsets[None, :]).reshape(-1)
 
     def _prepare(self) -> None:
         """Advance to the next epoch if this one is used up, and materialize the epoch's order."""
@@ -281,6 +334,7 @@ class RaySampler:
             "n_train": self.n_train,
             "n_val": self.n_val,
             "shape": list(self.shape),
+            "patch_size": self.patch_size,
         }
 
     def state_dict(self) -> dict:
@@ -306,6 +360,7 @@ class RaySampler:
         if int(state.get("version", -1)) != _STATE_VERSION:
             raise ValueError(f"sampler state version {state.get('version')!r} != {_STATE_VERSION}.")
         mine = self._fingerprint()
+        state = {"patch_size": 1, **state}  # states saved before patches existed were of single pixels
         diff = {k: (state.get(k), v) for k, v in mine.items() if state.get(k) != v}
         if diff:
             details = ", ".join(f"{k}: saved {a!r} vs now {b!r}" for k, (a, b) in diff.items())
@@ -351,12 +406,17 @@ class DeviceBatchSampler(RaySampler):
         dev = self.device
         self._stack_d = torch.from_numpy(self._stack_n).to(dev)
         self._valid_d = None if self._valid is None else torch.from_numpy(self._valid.view(np.uint8)).to(dev)
-        self._train_ids_d = self._train_ids_cpu.to(dev)
+        self._units_d = self._units_cpu.to(dev)
         self._order_d: torch.Tensor | None = None
+        if self._patch_offsets is not None:  # tiles: pixel offsets inside one, per-pixel training weight
+            self._offsets_d = self._patch_offsets.to(dev)
+            self._weight_src_d: torch.Tensor | None = self._train_weight.to(dev)
+        else:
+            self._weight_src_d = self._valid_d
         b = self.batch_size
         self._ids = torch.empty(b, dtype=torch.int64, device=dev)
         self._tmp = torch.empty(b, dtype=torch.int64, device=dev)
-        self._mask_buf = None if self._valid_d is None else torch.empty(b, dtype=torch.uint8, device=dev)
+        self._mask_buf = None if self._weight_src_d is None else torch.empty(b, dtype=torch.uint8, device=dev)
         self._batch = Batch(
             tilt=torch.empty(b, dtype=torch.int64, device=dev),
             row=torch.empty(b, dtype=torch.int64, device=dev),
@@ -373,13 +433,20 @@ class DeviceBatchSampler(RaySampler):
             pos = pos.pin_memory().to(self.device, non_blocking=True)
         else:
             pos = pos.to(self.device)
-        self._order_d = self._train_ids_d[pos]
+        self._order_d = self._units_d[pos]
 
-    def _fill(self, ids_src: torch.Tensor, n: int) -> Batch:
-        """Decode ids_src (n <= batch_size ids on device) into the persistent buffers."""
+    def _fill(self, units: torch.Tensor) -> Batch:
+        """Decode ``units`` (pixel ids, or tile corners of P x P patches, on the device) into the
+        persistent buffers."""
         bt = self._batch
-        ids = self._ids[:n]
-        ids.copy_(ids_src)
+        if self._patch_offsets is None:
+            n = units.shape[0]
+            ids = self._ids[:n]
+            ids.copy_(units)
+        else:
+            n = units.shape[0] * self._offsets_d.shape[0]
+            ids = self._ids[:n]
+            torch.add(units[:, None], self._offsets_d[None, :], out=ids.view(units.shape[0], -1))
         tmp = self._tmp[:n]
         tilt, row, col = bt.tilt[:n], bt.row[:n], bt.col[:n]
         torch.div(ids, self._hw, rounding_mode="floor", out=tilt)
@@ -391,9 +458,9 @@ class DeviceBatchSampler(RaySampler):
         target = bt.target[:n]
         torch.index_select(self._stack_d, 0, ids, out=target)
         weight = bt.weight[:n]
-        if self._valid_d is not None:
+        if self._weight_src_d is not None:
             m = self._mask_buf[:n]
-            torch.index_select(self._valid_d, 0, ids, out=m)
+            torch.index_select(self._weight_src_d, 0, ids, out=m)
             weight.copy_(m)
         if n == self.batch_size:
             return bt
@@ -403,7 +470,7 @@ class DeviceBatchSampler(RaySampler):
         self._prepare()
         lo, hi = self._batch_bounds(self.position)
         self.position += 1
-        return self._fill(self._order_d[lo:hi], hi - lo)
+        return self._fill(self._order_d[lo:hi])
 
     def val_batches(self, batch_size: int | None = None) -> Iterator[Batch]:
         """The whole validation set in sorted id order, fresh tensors (not the training buffers)."""
@@ -481,13 +548,17 @@ class DataLoaderSampler(RaySampler):
                  rank: int = 0, world_size: int = 1, offset: float = 0.0) -> None:
         super().__init__(ts, cfg, seed=seed, device=device, rank=rank, world_size=world_size, offset=offset)
         self.dataset = PixelDataset(self._stack_n, self._valid, self.shape)
+        # Patches carry validation (and masked) pixels with weight 0: their own weights in training.
+        self._train_dataset = (self.dataset if self._train_weight is None else
+                               PixelDataset(self._stack_n, self._train_weight.numpy().astype(bool), self.shape))
         self._iter = None
         self._iter_key: tuple[int, int] | None = None  # (epoch, position) the iterator is at
         self._pin = self.device.type == "cuda"
 
-    def _loader(self, ids: torch.Tensor, batch_size: int, drop_last: bool) -> DataLoader:
+    def _loader(self, ids: torch.Tensor, batch_size: int, drop_last: bool, train: bool = False) -> DataLoader:
         nw = int(self.cfg.num_workers)
-        return DataLoader(self.dataset, batch_size=batch_size, sampler=_IdSequence(ids), drop_last=drop_last,
+        dataset = self._train_dataset if train else self.dataset
+        return DataLoader(dataset, batch_size=batch_size, sampler=_IdSequence(ids), drop_last=drop_last,
                           num_workers=nw, collate_fn=collate_pixels, pin_memory=self._pin,
                           persistent_workers=False)
 
@@ -495,7 +566,7 @@ class DataLoaderSampler(RaySampler):
         self._iter = None  # built lazily in next_batch from (epoch, position)
         # No prefetch thread when worker processes are forked (fork + threads can deadlock).
         pos = self._shard_positions(epoch, prefetch_next=int(self.cfg.num_workers) == 0)
-        self._order_cpu = self._train_ids_cpu[pos]
+        self._order_cpu = self._expand(self._units_cpu[pos])  # pixel ids in visiting order
 
     def _to_device(self, b: Batch) -> Batch:
         nb = self._pin
@@ -506,7 +577,7 @@ class DataLoaderSampler(RaySampler):
         if self._iter is None or self._iter_key != (self.epoch, self.position):
             lo = self.position * self.batch_size
             order = self._order_cpu[lo:]
-            self._iter = iter(self._loader(order, self.batch_size, self.drop_last))
+            self._iter = iter(self._loader(order, self.batch_size, self.drop_last, train=True))
         batch = next(self._iter)
         self.position += 1
         self._iter_key = (self.epoch, self.position)
