@@ -1,0 +1,161 @@
+"""count_locality: how many plane-gradient flushes a step's interpolation backward needs, by batch
+layout and by how a kernel would merge them (the counting step of DESIGN.md's performance
+discipline, before a tiled backward is built).
+
+The backward scatters, for every sample point, frame t, scale and plane kind, the output gradient
+into the 4 corner texels of the point's cell. What one "flush" (one global atomic per channel
+chunk) covers depends on the kernel:
+
+    taps        one atomic per point and corner (no merging)
+    runs        the shipped texel-run backward (kplanes_bwd_runs_kernel): rows of RUN consecutive
+                points; when a point leaves its cell, the corners the new cell shares are carried
+                and only the others are flushed (a move of one cell flushes 2, a diagonal 3, a jump 4)
+    tile        a kernel that accumulates one program's whole share in shared memory and flushes
+                each distinct texel it touched once: the program owns GROUP rays (P x P patches of
+                one view with sampler.patch_size=P, or GROUP consecutive rays of a pixel batch)
+
+and the footprint column is what such a program must stage: the bounding box of the texels its
+rays touch in one plane (median and 95th percentile, in texels and in KiB per 16-channel fp32
+chunk; an H200 SM has 228 KiB of shared memory).
+
+Counted on a real batch of the configured run (its sampler, poses, box and sample count) with the
+field's T frames at initialization. Prints a table and writes one JSON record to
+benchmarks/results/.
+
+    python scripts/count_locality.py                                   # flagship shape
+    python scripts/count_locality.py --case small128 --patches 1 4 8 16
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+
+CASES = {
+    "flagship": ["experiment=flagship"],
+    "small128": ["data.width=128", "data.height=128", "model.n_rotations=4", "model.channels=16",
+                 "model.resolutions=[128]", "sampler.batch_size=4096", "projector.samples_per_ray=128"],
+    "default": [],
+}
+RUN = 16  # points per row of the texel-run backward (KPlanesTuning's default RUN)
+
+
+
+def cells(q: np.ndarray, a: int, b: int, ra: int, rb: int) -> tuple[np.ndarray, np.ndarray]:
+    """Integer cell (i along axis a, j along axis b) of bilinear sampling with align_corners and
+    border clamping: texel coordinate x = (q + 1) / 2 (r - 1), cell floor(x) in [0, r - 2]."""
+    x = np.clip((q[..., a] + 1.0) * 0.5 * (ra - 1), 0, ra - 1)
+    y = np.clip((q[..., b] + 1.0) * 0.5 * (rb - 1), 0, rb - 1)
+    return np.minimum(np.floor(x), ra - 2).astype(np.int64), np.minimum(np.floor(y), rb - 2).astype(np.int64)
+
+
+def run_flushes(ci: np.ndarray, cj: np.ndarray) -> int:
+    """Flushes of the texel-run backward for points (rays, samples) in memory order, rows of RUN."""
+    ci, cj = ci.reshape(-1), cj.reshape(-1)
+    n = ci.size
+    start = (np.arange(n) % RUN) == 0
+    di = np.abs(np.diff(ci, prepend=ci[0]))
+    dj = np.abs(np.diff(cj, prepend=cj[0]))
+    same = (di == 0) & (dj == 0)
+    new = np.where(start, 4, np.where(same, 0, np.where((di <= 1) & (dj <= 1), np.where((di + dj) == 1, 2, 3), 4)))
+    return int(new.sum())
+
+
+def tile_stats(ci: np.ndarray, cj: np.ndarray, group_rays: int, ra: int, rb: int) -> tuple[int, np.ndarray]:
+    """(distinct texels summed over the programs, bounding-box texel counts per program) for
+    programs of ``group_rays`` consecutive rays; ci, cj are (rays, samples)."""
+    b, s = ci.shape
+    g = b // group_rays
+    ci = ci[:g * group_rays].reshape(g, -1)
+    cj = cj[:g * group_rays].reshape(g, -1)
+    corners_i = np.concatenate([ci, ci + 1, ci, ci + 1], axis=1)
+    corners_j = np.concatenate([cj, cj, cj + 1, cj + 1], axis=1)
+    key = (np.arange(g)[:, None] * ra + corners_i) * rb + corners_j
+    distinct = int(np.unique(key).size)
+    box = (corners_i.max(1) - corners_i.min(1) + 1) * (corners_j.max(1) - corners_j.min(1) + 1)
+    return distinct, box
+
+
+def main(argv: list[str] | None = None) -> int:
+    from benchlib import write_result
+    from fasttomo.build import build
+    from fasttomo.data.load import load_tiltseries
+    from fasttomo.geometry.rays import ray_samples
+    from fasttomo.kernels.layout import PLANE_AXES
+    from fasttomo.reconstruct import compose_config
+
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--case", default="flagship", choices=sorted(CASES))
+    p.add_argument("--patches", type=int, nargs="+", default=[1, 4, 8, 16],
+                   help="sampler.patch_size values (1: a pixel batch, programs of GROUP consecutive rays)")
+    p.add_argument("--rays", type=int, default=2048, help="rays of the batch that are counted")
+    p.add_argument("--no-write", action="store_true")
+    args = p.parse_args(argv)
+
+    rows = []
+    ts = None
+    for patch in args.patches:
+        cfg = compose_config([*CASES[args.case], "logging=quiet", "output.dir=/tmp/count_locality",
+                              "runtime=cpu", f"sampler.patch_size={patch}"])
+        ts = ts if ts is not None else load_tiltseries(cfg.data)
+        comps = build(cfg, ts)
+        proj = comps.projector
+        batch = comps.sampler.next_batch()
+        n = min(args.rays, len(batch))
+        with torch.no_grad():
+            rot, shift = proj.poses(batch.tilt[:n], batch.row[:n])
+            pts = ray_samples(batch.row[:n], batch.col[:n], rot, shift, proj.image_hw, proj.box,
+                              proj.samples_per_ray).points  # (n, S, 3)
+            m = proj.field.sampling_matrices().double()
+            q = torch.einsum("tij,bsj->tbsi", m, pts.double()).numpy()  # (T, n, S, 3)
+        # a patch batch: programs of one patch; a pixel batch: programs of as many consecutive rays
+        groups = [patch * patch] if patch > 1 else sorted({x * x for x in args.patches if x > 1} or {64})
+        for group in groups:
+            for res in proj.field.layout.resolutions:  # (rx, ry, rz) of each scale
+                taps = runs = tiles = 0
+                boxes = []
+                for t in range(q.shape[0]):
+                    for a, b in PLANE_AXES:
+                        ci, cj = cells(q[t], a, b, res[a], res[b])
+                        taps += 4 * ci.size
+                        runs += run_flushes(ci, cj)
+                        d, box = tile_stats(ci, cj, group, res[a], res[b])
+                        tiles += d
+                        boxes.append(box)
+                boxes = np.concatenate(boxes)
+                rows.append({
+                    "variant": f"patch{patch}" if patch > 1 else f"pixels-{group}",
+                    "patch_size": patch, "group_rays": group, "resolution_xyz": list(res),
+                    "points": int(n * q.shape[2]), "frames": int(q.shape[0]),
+                    "taps": taps, "runs_flushes": runs, "tile_flushes": tiles,
+                    "runs_per_tap": round(runs / taps, 4), "tile_per_tap": round(tiles / taps, 4),
+                    "tile_per_runs": round(tiles / runs, 4),
+                    "footprint_texels_median": int(np.median(boxes)),
+                    "footprint_texels_p95": int(np.percentile(boxes, 95)),
+                    "footprint_KiB_per_16ch_median": round(float(np.median(boxes)) * 64 / 1024, 1),
+                    "footprint_KiB_per_16ch_p95": round(float(np.percentile(boxes, 95)) * 64 / 1024, 1),
+                })
+        del comps
+    print(f"count_locality case={args.case}: flushes per tap (4 per point, frame and plane), {args.rays} rays counted")
+    print(f"{'variant':<11}{'group':>6}{'res':>5}{'runs/tap':>10}{'tile/tap':>10}{'tile/runs':>11}"
+          f"{'box med':>9}{'box p95':>9}{'KiB p95':>9}")
+    for r in rows:
+        print(f"{r['variant']:<11}{r['group_rays']:>6}{max(r['resolution_xyz']):>5}{r['runs_per_tap']:>10.3f}{r['tile_per_tap']:>10.3f}"
+              f"{r['tile_per_runs']:>11.3f}{r['footprint_texels_median']:>9}{r['footprint_texels_p95']:>9}"
+              f"{r['footprint_KiB_per_16ch_p95']:>9.1f}")
+    if not args.no_write:
+        path = write_result("count_locality", args.case, "cpu", rows, run=RUN, rays_counted=args.rays,
+                            note="counts, not timings: the device is where they were computed")
+        print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
