@@ -21,7 +21,7 @@ SEED = 17
 EPOCHS = 2
 
 
-def _make(rank: int, world_size: int, kind: str):
+def _make(rank: int, world_size: int, kind: str, patch_size: int = 1):
     import numpy as np
 
     from fasttomo.config import SamplerConfig
@@ -31,7 +31,8 @@ def _make(rank: int, world_size: int, kind: str):
     rng = np.random.default_rng(0)
     ts = TiltSeries(stack=rng.normal(size=SHAPE).astype(np.float32), angles=[-20.0, 0.0, 20.0])
     ts.valid = None
-    cfg = SamplerConfig(kind=kind, batch_size=7, val_fraction=0.1, split_seed=3, drop_last=False)
+    cfg = SamplerConfig(kind=kind, batch_size=7 if patch_size == 1 else 8, val_fraction=0.1, split_seed=3,
+                        drop_last=False, patch_size=patch_size)
     return build_sampler(ts, cfg, seed=SEED, device=torch.device("cpu"), rank=rank, world_size=world_size)
 
 
@@ -44,15 +45,16 @@ def _worker(out_dir: str) -> None:
     assert (rank, world_size, local_rank) == (int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]),
                                               int(os.environ["LOCAL_RANK"]))
     result = {}
-    for kind in ("device", "dataloader"):
-        s = _make(rank, world_size, kind)
+    for kind in ("device", "dataloader", "patch"):
+        # patch: 2 x 2 patches, 3 x 5 tiles a view (the last row and column overlapping), 45 tiles
+        s = _make(rank, world_size, "device", 2) if kind == "patch" else _make(rank, world_size, kind)
         epochs = []
         n_batches = 0
         for _ in range(EPOCHS):
             ids = []
             for _ in range(s.batches_per_epoch):
                 b = s.next_batch()
-                ids.append(b.tilt * SHAPE[1] * SHAPE[2] + b.row * SHAPE[2] + b.col)
+                ids.append((b.tilt * SHAPE[1] * SHAPE[2] + b.row * SHAPE[2] + b.col)[b.weight > 0])
                 # as DDP's gradient sync: one collective per step, hangs if the counts differ
                 all_reduce_mean(b.target.sum().reshape(1))
                 n_batches += 1
@@ -100,6 +102,16 @@ def test_two_gloo_ranks_shard_disjointly_and_do_not_hang(tmp_path):
         assert not torch.equal(a["epochs"][0], a["epochs"][1])  # reshuffled each epoch
     for ka, kb in zip(r0["device"]["epochs"], r0["dataloader"]["epochs"]):
         assert torch.equal(ka, kb)  # both samplers agree under sharding too
+    # patches: the tiles are sharded (22 of 45 a rank, equal counts), each rank trains only on
+    # training pixels, and together the ranks cover all but the one tile the ragged tail drops
+    a, b = r0["patch"], r1["patch"]
+    assert a["batches_per_epoch"] == b["batches_per_epoch"] == 11 and a["n_batches"] == b["n_batches"]
+    assert torch.equal(a["train_ids"], r0["device"]["train_ids"]) and torch.equal(a["val"], r0["device"]["val"])
+    train = set(a["train_ids"].tolist())
+    for ea, eb in zip(a["epochs"], b["epochs"]):
+        sa, sb = set(ea.tolist()), set(eb.tolist())
+        assert sa | sb <= train and len(train - (sa | sb)) <= 4
+    assert not torch.equal(a["epochs"][0], a["epochs"][1])
 
 
 def test_helpers_are_noops_without_a_process_group(monkeypatch):
