@@ -10,6 +10,8 @@ chunk) covers depends on the kernel:
     runs        the shipped texel-run backward (kplanes_bwd_runs_kernel): rows of RUN consecutive
                 points; when a point leaves its cell, the corners the new cell shares are carried
                 and only the others are flushed (a move of one cell flushes 2, a diagonal 3, a jump 4)
+    interleaved the same texel-run backward with each program's rays stored depth-major (sample s
+                of every ray of the group, then s + 1: neighbouring rays at one depth in a row)
     tile        a kernel that accumulates one program's whole share in shared memory and flushes
                 each distinct texel it touched once: the program owns GROUP rays (P x P patches of
                 one view with sampler.patch_size=P, or GROUP consecutive rays of a pixel batch)
@@ -68,6 +70,14 @@ def run_flushes(ci: np.ndarray, cj: np.ndarray) -> int:
     return int(new.sum())
 
 
+def interleave(c: np.ndarray, group_rays: int) -> np.ndarray:
+    """Points (rays, samples) reordered so that each group of ``group_rays`` consecutive rays (one
+    patch) is stored depth-major: sample s of every ray of the group, then sample s + 1, ..."""
+    b, s = c.shape
+    g = b // group_rays
+    return c[:g * group_rays].reshape(g, group_rays, s).transpose(0, 2, 1).reshape(-1, s)
+
+
 def tile_stats(ci: np.ndarray, cj: np.ndarray, group_rays: int, ra: int, rb: int) -> tuple[int, np.ndarray]:
     """(distinct texels summed over the programs, bounding-box texel counts per program) for
     programs of ``group_rays`` consecutive rays; ci, cj are (rays, samples)."""
@@ -119,13 +129,14 @@ def main(argv: list[str] | None = None) -> int:
         groups = [patch * patch] if patch > 1 else sorted({x * x for x in args.patches if x > 1} or {64})
         for group in groups:
             for res in proj.field.layout.resolutions:  # (rx, ry, rz) of each scale
-                taps = runs = tiles = 0
+                taps = runs = inter = tiles = 0
                 boxes = []
                 for t in range(q.shape[0]):
                     for a, b in PLANE_AXES:
                         ci, cj = cells(q[t], a, b, res[a], res[b])
                         taps += 4 * ci.size
                         runs += run_flushes(ci, cj)
+                        inter += run_flushes(interleave(ci, group), interleave(cj, group))
                         d, box = tile_stats(ci, cj, group, res[a], res[b])
                         tiles += d
                         boxes.append(box)
@@ -134,8 +145,9 @@ def main(argv: list[str] | None = None) -> int:
                     "variant": f"patch{patch}" if patch > 1 else f"pixels-{group}",
                     "patch_size": patch, "group_rays": group, "resolution_xyz": list(res),
                     "points": int(n * q.shape[2]), "frames": int(q.shape[0]),
-                    "taps": taps, "runs_flushes": runs, "tile_flushes": tiles,
-                    "runs_per_tap": round(runs / taps, 4), "tile_per_tap": round(tiles / taps, 4),
+                    "taps": taps, "runs_flushes": runs, "interleaved_runs_flushes": inter, "tile_flushes": tiles,
+                    "runs_per_tap": round(runs / taps, 4), "interleaved_runs_per_tap": round(inter / taps, 4),
+                    "tile_per_tap": round(tiles / taps, 4),
                     "tile_per_runs": round(tiles / runs, 4),
                     "footprint_texels_median": int(np.median(boxes)),
                     "footprint_texels_p95": int(np.percentile(boxes, 95)),
@@ -144,10 +156,11 @@ def main(argv: list[str] | None = None) -> int:
                 })
         del comps
     print(f"count_locality case={args.case}: flushes per tap (4 per point, frame and plane), {args.rays} rays counted")
-    print(f"{'variant':<11}{'group':>6}{'res':>5}{'runs/tap':>10}{'tile/tap':>10}{'tile/runs':>11}"
+    print(f"{'variant':<11}{'group':>6}{'res':>5}{'runs/tap':>10}{'inter/tap':>10}{'tile/tap':>10}{'tile/runs':>11}"
           f"{'box med':>9}{'box p95':>9}{'KiB p95':>9}")
     for r in rows:
-        print(f"{r['variant']:<11}{r['group_rays']:>6}{max(r['resolution_xyz']):>5}{r['runs_per_tap']:>10.3f}{r['tile_per_tap']:>10.3f}"
+        print(f"{r['variant']:<11}{r['group_rays']:>6}{max(r['resolution_xyz']):>5}{r['runs_per_tap']:>10.3f}"
+              f"{r['interleaved_runs_per_tap']:>10.3f}{r['tile_per_tap']:>10.3f}"
               f"{r['tile_per_runs']:>11.3f}{r['footprint_texels_median']:>9}{r['footprint_texels_p95']:>9}"
               f"{r['footprint_KiB_per_16ch_p95']:>9.1f}")
     if not args.no_write:
