@@ -172,7 +172,8 @@ def build(cfg: Config, ts: TiltSeries, *, rank: int = 0, world_size: int = 1, lo
                   free_reference_shift=refine and cfg.pose.free_reference_shift,
                   learn_tilt_axis=refine and cfg.pose.learn_tilt_axis)
     if cfg.sampler.batch_size is None:
-        cfg = dataclasses.replace(cfg, sampler=dataclasses.replace(cfg.sampler, batch_size=auto_batch_size(ts, cfg.sampler.patch_size)))
+        batch = auto_batch_size(ts, cfg.sampler.patch_size)
+        cfg = dataclasses.replace(cfg, sampler=dataclasses.replace(cfg.sampler, batch_size=batch))
         log.info("sampler: %d rays per step (about 1/256 of the series' %d pixels; set sampler.batch_size to "
                  "choose)", cfg.sampler.batch_size, ts.stack.size)
     start, est = background_start(cfg.intensity, ts)

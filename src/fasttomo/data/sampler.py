@@ -266,7 +266,8 @@ class RaySampler:
         return perm[lo:lo + self._units_per_rank].clone()  # pure CPU work: no CUDA call off the main thread
 
     def _shard_positions(self, epoch: int, prefetch_next: bool = False) -> torch.Tensor:
-        """Positions (into the sorted train ids) of this rank's shard of ``epoch``, in order."""
+        """Positions (into the units: sorted train ids, or tiles) of this rank's shard of ``epoch``,
+        in order."""
         fut = self._pending.pop(epoch, None)
         pos = fut.result() if fut is not None else self._draw_positions(epoch)
         for stale in [e for e in self._pending if e != epoch + 1]:
