@@ -585,8 +585,10 @@ class SamplerConfig(GroupOption):
     tiles (the last row and column of tiles overlap their neighbours where P does not divide the
     image) and the epoch visits every tile once, in a random order; validation pixels inside a
     tile are carried with weight 0, so the train/validation split is the same as with single
-    pixels. Neighbouring rays touch the same plane texels, the locality a tiled kernel needs;
-    the effect on convergence is in benchmarks/README.md. batch_size must be a multiple of P^2."""
+    pixels. Neighbouring rays touch the same plane texels, the locality a tiled kernel needs, but
+    a batch of patches carries less independent information: 4 x 4 patches needed about 1.8x the
+    steps of single pixels at 1024 rays a step and 1.3x at 4096 (benchmarks/README.md), and no
+    kernel uses the locality yet. batch_size must be a multiple of P^2."""
 
     def __post_init__(self) -> None:
         _choice(self.kind, ("device",) if type(self) is SamplerConfig else ("dataloader",), "sampler.kind")
