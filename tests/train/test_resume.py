@@ -184,3 +184,27 @@ def test_learned_poses_survive_device_moves_and_state_round_trip(tmp_path):
     fresh.load_state_dict(load_checkpoint(tmp_path / "p.pt")["model"])
     fresh.to("cpu")
     _assert_close_tree(dict(fresh.poses.state_dict()), learned, "poses", tol=0.0)
+
+
+def test_exact_resume_with_patch_batches(tmp_path):
+    """sampler.patch_size=4 (16 tiles a view, 16 a batch): a run paused mid-epoch and resumed in a
+    new folder ends where the straight run ends; a different patch size is refused on resume."""
+    from fasttomo.config import ConfigError
+
+    patch = "sampler.patch_size=4"
+    run(_cfg(tmp_path / "a", patch, f"logging.checkpoint_every={N}", z1=False))
+    straight = load_checkpoint(tmp_path / "a/checkpoints/last.pt")
+    at_n = tmp_path / "a/checkpoints" / f"step{N:07d}.pt"
+    state = load_checkpoint(at_n)["sampler"]
+    assert state["patch_size"] == 4 and (state["epoch"], state["position"]) == (0, N)  # mid-epoch: 9 a epoch
+    torch.manual_seed(7)
+    metrics = run(_cfg(tmp_path / "c", f"resume={at_n}", z1=False))
+    resumed = load_checkpoint(tmp_path / "c/checkpoints/last.pt")
+    assert metrics["steps"] == N + M
+    _assert_close_tree(resumed["model"], straight["model"], "model")
+    _assert_close_tree(resumed["optimizer"], straight["optimizer"], "optimizer")
+    assert resumed["sampler"] == straight["sampler"]
+    _assert_close_tree(resumed["history"], straight["history"], "history")
+    with pytest.raises(ConfigError, match="sampler.patch_size"):
+        run(_cfg(tmp_path / "d", f"resume={at_n}", "sampler.patch_size=2", z1=False))
+    assert not (tmp_path / "d").exists()
