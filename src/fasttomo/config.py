@@ -586,7 +586,7 @@ class SamplerConfig(GroupOption):
     image) and the epoch visits every tile once, in a random order; validation pixels inside a
     tile are carried with weight 0, so the train/validation split is the same as with single
     pixels. Neighbouring rays touch the same plane texels, the locality a tiled kernel needs, but
-    a batch of patches carries less independent information: 4 x 4 patches needed about 1.8x the
+    a batch of patches carries less independent information: 4 x 4 patches needed about 1.5-2x the
     steps of single pixels at 1024 rays a step and 1.3x at 4096 (benchmarks/README.md), and no
     kernel uses the locality yet. batch_size must be a multiple of P^2."""
 
