@@ -49,7 +49,6 @@ CASES = {
 RUN = 16  # points per row of the texel-run backward (KPlanesTuning's default RUN)
 
 
-
 def cells(q: np.ndarray, a: int, b: int, ra: int, rb: int) -> tuple[np.ndarray, np.ndarray]:
     """Integer cell (i along axis a, j along axis b) of bilinear sampling with align_corners and
     border clamping: texel coordinate x = (q + 1) / 2 (r - 1), cell floor(x) in [0, r - 2]."""
@@ -81,8 +80,7 @@ def interleave(c: np.ndarray, group_rays: int) -> np.ndarray:
 def tile_stats(ci: np.ndarray, cj: np.ndarray, group_rays: int, ra: int, rb: int) -> tuple[int, np.ndarray]:
     """(distinct texels summed over the programs, bounding-box texel counts per program) for
     programs of ``group_rays`` consecutive rays; ci, cj are (rays, samples)."""
-    b, s = ci.shape
-    g = b // group_rays
+    g = ci.shape[0] // group_rays
     ci = ci[:g * group_rays].reshape(g, -1)
     cj = cj[:g * group_rays].reshape(g, -1)
     corners_i = np.concatenate([ci, ci + 1, ci, ci + 1], axis=1)
@@ -127,21 +125,22 @@ def main(argv: list[str] | None = None) -> int:
             q = torch.einsum("tij,bsj->tbsi", m, pts.double()).numpy()  # (T, n, S, 3)
         # a patch batch: programs of one patch; a pixel batch: programs of as many consecutive rays
         groups = [patch * patch] if patch > 1 else sorted({x * x for x in args.patches if x > 1} or {64})
-        for group in groups:
-            for res in proj.field.layout.resolutions:  # (rx, ry, rz) of each scale
-                taps = runs = inter = tiles = 0
+        mine = []
+        for res in proj.field.layout.resolutions:  # (rx, ry, rz) of each scale
+            planes = [(cells(q[t], a, b, res[a], res[b]), res[a], res[b])
+                      for t in range(q.shape[0]) for a, b in PLANE_AXES]
+            taps = sum(4 * ci.size for (ci, _), _, _ in planes)
+            runs = sum(run_flushes(ci, cj) for (ci, cj), _, _ in planes)
+            for group in groups:
+                inter = tiles = 0
                 boxes = []
-                for t in range(q.shape[0]):
-                    for a, b in PLANE_AXES:
-                        ci, cj = cells(q[t], a, b, res[a], res[b])
-                        taps += 4 * ci.size
-                        runs += run_flushes(ci, cj)
-                        inter += run_flushes(interleave(ci, group), interleave(cj, group))
-                        d, box = tile_stats(ci, cj, group, res[a], res[b])
-                        tiles += d
-                        boxes.append(box)
+                for (ci, cj), ra, rb in planes:
+                    inter += run_flushes(interleave(ci, group), interleave(cj, group))
+                    d, box = tile_stats(ci, cj, group, ra, rb)
+                    tiles += d
+                    boxes.append(box)
                 boxes = np.concatenate(boxes)
-                rows.append({
+                mine.append({
                     "variant": f"patch{patch}" if patch > 1 else f"pixels-{group}",
                     "patch_size": patch, "group_rays": group, "resolution_xyz": list(res),
                     "points": int(n * q.shape[2]), "frames": int(q.shape[0]),
@@ -154,6 +153,7 @@ def main(argv: list[str] | None = None) -> int:
                     "footprint_KiB_per_16ch_median": round(float(np.median(boxes)) * 64 / 1024, 1),
                     "footprint_KiB_per_16ch_p95": round(float(np.percentile(boxes, 95)) * 64 / 1024, 1),
                 })
+        rows += sorted(mine, key=lambda r: r["group_rays"])  # by group, each group's scales in order
         del comps
     print(f"count_locality case={args.case}: flushes per tap (4 per point, frame and plane), {args.rays} rays counted")
     print(f"{'variant':<11}{'group':>6}{'res':>5}{'runs/tap':>10}{'inter/tap':>10}{'tile/tap':>10}{'tile/runs':>11}"

@@ -596,8 +596,8 @@ class SamplerConfig(GroupOption):
                  "sampler.batch_size", f"must be an integer >= 1 or null (automatic), got {self.batch_size!r}.")
         _require(isinstance(self.patch_size, int) and not isinstance(self.patch_size, bool) and 1 <= self.patch_size <= 64,
                  "sampler.patch_size", f"must be an integer in [1, 64] (1: single pixels), got {self.patch_size!r}.")
-        p2 = self.patch_size * self.patch_size if isinstance(self.patch_size, int) else 1
-        _require(self.batch_size is None or not isinstance(self.batch_size, int) or self.batch_size % p2 == 0,
+        p2 = self.patch_size * self.patch_size
+        _require(self.batch_size is None or self.batch_size % p2 == 0,
                  "sampler.batch_size", f"{self.batch_size} rays is not a whole number of {self.patch_size} x "
                  f"{self.patch_size} patches (sampler.patch_size); use a multiple of {p2}, e.g. "
                  f"{max(p2, (self.batch_size or 0) // p2 * p2)}.")

@@ -204,7 +204,7 @@ class RaySampler:
         self.n_val = int(val_ids.numel())
 
         # The unit the epoch permutes: a training pixel id, or (patches) a tile's top-left pixel id.
-        self.patch_size = int(getattr(cfg, "patch_size", 1) or 1)
+        self.patch_size = int(cfg.patch_size)
         p = self.patch_size
         if p > 1:
             if p > min(h, w):
