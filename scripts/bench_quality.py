@@ -3,7 +3,7 @@
 
 Every case is written to files first (MRC stack + .rawtlt angles + ground-truth MRC, as a
 microscopist would hand them over) and every method runs as a user runs it: a fresh
-``python -m fasttomo.reconstruct`` process with ``data=mrc`` and only the path, the angles and the
+``python -m fasttomo.cli.reconstruct`` process with ``data=mrc`` and only the path, the angles and the
 thickness given, plus the method's own overrides and ``evaluation.truth`` (scoring only: the truth
 never enters the fit). Quality is the Pearson correlation to the truth (whole volume and
 specimen), the FSC against the truth (0.5 and 0.143 crossings, in A) and, in the ``--eval`` runs,
@@ -150,7 +150,7 @@ def run_method(case: str, files: dict, method: str, overrides: list[str], work: 
         import shutil
 
         shutil.rmtree(out)
-    cmd = [python, "-m", "fasttomo.reconstruct", *args]
+    cmd = [python, "-m", "fasttomo.cli.reconstruct", *args]
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=work)
     wall = time.perf_counter() - t0

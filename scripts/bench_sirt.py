@@ -61,8 +61,8 @@ def _pearson(a: torch.Tensor, b: torch.Tensor) -> float:
 
 def main(argv: list[str] | None = None) -> int:
     from benchlib import cuda_times_ms, device_name, median, write_result
-    from fasttomo.conventional import sirt
-    from fasttomo.conventional.projectors import view_poses
+    from fasttomo.methods.sirt import sirt
+    from fasttomo.methods.sirt.projectors import view_poses
     from fasttomo.data import phantom as P
     from fasttomo.geometry.poses import Poses
     from fasttomo.geometry.rays import Box

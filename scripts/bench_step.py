@@ -79,9 +79,9 @@ def _phase_times(trainer, comps, steps: int) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     from benchlib import cuda_times_ms, device_name, median, write_result
-    from fasttomo.build import build, make_trainer
+    from fasttomo.run.build import build, make_trainer
     from fasttomo.data.load import load_tiltseries
-    from fasttomo.reconstruct import compose_config
+    from fasttomo.cli.reconstruct import compose_config
     from fasttomo.train.distributed import all_reduce_mean, dist_info, init_distributed
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

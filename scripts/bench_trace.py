@@ -28,7 +28,7 @@ import torch
 from benchlib import device_name, write_result
 from fasttomo.data.atoms import fcc_sphere
 from fasttomo.trace.core import TraceParams, trace_volume
-from fasttomo.trace.gauss import render
+from fasttomo.data.gauss import render
 from fasttomo.trace.score import score_trace
 
 

@@ -53,9 +53,9 @@ def main() -> None:
     data = ["data.phantom=nanoparticle", f"data.width={args.width}", f"data.height={args.width}",
             f"data.particle.radius={args.radius}", "data.particle.species=2", "data.n_tilts=61", "data.tilt_min=-70",
             "data.tilt_max=70", f"data.noise={args.noise}", "data.noise_relative_to=max"]
-    sim = ["fasttomo.simulate", f"out={work}/np", *data]
-    rec = ["fasttomo.reconstruct", *data, *args.reconstruct, f"hydra.run.dir={work}/rec"]
-    tr = ["fasttomo.trace", f"volume={work}/rec/volume.mrc", f"truth={work}/np_atoms.csv", "classes=2",
+    sim = ["fasttomo.cli.simulate", f"out={work}/np", *data]
+    rec = ["fasttomo.cli.reconstruct", *data, *args.reconstruct, f"hydra.run.dir={work}/rec"]
+    tr = ["fasttomo.cli.trace", f"volume={work}/rec/volume.mrc", f"truth={work}/np_atoms.csv", "classes=2",
           f"hydra.run.dir={work}/trace"]
     t_sim = run(sim, work / "simulate.log")
     t_rec = run(rec, work / "reconstruct.log")

@@ -52,9 +52,9 @@ def main() -> None:
     ap.add_argument("--out-dir", default=None)
     args = ap.parse_args()
 
-    from fasttomo.build import build, make_trainer
+    from fasttomo.run.build import build, make_trainer
     from fasttomo.data.load import load_tiltseries
-    from fasttomo.reconstruct import compose_config
+    from fasttomo.cli.reconstruct import compose_config
 
     rows, dev = [], torch.device("cpu")
     for case in args.cases:

@@ -77,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from benchlib import write_result
-    from fasttomo.conventional import forward_project, sirt
+    from fasttomo.methods.sirt import forward_project, sirt
     from fasttomo.data import phantom as P
     from fasttomo.geometry.poses import Poses
     from fasttomo.geometry.rays import Box

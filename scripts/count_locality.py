@@ -93,11 +93,11 @@ def tile_stats(ci: np.ndarray, cj: np.ndarray, group_rays: int, ra: int, rb: int
 
 def main(argv: list[str] | None = None) -> int:
     from benchlib import write_result
-    from fasttomo.build import build
+    from fasttomo.run.build import build
     from fasttomo.data.load import load_tiltseries
     from fasttomo.geometry.rays import ray_samples
     from fasttomo.kernels.layout import PLANE_AXES
-    from fasttomo.reconstruct import compose_config
+    from fasttomo.cli.reconstruct import compose_config
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--case", default="flagship", choices=sorted(CASES))

@@ -47,7 +47,7 @@ def _run(args: list[str], cwd: Path, folder: Path, plan: tuple[str, float] | Non
     t0 = time.monotonic()
     trained_at = None
     with open(cwd / "attempts.log", "a") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "fasttomo.reconstruct", *args], cwd=cwd, stdout=log,
+        proc = subprocess.Popen([sys.executable, "-m", "fasttomo.cli.reconstruct", *args], cwd=cwd, stdout=log,
                                 stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
         sent = False
         kind, delay = plan if plan else ("none", None)

@@ -5,7 +5,7 @@
 #   scripts/launch_ddp.sh 8 experiment=flagship data=mrc data.path=tilts.mrc data.angles=tilts.rawtlt
 #   scripts/launch_ddp.sh 2 resume=outputs/2026-01-01/10-00-00-ddp/checkpoints/last.pt optim.steps=4000
 #
-# Runs `torchrun --standalone --nproc-per-node=NPROC -m fasttomo.reconstruct [overrides...]` (as
+# Runs `torchrun --standalone --nproc-per-node=NPROC -m fasttomo.cli.reconstruct [overrides...]` (as
 # `$PYTHON -m torch.distributed.run`, PYTHON defaults to python3, so the active environment's torch
 # is used). Hydra would otherwise pick a time-stamped folder per rank; this script adds
 # hydra.run.dir=outputs/<date>/<time>-ddp (relative to the current folder) unless the overrides
@@ -31,4 +31,4 @@ if [[ $has_dir -eq 0 ]]; then
 fi
 
 exec "${PYTHON:-python3}" -m torch.distributed.run --standalone --nproc-per-node="$NPROC" \
-  -m fasttomo.reconstruct "$@"
+  -m fasttomo.cli.reconstruct "$@"

@@ -31,14 +31,14 @@ def _env() -> dict:
 
 
 def cli(args: list[str], cwd: Path, timeout: int = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "fasttomo.reconstruct", *args], cwd=cwd, env=_env(),
+    return subprocess.run([sys.executable, "-m", "fasttomo.cli.reconstruct", *args], cwd=cwd, env=_env(),
                           capture_output=True, text=True, timeout=timeout)
 
 
 def start(args: list[str], cwd: Path, out: Path) -> subprocess.Popen:
     """Start a run in the background, its output going to ``out``."""
     fh = open(out, "w")
-    return subprocess.Popen([sys.executable, "-m", "fasttomo.reconstruct", *args], cwd=cwd, env=_env(),
+    return subprocess.Popen([sys.executable, "-m", "fasttomo.cli.reconstruct", *args], cwd=cwd, env=_env(),
                             stdout=fh, stderr=subprocess.STDOUT, text=True)
 
 

@@ -20,7 +20,7 @@ def tiny_overrides() -> list[str]:
 def tiny_run(tmp_path_factory, tiny_overrides):
     """(run folder, Config, metrics) of one real 40-step reconstruction of the small phantom on the
     CPU, with TensorBoard and frequent logs."""
-    from fasttomo.reconstruct import compose_config, run
+    from fasttomo.cli.reconstruct import compose_config, run
 
     out = tmp_path_factory.mktemp("run") / "r1"
     cfg = compose_config([*tiny_overrides, f"output.dir={out}"])

@@ -1,41 +1,18 @@
-"""The structure drawn from the imports: every module of the package is parsed (ast, imports
-inside functions included), and the graph of which module imports which must have no cycle and
-no arrow running back up the layers of docs/architecture.md."""
+"""The structure drawn from the tree and the imports: every module of the package is parsed (ast,
+imports inside functions included). The folders of src/fasttomo are the layers: the graph of which
+folder imports which must have no cycle (so the folders stack into floors), the few files directly
+in the package are the foundations and import no folder, and docs/architecture.md lists the
+folders in an order every import follows downward."""
 
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
 
 PKG = Path(__file__).resolve().parents[1] / "src" / "fasttomo"
-
-# Lowest first. A module may import modules of its own layer (without a cycle) or of lower ones.
-LAYERS = [
-    # 0: foundations: typed config, pure helpers, the tilt-series container and its files
-    ["fasttomo.config", "fasttomo.logging", "fasttomo.metrics", "fasttomo.plots", "fasttomo.stop",
-     "fasttomo.losses", "fasttomo.intensity", "fasttomo.data.tiltseries", "fasttomo.data.io",
-     "fasttomo.data.background", "fasttomo.timeline", "fasttomo.allocator"],
-    # 1: data and geometry
-    ["fasttomo.data", "fasttomo.geometry", "fasttomo.trace"],
-    # 2: the kernel door
-    ["fasttomo.kernels"],
-    # 3: object models and the conventional projectors
-    ["fasttomo.models", "fasttomo.conventional.projectors", "fasttomo.conventional.sirt"],
-    # 4: the projector and the scores built on it
-    ["fasttomo.projector", "fasttomo.scoring"],
-    # 5: training (and the SIRT baseline, the conventional counterpart of a fit)
-    ["fasttomo.train", "fasttomo.conventional.baseline", "fasttomo.conventional"],
-    # 6: typed config -> objects; run folders, outputs, resume, preflight
-    ["fasttomo.build", "fasttomo.outputs", "fasttomo.runfolder", "fasttomo.resume", "fasttomo.preflight",
-     "fasttomo.report"],
-    # 7: one run, start to finish
-    ["fasttomo.pipeline"],
-    # 8: the entry points
-    ["fasttomo.reconstruct", "fasttomo.simulate", "fasttomo.evaluate", "fasttomo.cli_help", "fasttomo.cli_errors",
-     "fasttomo.trace.command", "fasttomo.trace.__main__", "fasttomo"],
-]
 
 def _modules() -> dict[str, Path]:
     out = {}
@@ -76,16 +53,6 @@ def import_graph() -> dict[str, set[str]]:
     return graph
 
 
-def layer(module: str) -> int:
-    best, level = -1, None
-    for i, prefixes in enumerate(LAYERS):
-        for p in prefixes:
-            if (module == p or (p != "fasttomo" and module.startswith(p + "."))) and len(p) > best:
-                best, level = len(p), i
-    assert level is not None, f"{module} is in no layer of tests/test_architecture.py: add it (and to docs/architecture.md)"
-    return level
-
-
 def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     """Strongly connected components with more than one module (Tarjan)."""
     index, low, stack, on, out = {}, {}, [], set(), []
@@ -124,22 +91,87 @@ def test_the_import_graph_has_no_cycle():
     assert not cycles, f"import cycles: {cycles}"
 
 
-def test_no_import_runs_back_up_the_layers():
-    graph = import_graph()
-    up = sorted(f"{a} (layer {layer(a)}) -> {b} (layer {layer(b)})" for a, bs in graph.items() for b in bs
-                if layer(b) > layer(a))
-    assert not up, "imports running back up:\n" + "\n".join(up)
+def unit(module: str) -> str:
+    """The layer a module belongs to: its folder directly under src/fasttomo, or "foundations" for
+    the files that sit there (config, logging, timeline, the package itself)."""
+    parts = module.split(".")
+    if len(parts) > 1 and (PKG / parts[1]).is_dir():
+        return parts[1]
+    return "foundations"
 
 
-def test_train_does_not_import_build():
+def folder_graph() -> dict[str, set[str]]:
+    graph: dict[str, set[str]] = {}
+    for a, bs in import_graph().items():
+        graph.setdefault(unit(a), set()).update(unit(b) for b in bs if unit(b) != unit(a))
+    return graph
+
+
+def floors(graph: dict[str, set[str]]) -> dict[str, int]:
+    """Each folder's floor: 0 for one that imports no other folder, else one above the highest
+    it imports (the graph must be acyclic for this to end)."""
+    memo: dict[str, int] = {}
+
+    def floor(u: str) -> int:
+        if u not in memo:
+            memo[u] = 1 + max((floor(v) for v in graph.get(u, ())), default=-1)
+        return memo[u]
+
+    return {u: floor(u) for u in graph}
+
+
+def documented_order() -> list[str]:
+    """The folders as docs/architecture.md's layer table lists them, top first."""
+    text = (PKG.parents[1] / "docs" / "architecture.md").read_text(encoding="utf-8")
+    return re.findall(r"^\| `([a-z_]+)/?` \|", text, flags=re.M)
+
+
+def test_the_folders_import_each_other_without_a_cycle():
+    cycles = _cycles(folder_graph())
+    assert not cycles, f"folders importing each other in a circle: {cycles}"
+
+
+def test_the_foundations_import_no_folder():
+    graph = folder_graph()
+    assert not graph.get("foundations"), f"the files in src/fasttomo import folders: {graph['foundations']}"
+
+
+def test_at_most_eight_files_directly_in_the_package():
+    files = sorted(p.name for p in PKG.glob("*.py"))
+    assert len(files) <= 8, files
+
+
+def test_docs_list_every_folder_in_an_order_the_imports_follow():
+    order = documented_order()
+    folders = sorted(p.name for p in PKG.iterdir() if p.is_dir() and (p / "__init__.py").exists())
+    assert sorted(order) == sorted(folders + ["foundations"]), (order, folders)
+    rank = {u: i for i, u in enumerate(order)}  # top first: an import must point to a later row
+    graph = folder_graph()
+    up = sorted(f"{a} -> {b}" for a, bs in graph.items() for b in bs if rank[b] < rank[a])
+    assert not up, "imports running back up docs/architecture.md's layer table:\n" + "\n".join(up)
+    assert floors(graph)[order[0]] == max(floors(graph).values())
+
+
+def test_only_the_entry_points_import_hydra():
+    hydra = set()
+    for name, path in _modules().items():
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            if any(n.split(".")[0] in ("hydra", "omegaconf") for n in names):
+                hydra.add(name)
+    assert hydra and all(unit(m) == "cli" for m in hydra), sorted(hydra)
+
+
+def test_train_does_not_import_the_run():
     graph = import_graph()
-    assert not {m for m in graph if m.startswith("fasttomo.train")} & {a for a, bs in graph.items()
-                                                                     if "fasttomo.build" in bs}
+    assert not any(unit(b) == "run" for a, bs in graph.items() if unit(a) == "train" for b in bs)
 
 
 def test_the_graph_is_real():
     """The parser sees the arrows that exist (a guard against a graph that is empty by mistake)."""
     graph = import_graph()
-    assert "fasttomo.train.trainer" in graph["fasttomo.build"]
-    assert "fasttomo.projector" in graph["fasttomo.build"]
-    assert "fasttomo.pipeline" in graph["fasttomo.reconstruct"]
+    assert "fasttomo.train.trainer" in graph["fasttomo.run.build"]
+    assert "fasttomo.methods.field.projector" in graph["fasttomo.run.build"]
+    assert "fasttomo.run.pipeline" in graph["fasttomo.cli.reconstruct"]
+    assert folder_graph()["cli"] >= {"run", "foundations"}

@@ -8,7 +8,7 @@ import pytest
 from hydra.errors import HydraException
 
 from fasttomo.config import Config, ConfigError, DataConfig, from_dict
-from fasttomo.reconstruct import compose_config, config_dir
+from fasttomo.cli.reconstruct import compose_config, config_dir
 
 CONFIGS = Path(config_dir())
 GROUPS = sorted(p.name for p in CONFIGS.iterdir() if p.is_dir() and p.name != "hydra")

@@ -16,7 +16,7 @@ import pytest
 from PIL import Image
 
 from cli_helpers import TINY as TINY_BASE, TINY_LOGGED, TINY_RUN, _env, cli
-from fasttomo.reconstruct import compose_config, run
+from fasttomo.cli.reconstruct import compose_config, run
 
 TINY = [*TINY_BASE, *TINY_LOGGED]
 TINY_FILE = [*TINY_RUN, *TINY_LOGGED]  # for data=mrc: without the phantom's size
@@ -91,7 +91,7 @@ def test_tensorboard_events_read_back(tiny_run):
 def test_existing_results_never_overwritten(tiny_run):
     out, _, _ = tiny_run
     before = (out / "metrics.json").read_bytes()
-    from fasttomo.pipeline import OutputExistsError
+    from fasttomo.run.pipeline import OutputExistsError
 
     with pytest.raises(OutputExistsError, match="output.overwrite=true"):
         run(compose_config([*TINY, f"output.dir={out}"]))
@@ -137,7 +137,7 @@ def test_multirun_sweep(tmp_path):
 
 def test_simulate_then_reconstruct_from_files(tmp_path):
     env = _env()
-    sim = subprocess.run([sys.executable, "-m", "fasttomo.simulate", f"out={tmp_path / 'ph'}", "format=mrc",
+    sim = subprocess.run([sys.executable, "-m", "fasttomo.cli.simulate", f"out={tmp_path / 'ph'}", "format=mrc",
                           "data.width=24", "data.height=20", "data.n_tilts=15"], cwd=tmp_path, env=env,
                          capture_output=True, text=True, timeout=120)
     assert sim.returncode == 0, sim.stdout + sim.stderr
@@ -145,7 +145,7 @@ def test_simulate_then_reconstruct_from_files(tmp_path):
         assert (tmp_path / name).is_file(), name
     angles = np.loadtxt(tmp_path / "ph.rawtlt")
     assert angles.shape == (15,) and angles[0] == pytest.approx(-60.0)
-    again = subprocess.run([sys.executable, "-m", "fasttomo.simulate", f"out={tmp_path / 'ph'}", "format=mrc",
+    again = subprocess.run([sys.executable, "-m", "fasttomo.cli.simulate", f"out={tmp_path / 'ph'}", "format=mrc",
                             "data.width=24", "data.height=20", "data.n_tilts=15"], cwd=tmp_path, env=env,
                            capture_output=True, text=True, timeout=120)
     assert again.returncode == 2 and "overwrite" in again.stdout + again.stderr
@@ -185,7 +185,7 @@ def test_continuous_rotation_per_line_angles(tmp_path):
     from fasttomo.data.tiltseries import TiltSeries
     from fasttomo.geometry.poses import Poses
     from fasttomo.geometry.rays import Box
-    from fasttomo.projector import Projector
+    from fasttomo.methods.field.projector import Projector
 
     n, h, w = 15, 20, 24
     base = np.linspace(-60.0, 60.0, n)
@@ -219,7 +219,7 @@ def test_continuous_rotation_per_line_angles(tmp_path):
                           "logging.tensorboard=false", f"output.dir={tmp_path / 'run'}"])
     assert load_tiltseries(cfg.data).angles.shape == (n, h)
     run(cfg)
-    from fasttomo.metrics import pearson
+    from fasttomo.quality.metrics import pearson
 
     with mrcfile.open(tmp_path / "run" / "volume.mrc") as m:
         assert pearson(np.array(m.data), truth) > 0.8

@@ -24,7 +24,7 @@ def test_non_editable_install_ships_configs(tmp_path):
     for init in src.rglob("__init__.py"):
         assert (target / init.relative_to(src)).is_file(), f"{init.parent.relative_to(src)} not installed"
     assert (target / "fasttomo" / "configs" / "hydra" / "job_logging" / "fasttomo.yaml").is_file()
-    code = ("import fasttomo.reconstruct as r; c = r.compose_config(['experiment=flagship']); "
+    code = ("import fasttomo.cli.reconstruct as r; c = r.compose_config(['experiment=flagship']); "
             "print(r.config_dir()); print(c.model.channels)")
     env = {**os.environ, "PYTHONPATH": str(target)}
     res = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True,

@@ -24,7 +24,7 @@ from fasttomo.data.phantom import (
 from fasttomo.geometry.alignment import set_poses
 from fasttomo.geometry.poses import Poses
 from fasttomo.geometry.rays import Box, project_points
-from fasttomo.projector import Projector
+from fasttomo.methods.field.projector import Projector
 
 
 def _zero_poses(n: int) -> dict:

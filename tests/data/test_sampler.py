@@ -347,7 +347,7 @@ def test_patch_config_errors_name_the_fix():
             SamplerConfig(patch_size=bad)
     with pytest.raises(ConfigError, match=r"sampler.patch_size: 16 x 16 patches do not fit in the 10 x 13 images"):
         build_sampler(make_ts(), cfg(batch_size=256, patch_size=16), seed=0, device=CPU)
-    from fasttomo.build import auto_batch_size
+    from fasttomo.run.build import auto_batch_size
 
     big = make_ts(n=61, h=64, w=64)
     assert auto_batch_size(big) == 1024 and auto_batch_size(big, 8) == 1024

@@ -239,7 +239,7 @@ def test_projector_images_and_exported_volume_agree_across_the_gauge(tilt_axis):
     by t) seen with the reported shifts s_n - P R_n t; volume() puts the blob at centre + t. Also
     with a tilt-axis rotation turning the reference view, which t includes."""
     from fasttomo.geometry.rays import Box
-    from fasttomo.projector import Projector
+    from fasttomo.methods.field.projector import Projector
 
     box = Box((24, 24, 24))
     hw = (24, 24)

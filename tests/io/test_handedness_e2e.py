@@ -8,9 +8,9 @@ import pytest
 from io_helpers import write_raw_mrc, write_tlt
 
 try:
-    from fasttomo.reconstruct import compose_config, run
+    from fasttomo.cli.reconstruct import compose_config, run
 except ImportError as exc:  # the trainer lands separately
-    pytest.skip(f"fasttomo.reconstruct is not importable yet ({exc}); the e2e handedness tests need the trainer.",
+    pytest.skip(f"fasttomo.cli.reconstruct is not importable yet ({exc}); the e2e handedness tests need the trainer.",
                 allow_module_level=True)
 
 from fasttomo.data.io.volume import read_volume

@@ -74,7 +74,7 @@ def test_the_sub_grid_evaluated_with_the_rays_gives_the_same_losses_and_gradient
     sub-grid (the trainer's step); predictions, the TV term and every gradient match the two
     separate evaluations."""
     from fasttomo.geometry.poses import Poses
-    from fasttomo.projector import Projector
+    from fasttomo.methods.field.projector import Projector
 
     torch.manual_seed(0)
     box = Box((4, 6, 6))

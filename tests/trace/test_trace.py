@@ -13,7 +13,7 @@ from fasttomo.trace.core import (TraceError, TraceParams, find_peaks, gaussian_s
                                  trace_volume)
 from fasttomo.trace.files import (CSV_HEADER, AtomsFileError, read_atoms_csv, read_xyz, write_atoms_csv,
                                   write_xyz)
-from fasttomo.trace.gauss import fit_gaussians, patch_index, render
+from fasttomo.data.gauss import fit_gaussians, patch_index, render
 from fasttomo.trace.neighbors import greedy_match, greedy_suppress, pairs_within
 from fasttomo.trace.score import score_trace
 
@@ -239,7 +239,7 @@ def test_an_off_centre_atom_comes_back_at_its_position_in_angstrom(tmp_path):
     section 20.2) of a (Z, Y, X) = (32, 24, 40) volume of 0.5 A voxels is at (6.15, 3.8, 10.1) A."""
     from fasttomo.data.io.mrc import read_mrc
     from fasttomo.data.io.volume import write_volume
-    from fasttomo.trace.command import TraceConfig, TraceOutputConfig, run_trace
+    from fasttomo.cli.trace import TraceConfig, TraceOutputConfig, run_trace
 
     vol = rendered((32, 24, 40), np.array([[20.2, 7.6, 12.3]]), [1.0], sigma=1.2)
     write_volume(tmp_path / "v.mrc", vol, 0.5, label="test", attrs={}, fmt="mrc")
@@ -257,7 +257,7 @@ def test_an_off_centre_atom_comes_back_at_its_position_in_angstrom(tmp_path):
 
 def test_hdf5_volume_with_voxel_size_override(tmp_path):
     from fasttomo.data.io.volume import write_volume
-    from fasttomo.trace.command import TraceConfig, TraceOutputConfig, run_trace
+    from fasttomo.cli.trace import TraceConfig, TraceOutputConfig, run_trace
 
     vol = rendered((20, 20, 20), np.array([[5.0, 9.5, 14.25]]), [2.0])
     write_volume(tmp_path / "v.h5", vol, 1.0, label="test", attrs={}, fmt="h5")
@@ -271,7 +271,7 @@ def test_hdf5_volume_with_voxel_size_override(tmp_path):
 
 def test_config_errors_name_the_key():
     from fasttomo.config import ConfigError
-    from fasttomo.trace.command import TraceConfig
+    from fasttomo.cli.trace import TraceConfig
 
     with pytest.raises(ConfigError, match="elements"):
         TraceConfig(volume="v.mrc", classes=2, elements=["Pt"])

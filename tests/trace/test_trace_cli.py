@@ -21,7 +21,7 @@ from fasttomo.trace.files import read_atoms_csv
 SRC = str(Path(__file__).resolve().parents[2] / "src")
 
 
-def trace_cli(args, cwd, module="fasttomo.trace"):
+def trace_cli(args, cwd, module="fasttomo.cli.trace"):
     env = {**os.environ, "PYTHONPATH": SRC + (os.pathsep + os.environ["PYTHONPATH"] if os.environ.get("PYTHONPATH")
                                               else ""), "OMP_NUM_THREADS": "1"}
     return subprocess.run([sys.executable, "-m", module, *args], cwd=cwd, env=env, capture_output=True,
@@ -74,11 +74,11 @@ def test_particle_too_big_for_the_box_is_refused():
 def test_trace_of_the_phantom_truth_finds_every_atom_in_the_csv_frame(tmp_path):
     """fasttomo-simulate (the real command) writes <out>_atoms.csv beside the tilt series; its truth
     volume, traced by fasttomo-trace (the real command) with truth=, gives those atoms back."""
-    from fasttomo.simulate import simulate
+    from fasttomo.cli.simulate import simulate
 
     r = trace_cli(["out=np", "data.phantom=nanoparticle", "data.width=32", "data.height=32", "data.n_tilts=9",
                    "data.tilt_min=-70", "data.tilt_max=70", "data.particle.radius=6.0", "data.particle.species=2"],
-                  tmp_path, module="fasttomo.simulate")
+                  tmp_path, module="fasttomo.cli.simulate")
     assert r.returncode == 0, r.stdout + r.stderr
     for name in ("np.mrc", "np.rawtlt", "np_truth.mrc", "np_atoms.csv"):
         assert (tmp_path / name).is_file(), name

@@ -1,9 +1,9 @@
-"""torchrun target of tests/train/test_ddp_gloo.py: one rank of a REAL ``fasttomo.reconstruct`` run.
+"""torchrun target of tests/train/test_ddp_gloo.py: one rank of a REAL ``fasttomo.cli.reconstruct`` run.
 
     python -m torch.distributed.run --standalone --nproc-per-node=2 tests/train/ddp_worker.py \
         DUMP_DIR hydra.run.dir=RUN_DIR key=value ...
 
-Runs the console entry point unchanged (``fasttomo.reconstruct.cli``) and records what this rank
+Runs the console entry point unchanged (``fasttomo.cli.reconstruct.cli``) and records what this rank
 did in ``DUMP_DIR/rank<r>.pt`` (outside the run folder): its logged losses, its final parameters,
 the volume export gathered over ranks next to one single-process evaluation of the same model,
 the sampler sizes, and every file or folder it created, wrote or renamed (seen by an audit hook,
@@ -61,7 +61,7 @@ def main() -> None:
 
     import atexit
 
-    from fasttomo.reconstruct import cli
+    from fasttomo.cli.reconstruct import cli
 
     rank = int(os.environ["RANK"])
 
@@ -70,7 +70,7 @@ def main() -> None:
         os.makedirs(dump_dir, exist_ok=True)
         torch.save(record, os.path.join(dump_dir, f"rank{rank}.pt"))
 
-    # the console entry point, as `torchrun -m fasttomo.reconstruct` runs it: main(), the atexit
+    # the console entry point, as `torchrun -m fasttomo.cli.reconstruct` runs it: main(), the atexit
     # handlers (this dump among them), then os._exit without tearing torch's threads down (a
     # normal interpreter exit after a gloo run aborted now and then: "terminate called without an
     # active exception", exit -6, after every file was written)

@@ -65,9 +65,9 @@ def test_a_run_never_imports_dynamo(tmp_path):
     code = f"""
 import sys
 sys.path.insert(0, {str(SRC)!r})
-from fasttomo.build import build, make_trainer
+from fasttomo.run.build import build, make_trainer
 from fasttomo.data.load import load_tiltseries
-from fasttomo.reconstruct import compose_config
+from fasttomo.cli.reconstruct import compose_config
 cfg = compose_config(["logging=quiet", "output.dir={tmp_path}", "data.width=16", "data.height=16",
                       "data.n_tilts=5", "sampler.batch_size=32", "projector.samples_per_ray=8"])
 comps = build(cfg, load_tiltseries(cfg.data))

@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fasttomo.build import build, capture_problem_of, make_trainer
+from fasttomo.run.build import build, capture_problem_of, make_trainer
 from fasttomo.config import ConfigError
 from fasttomo.data.load import load_tiltseries
-from fasttomo.reconstruct import compose_config
+from fasttomo.cli.reconstruct import compose_config
 from fasttomo.train.cuda_graph import WARMUP
 
 TINY = ["logging=quiet", "data.width=24", "data.height=20", "data.n_tilts=15", "model.resolutions=[8,16]",

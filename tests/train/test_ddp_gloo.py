@@ -1,4 +1,4 @@
-"""Two REAL gloo ranks (torchrun on the CPU) running the full ``fasttomo.reconstruct`` Hydra entry
+"""Two REAL gloo ranks (torchrun on the CPU) running the full ``fasttomo.cli.reconstruct`` Hydra entry
 with one shared run folder, and an exact 2-rank resume launched through scripts/launch_ddp.sh.
 
 Checked: the run finishes (a hang fails the test after a timeout and the ranks are killed); both
@@ -156,7 +156,7 @@ def test_launch_ddp_script_builds_the_torchrun_command(tmp_path):
     subprocess.run([str(LAUNCH), "3", "optim.steps=5"], env=env, cwd=tmp_path, check=True, timeout=30)
     args = (tmp_path / "args").read_text().split("\n")[:-1]
     assert args[:6] == ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node=3", "-m",
-                        "fasttomo.reconstruct"]
+                        "fasttomo.cli.reconstruct"]
     assert args[6] == "optim.steps=5"
     assert re.fullmatch(r"hydra\.run\.dir=outputs/\d{4}-\d\d-\d\d/\d\d-\d\d-\d\d-ddp", args[7]) and len(args) == 8
     assert (tmp_path / "env").read_text().split() == ["0", "1"]

@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from fasttomo.build import build, make_trainer
+from fasttomo.run.build import build, make_trainer
 from fasttomo.config import GuardConfig
 from fasttomo.data.load import load_tiltseries
-from fasttomo.reconstruct import compose_config, run
+from fasttomo.cli.reconstruct import compose_config, run
 from fasttomo.train.guard import DivergenceError, Guard
 from fasttomo.train.precision import Precision
 from fasttomo.train.trainer import Trainer

@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from fasttomo.build import build, make_trainer
+from fasttomo.run.build import build, make_trainer
 from fasttomo.config import to_dict
 from fasttomo.data.load import load_tiltseries
-from fasttomo.pipeline import OutputExistsError
-from fasttomo.reconstruct import compose_config, run
+from fasttomo.run.pipeline import OutputExistsError
+from fasttomo.cli.reconstruct import compose_config, run
 from fasttomo.train.checkpoint import FORMAT, CheckpointError, load_checkpoint, save_checkpoint
 from fasttomo.train.trainer import Trainer
 

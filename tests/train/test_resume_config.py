@@ -8,7 +8,7 @@ import pytest
 from fasttomo.config import ConfigError, DataConfig
 from fasttomo.data.io import write_tiltseries
 from fasttomo.data.phantom import make_tiltseries
-from fasttomo.reconstruct import compose_config, run
+from fasttomo.cli.reconstruct import compose_config, run
 
 TINY = ["experiment=quick", "logging=quiet", "runtime=cpu", "runtime.threads=1", "model.resolutions=[8]",
         "sampler.batch_size=128", "projector.samples_per_ray=16"]

@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fasttomo.build import build, make_trainer
+from fasttomo.run.build import build, make_trainer
 from fasttomo.data.load import load_tiltseries
-from fasttomo.reconstruct import compose_config
+from fasttomo.cli.reconstruct import compose_config
 from fasttomo.train import trainer as trainer_mod
 
 TINY = ["experiment=quick", "logging=quiet", "runtime=cpu", "runtime.threads=1", "data.width=24", "data.height=24",

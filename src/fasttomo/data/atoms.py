@@ -97,7 +97,7 @@ class AtomPhantom:
         """Ground truth (Z, Y, X) float32: the density at the voxel centres."""
         import torch
 
-        from fasttomo.trace.gauss import render
+        from fasttomo.data.gauss import render
 
         vol = render(self.shape_zyx, torch.from_numpy(self.zyx_index), torch.from_numpy(self.amplitude),
                      float(self.sigma), radius=max(1, int(math.ceil(5.0 * self.sigma))))

@@ -42,7 +42,7 @@ def build_field(model_cfg: FieldConfig, box: Box) -> nn.Module:
         return VoxelField(shape, activation=model_cfg.activation, density_shift=model_cfg.density_shift)
     if model_cfg.kind == "sirt":
         raise ValueError("build_field: model.kind=sirt has no field; it runs through "
-                         "fasttomo.conventional.baseline.run_sirt (the pipeline does this)")
+                         "fasttomo.methods.sirt.method.run_sirt (the pipeline does this)")
     raise ValueError(f"build_field: unknown model.kind {model_cfg.kind!r}")
 
 

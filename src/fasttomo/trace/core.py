@@ -50,7 +50,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from fasttomo.trace.gauss import TWO_PI_32, fit_gaussians, gaussian_values, log_parabola_offset, patch_index, render
+from fasttomo.data.gauss import TWO_PI_32, fit_gaussians, gaussian_values, log_parabola_offset, patch_index, render
 from fasttomo.trace.neighbors import greedy_suppress, pairs_within
 
 log = logging.getLogger("fasttomo")

@@ -148,7 +148,7 @@ def slabs_png(path, volume: np.ndarray, zyx: np.ndarray, species: np.ndarray, ha
     from PIL import Image, ImageDraw
 
     from fasttomo.data.io.atomic import atomic_write
-    from fasttomo.plots import _font
+    from fasttomo.quality.plots import _font
 
     vol = np.asarray(volume, dtype=np.float32)
     zn, yn, xn = vol.shape

@@ -68,7 +68,7 @@ def init_distributed(device_kind: str | torch.device = "cpu", *, timeout_s: floa
     if missing:
         raise RuntimeError(
             f"WORLD_SIZE={world_size} but {missing} are not set; launch with torchrun "
-            "(e.g. torchrun --standalone --nproc-per-node=N -m fasttomo.reconstruct ...)."
+            "(e.g. torchrun --standalone --nproc-per-node=N -m fasttomo.cli.reconstruct ...)."
         )
     rank = int(os.environ["RANK"])
     kind = torch.device(device_kind).type

@@ -1,7 +1,7 @@
 """The training loop: one Trainer that owns precision, schedules, validation, logging and
 checkpoints. It takes explicit parts (the projector, its optimizer, sampler, schedule, precision)
 and its own small :class:`TrainerConfig`; it knows nothing about config files or how the parts
-were built (fasttomo.build makes them and the Trainer: :func:`fasttomo.build.make_trainer`).
+were built (fasttomo.run.build makes them and the Trainer: :func:`fasttomo.run.build.make_trainer`).
 
 The step is sync-free: no ``.item()``, printing or host branching on device values except at log,
 validation, image and checkpoint steps, and the divergence guard's check every guard.check_every
@@ -108,7 +108,7 @@ class Trainer:
         self.guard = Guard(cfg.guard, optimizer, device, world_size,
                            check_grads=not precision.scaler.is_enabled(),
                            base_lrs={g["name"]: b for g, b in zip(optimizer.param_groups, self.base_lrs)})
-        self.stop = None  # an object with should_stop(step) -> bool (fasttomo.stop.StopRequests), checked per step
+        self.stop = None  # an object with should_stop(step) -> bool (fasttomo.run.stop.StopRequests), checked per step
         self.timing = {"first_step_done": None, "validation_seconds": 0.0, "image_seconds": 0.0}
         """Fixed costs inside fit (perf_counter of the first step's end, synchronized once; seconds
         spent validating and rendering TensorBoard images), reported in metrics.json's timeline."""

@@ -1,0 +1,275 @@
+"""One error style for everything a user types on the command line.
+
+The entry points call :func:`check_overrides` on ``sys.argv`` before Hydra composes anything, so a
+mistyped group option, key or value is reported the way fasttomo reports its own errors: one
+line naming the key and the fix, no Hydra internals, no traceback, exit code 2.
+
+    data=mrcc               -> data=mrcc: no option 'mrcc' in group data; the options are hdf5, mrc,
+                               phantom, tiff. Did you mean data=mrc?
+    optim.stpes=10          -> optim.stpes: no such key. Did you mean optim.steps?
+    optim.steps=1e3         -> optim.steps: expected an integer, got 1e3 (a number with a fraction or
+                               exponent); write it as a whole number, e.g. optim.steps=1000.
+    data.exclude_views=5    -> data.exclude_views: expected a list, got 5; write data.exclude_views=[5].
+
+What the checks here cannot see (an interpolation that does not resolve, a value a schema's
+``__post_init__`` refuses) still ends in one line: the entry point turns Hydra's and OmegaConf's
+exceptions into :class:`CommandLineError` through :func:`from_hydra`. The only Hydra import is
+its override parser, inside :func:`check_overrides` (the entry points are Hydra's layer).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import sys
+import time
+import typing
+from typing import Any, Union
+
+from fasttomo.cli.help import Program, fmt_value, option_values, report, schema_keys, sections  # noqa: F401 - report: public here
+
+EXIT_USER_ERROR = 2
+
+# Hydra's command-line flags: those followed by a value, and those standing alone
+_FLAGS_WITH_VALUE = {"--cfg", "-c", "--package", "-p", "--info", "-i", "--config-path", "-cp", "--config-name", "-cn",
+                     "--config-dir", "-cd", "--experimental-rerun", "--shell-completion", "-sc"}
+
+
+class CommandLineError(ValueError):
+    """Something typed on the command line is wrong; the message names it and the fix."""
+
+
+def overrides_of(argv: list[str]) -> list[str]:
+    """The key=value / group=option / +key / ~key tokens of ``argv`` (Hydra's flags left out)."""
+    out, skip = [], False
+    for a in argv:
+        if skip:
+            skip = False
+            continue
+        if a.startswith("-") and not a.startswith("--help"):
+            skip = a in _FLAGS_WITH_VALUE
+            continue
+        if a.startswith("--help"):
+            continue
+        out.append(a)
+    return out
+
+
+def _near(name: str, choices, n: int = 3) -> list[str]:
+    from fasttomo.cli.help import nearest
+
+    return nearest(name, choices, n)
+
+
+def _did_you_mean(names: list[str], fmt: str = "{}") -> str:
+    return f" Did you mean {' or '.join(fmt.format(n) for n in names)}?" if names else ""
+
+
+# --------------------------------------------------------------------------------------- types
+def _is_list_type(tp: Any) -> bool:
+    return tp is list or typing.get_origin(tp) is list
+
+
+def _type_error(key: str, raw: str, value: Any, tp: Any, example: Any) -> str | None:
+    """Why ``value`` (typed as ``raw``) does not fit ``tp``; None when it does (or might: strings
+    that OmegaConf converts, interpolations)."""
+    if isinstance(value, str) and "${" in value:
+        return None
+    args = typing.get_args(tp) if typing.get_origin(tp) in (Union, getattr(__import__("types"), "UnionType")) else (tp,)
+    optional = type(None) in args
+    kinds = [a for a in args if a is not type(None)]
+    if value is None:
+        if optional or not kinds:
+            return None
+        return f"{key}: cannot be null; give a value, e.g. {key}={fmt_value(example)}."
+    if not kinds or any(k is Any for k in kinds):
+        return None
+    if example in (None, "???") or not _fits(example, kinds[0]):
+        example = {int: 4, float: 0.5, bool: True, str: "<text>"}.get(kinds[0], None)
+    ex = f"{key}={fmt_value(example)}" if example is not None else None
+    for k in kinds:
+        if _fits(value, k):
+            return None
+    k = kinds[0]
+    if _is_list_type(k):
+        inner = raw if raw.strip() else fmt_value(value)
+        return f"{key}: expected a list, got {raw}; write {key}=[{inner}] (a list of one), or [] for none."
+    if isinstance(value, (list, dict)):
+        what = "a list" if isinstance(value, list) else "a mapping"
+        return f"{key}: expected {_words(k)}, got {what} ({raw}); give one value" + (f", e.g. {ex}." if ex else ".")
+    if k is int and isinstance(value, float) and math.isfinite(value) and value.is_integer():
+        return (f"{key}: expected an integer, got {raw} (Hydra reads it as the float {value:g}); write it as a whole "
+                f"number, e.g. {key}={int(value)}.")
+    shown = repr(raw) if isinstance(value, str) else raw
+    return f"{key}: expected {_words(k)}, got {shown}" + (f"; e.g. {ex}." if ex else ".")
+
+
+def _words(tp: Any) -> str:
+    return {int: "an integer", float: "a number", bool: "true or false", str: "a string"}.get(
+        tp, "a list" if _is_list_type(tp) else getattr(tp, "__name__", str(tp)))
+
+
+def _fits(value: Any, tp: Any) -> bool:
+    """Whether OmegaConf accepts ``value`` for a node of type ``tp`` (it converts strings that
+    spell a number or a boolean)."""
+    if tp is int:
+        if isinstance(value, bool):
+            return False
+        if isinstance(value, int):
+            return True
+        if isinstance(value, str):
+            try:
+                int(value)
+                return True
+            except ValueError:
+                return False
+        return False
+    if tp is float:
+        if isinstance(value, bool):
+            return False
+        if isinstance(value, (int, float)):
+            return True
+        if isinstance(value, str):
+            try:
+                float(value)
+                return True
+            except ValueError:
+                return False
+        return False
+    if tp is bool:
+        return isinstance(value, bool) or (isinstance(value, str) and value.lower() in ("true", "false", "yes", "no",
+                                                                                       "on", "off", "1", "0"))
+    if tp is str:
+        return not isinstance(value, (list, dict))
+    if _is_list_type(tp):
+        return isinstance(value, (list, tuple))
+    if tp is dict or typing.get_origin(tp) is dict:
+        return isinstance(value, dict)
+    return True
+
+
+# --------------------------------------------------------------------------------------- the check
+def check_overrides(p: Program, argv: list[str]) -> None:
+    """Refuse, with a :class:`CommandLineError`, the first override of ``argv`` that names an
+    unknown group option or key, or gives a value of the wrong type."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import OverrideParseException
+
+    tokens = overrides_of(argv)
+    if not tokens:
+        return
+    parser = OverridesParser.create()
+    groups = p.group_options()
+    keys = schema_keys(p.root)
+    defaults = p.defaults()
+    secs = set(sections(p.root))
+    for token in tokens:
+        try:
+            ov = parser.parse_overrides([token])[0]
+        except OverrideParseException as exc:
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else "cannot be read"
+            raise CommandLineError(f"{token}: this is not a valid key=value ({first}); quote values with spaces or "
+                                   "special characters, e.g. key='a b'.") from None
+        key = ov.key_or_group
+        if key.split(".")[0].split("/")[0] == "hydra" or ov.package is not None:
+            continue
+        raw = token.split("=", 1)[1] if "=" in token else ""
+        values = list(ov.sweep_string_iterator()) if ov.is_sweep_override() else None
+        if key in groups:
+            opts = groups[key]
+            choices = values if values is not None else [ov.get_value_element_as_str()]
+            if ov.is_delete():
+                continue
+            for choice in choices:
+                if choice in opts or choice in ("null", "None"):
+                    continue
+                raise CommandLineError(f"{key}={choice}: no option {choice!r} in group {key}; the options are "
+                                       f"{', '.join(opts)}.{_did_you_mean(_near(choice, opts), key + '={}')} "
+                                       f"({p.prog} --help {key} describes them.)")
+            continue
+        if key in keys:
+            if ov.is_delete():
+                continue
+            tp = _declared(p.root, key)
+            example = defaults.get(key, (None, ""))[0]
+            vals = [ov.value()] if values is None else list(ov.sweep_iterator())
+            raws = [raw] if values is None else values
+            for v, r in zip(vals, raws):
+                msg = _type_error(key, r, v, tp, example)
+                if msg:
+                    raise CommandLineError(msg)
+            continue
+        head = key.split(".")[0]
+        if head in groups and any(key in option_values(p.config_dir, head, o) for o in groups[head]):
+            continue  # a key an option's file sets, that no schema here declares: Hydra and the schema decide
+        if key in secs:
+            raise CommandLineError(f"{key}: is a group of settings, not a value; set one of its keys, e.g. "
+                                   f"{_first_key(keys, key)}=<value> ({p.prog} --help {key} lists them).")
+        # an unknown key: the nearest keys, by the whole name and by the last part within its group
+        near = _near(key, keys)
+        if not near and "." in key:
+            in_group = [k for k in keys if k.startswith(head + ".")]
+            tail = key.split(".")[-1]
+            near = [k for k in in_group if k.split(".")[-1] in _near(tail, [x.split(".")[-1] for x in in_group])]
+        where = f"{p.prog} --help {head}" if head in secs else f"{p.prog} --help"
+        raise CommandLineError(f"{key}: no such key.{_did_you_mean(near)} ({where} lists the valid keys.)")
+
+
+def _declared(root: type, key: str) -> Any:
+    from fasttomo.cli.help import field_type
+
+    return field_type(root, key)
+
+
+def _first_key(keys: dict, section: str) -> str:
+    return next((k for k in keys if k.startswith(section + ".")), section + ".<key>")
+
+
+def from_hydra(exc: BaseException) -> CommandLineError | None:
+    """A one-line :class:`CommandLineError` for an exception Hydra or OmegaConf raised while
+    composing the config (None for anything else: a bug, shown with its traceback)."""
+    mod = type(exc).__module__ or ""
+    if not (mod.startswith("hydra") or mod.startswith("omegaconf")):
+        return None
+    text = str(exc).strip()
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    key = getattr(exc, "full_key", None)
+    first = lines[0] if lines else type(exc).__name__
+    if "HYDRA_FULL_ERROR" in first or first.startswith("Error"):
+        first = next((ln for ln in lines[1:] if "HYDRA_FULL_ERROR" not in ln), first)
+    first = first.replace("\\", "")
+    msg = f"{key}: {first}" if key and not first.startswith(str(key)) else first
+    return CommandLineError(msg.rstrip(".") + ". (--help explains every group and key.)")
+
+
+def run_checked(p: Program, argv: list[str], app) -> None:
+    """The entry points' common start: --help, the override check, then ``app()`` (Hydra) with its
+    composition errors turned into one line and exit code 2."""
+    import os
+
+    from fasttomo.cli.help import handle_help
+
+    code = handle_help(p, argv)
+    if code is not None:
+        sys.exit(code)
+    try:
+        check_overrides(p, argv)
+    except CommandLineError as exc:
+        report(str(exc), p.prog)
+        sys.exit(EXIT_USER_ERROR)
+    # Hydra prints its own errors (config search path, a HYDRA_FULL_ERROR hint) unless this is set;
+    # then they reach us as exceptions and get one line like every other error.
+    forced = "HYDRA_FULL_ERROR" not in os.environ
+    if forced:
+        os.environ["HYDRA_FULL_ERROR"] = "1"
+    try:
+        app()
+    except SystemExit:
+        raise
+    except BaseException as exc:  # noqa: B902
+        err = from_hydra(exc) if forced else None
+        if err is None:
+            raise
+        report(str(err), p.prog)
+        logging.shutdown()
+        sys.exit(EXIT_USER_ERROR)

@@ -1,0 +1,314 @@
+"""`fasttomo-reconstruct`: the Hydra entry point (one of the two modules that import Hydra).
+
+    fasttomo-reconstruct                                   # built-in phantom, default model
+    fasttomo-reconstruct data=mrc data.path=tilts.mrc data.angles=tilts.rawtlt
+    fasttomo-reconstruct -m optim.steps=200,400            # a sweep, one run folder per job
+    torchrun --standalone --nproc-per-node=2 -m fasttomo.cli.reconstruct hydra.run.dir=outputs/ddp1
+
+Hydra composes configs/reconstruct.yaml with the chosen group options and overrides; the result is
+converted to the typed, validated ``fasttomo.config.Config`` and handed to the pipeline. With
+``resume=...`` the settings come from the checkpoint instead, changed only where the command line
+names keys (resume.py). ``dry_run=true`` checks everything and exits (preflight.py).
+
+Exit codes: 0 done; 1 results could not be written (one line: what was saved where) or an
+unexpected error (traceback); 2 config, data, output folder or checkpoint problem (one line);
+3 training diverged; 130 / 143 stopped by SIGINT / SIGTERM (stop.py). A folder Hydra created for a
+run that wrote nothing (a config error, a dry run, output.dir elsewhere) is removed again.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import sys
+import time
+from pathlib import Path
+
+import hydra
+import yaml
+from hydra.core.config_store import ConfigStore
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
+
+from fasttomo.config import Config, ConfigError, config_dir, from_dict, hydra_schema, strip_unset, upgrade
+
+log = logging.getLogger("fasttomo")
+
+# The typed schema is the first entry of configs/reconstruct.yaml's defaults list: every key of
+# every option of every group exists (typed, left unset) whichever group option is chosen, so any
+# value can be overridden from the command line and a misspelled key is rejected by Hydra at once.
+# The keys nothing set are dropped before from_dict, which takes their defaults from the chosen
+# option's dataclass and refuses a key that option does not read.
+ConfigStore.instance().store(name="fasttomo_schema", node=hydra_schema(Config))
+
+EXIT_USER_ERROR = 2   # config, input data, output folder, checkpoint: one line, no traceback
+EXIT_DIVERGED = 3     # training diverged and could not be recovered
+EXIT_WRITE_FAILED = 1  # results could not be written (the line says what was saved where)
+
+
+def _option_file(root: Path, group: str, option: str) -> dict:
+    """The values a group option's file sets, with those of the files its defaults list extends
+    (``model/kplanes.yaml`` extends ``kplanes_tilted``)."""
+    path = root / group / f"{option}.yaml"
+    if not path.is_file():
+        return {}
+    data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    out: dict = {}
+    for d in data.pop("defaults", None) or []:
+        if group != "experiment" and isinstance(d, str) and d != "_self_":
+            out.update(_option_file(root, group, d))
+    out.update(data)
+    return out
+
+
+def _option_values(group: str, option: str) -> dict | None:
+    """The flattened, fully prefixed values a group option sets (resume.named_keys): its file's,
+    over the defaults of the option's schema (``data=mrc`` means the mrc schema's defaults too,
+    e.g. data.normalize=none); an experiment's file alone. None when ``group`` is not a config
+    group."""
+    import dataclasses
+    import typing
+
+    from fasttomo.config import group_option_classes
+    from fasttomo.run.resume import flatten
+
+    root = Path(config_dir())
+    if group == "hydra" or not (root / group).is_dir():
+        return None
+    if option in ("null", "None", ""):
+        return {}
+    data = _option_file(root, group, option)
+    if group == "experiment":
+        return flatten(data)
+    tp = typing.get_type_hints(Config).get(group)
+    values: dict = {}
+    if tp is not None:
+        base = group_option_classes(tp)[0]
+        cls = base
+        if hasattr(base, "group_base"):
+            b = base.group_base()
+            cls = b._options.get(data.get(b._selector, b._default_option()), base)
+        for f in dataclasses.fields(cls):
+            if f.default is not dataclasses.MISSING:
+                values[f.name] = f.default
+            elif f.default_factory is not dataclasses.MISSING:
+                values[f.name] = f.default_factory()
+    values.update(data)
+    return flatten(values, f"{group}.")
+
+
+def _resumed(data: dict, overrides: list[str]) -> dict:
+    """The config of a resumed run: the checkpoint's, changed only where ``overrides`` name keys
+    (see fasttomo/resume.py)."""
+    from fasttomo.run import resume as rs
+    from fasttomo.train.checkpoint import find_checkpoint, read_config
+
+    path = find_checkpoint(data["resume"])
+    saved = read_config(path)
+    if saved is None:  # a checkpoint without its config: the command line is the config
+        return {**data, "resume": str(path)}
+    saved = upgrade(saved)  # a checkpoint of an older fasttomo: moved keys renamed, unread keys dropped
+    named = rs.named_keys(overrides, saved, _option_values)
+    merged = rs.merge(saved, data, named)
+    merged["resume"] = str(path)
+    rs.refuse_immutable(saved, merged, str(path), named)
+    return merged
+
+
+def to_config(cfg: DictConfig, overrides: list[str] | None = None) -> Config:
+    """Hydra/omegaconf config -> typed Config (errors name the field and the fix). With
+    ``resume=...`` the settings come from the checkpoint, changed only by what ``overrides`` (the
+    command line) name."""
+    try:
+        data = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=False)
+    except MissingMandatoryValue as exc:  # pragma: no cover - interpolation of an unset key
+        key = getattr(exc, "full_key", None) or str(exc)
+        raise ConfigError(f"{key}: this value is required and was not given; set {key}=<value> on the command line.") from exc
+    except OmegaConfBaseException as exc:  # e.g. an interpolation ${...} that does not resolve
+        key = getattr(exc, "full_key", None)
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise ConfigError(f"{key}: {first}" if key else first) from None
+    data.pop("hydra", None)
+    if data.get("resume") not in (None, "???"):
+        data = _resumed(data, list(overrides or []))
+    return from_dict(Config, strip_unset(data))
+
+
+def compose_config(overrides: list[str] | None = None) -> Config:
+    """Compose the primary config with ``overrides`` through Hydra's compose API (tests, notebooks)."""
+    from hydra import compose, initialize_config_dir
+
+    with initialize_config_dir(config_dir=config_dir(), version_base="1.3", job_name="fasttomo"):
+        cfg = compose(config_name="reconstruct", overrides=list(overrides or []))
+    return to_config(cfg, list(overrides or []))
+
+
+def run(cfg: Config) -> dict:
+    """Run one reconstruction (cfg.output.dir must be set), or the dry run when cfg.dry_run.
+    Returns the metrics dict (the dry run's report)."""
+    if cfg.dry_run:
+        from fasttomo.run.preflight import dry_run
+
+        return dry_run(cfg)
+    from fasttomo.run.pipeline import run_reconstruction
+
+    return run_reconstruction(cfg)
+
+
+def exit_code(exc: BaseException) -> int | None:
+    """The process exit code for ``exc`` (README "What a run guarantees"); None: a bug (traceback)."""
+    from fasttomo.run.outputs import OutputWriteError
+    from fasttomo.run.stop import RunInterrupted
+    from fasttomo.train.guard import DivergenceError
+
+    if isinstance(exc, RunInterrupted):
+        return exc.exit_code
+    if isinstance(exc, KeyboardInterrupt):
+        return 130
+    if isinstance(exc, DivergenceError):
+        return EXIT_DIVERGED
+    if isinstance(exc, OutputWriteError):
+        return EXIT_WRITE_FAILED
+    from fasttomo.run.pipeline import user_errors
+
+    if isinstance(exc, user_errors()):
+        return EXIT_USER_ERROR
+    return None
+
+
+# Folders that existed when the program started, among those Hydra may create for this run
+# (recorded by main(); a folder Hydra made for a run that wrote nothing is removed again).
+_STARTED = time.time()
+_EXISTED: set[str] = set()
+_CHECKED: set[str] = set()
+
+
+def _note_existing_folders(argv: list[str]) -> None:
+    cands = [a.split("=", 1)[1] for a in argv if a.startswith(("hydra.run.dir=", "output.dir="))]
+    cands.append(f"outputs/{datetime.date.today():%Y-%m-%d}")
+    for c in cands:
+        if "${" in c:
+            continue
+        p = Path(c).resolve()
+        for q in (p, *p.parents):
+            _CHECKED.add(str(q))
+            if q.exists():
+                _EXISTED.add(str(q))
+
+
+def _prune_new_empty(folder: str | Path) -> None:
+    """Remove ``folder`` and its parents while they are empty and were made by this process."""
+    p = Path(folder).resolve()
+    stop = Path.cwd().resolve()
+    first = True
+    while p != stop and p != p.parent:
+        try:
+            if not p.is_dir() or any(p.iterdir()) or str(p) in _EXISTED:
+                return
+            if first and str(p) not in _CHECKED and p.stat().st_ctime < _STARTED:
+                return  # not predicted and older than this process: not ours
+            if not first and str(p) not in _CHECKED:
+                return
+            p.rmdir()
+        except OSError:
+            return
+        first = False
+        p = p.parent
+
+
+@hydra.main(version_base="1.3", config_path=config_dir(), config_name="reconstruct")
+def _app(cfg: DictConfig) -> float | None:
+    hydra_dir = HydraConfig.get().runtime.output_dir
+    try:
+        # the override strings as typed (iterating the ListConfig would resolve a ${...} in them)
+        config = to_config(cfg, OmegaConf.to_container(HydraConfig.get().overrides.task, resolve=False))
+        if not config.output.dir:
+            config.output.dir = hydra_dir
+        metrics = run(config)
+    except KeyboardInterrupt:  # Ctrl-C before the run installed its handlers (nothing to save yet)
+        _prune_new_empty(hydra_dir)
+        log.warning("interrupted before the run started; nothing was written")
+        sys.exit(130)
+    except BaseException as exc:  # noqa: B902 - every outcome gets its exit code
+        _prune_new_empty(hydra_dir)
+        code = exit_code(exc)
+        if code is None:
+            raise
+        if not getattr(exc, "fasttomo_logged", False):
+            (log.warning if code >= 128 else log.error)("%s", exc or "interrupted")
+        sys.exit(code)
+    if config.dry_run or Path(config.output.dir).resolve() != Path(hydra_dir).resolve():
+        _prune_new_empty(hydra_dir)
+    return metrics.get("pearson_global") if metrics else None
+
+
+DESCRIPTION = """reconstruct a 3-D volume from an electron-tomography tilt series by fitting a
+neural field (multi-scale K-Planes in learned rotated frames, decoded by a small MLP) to the measured
+pixels through differentiable line integrals, optionally refining the per-view poses. Without
+arguments it reconstructs the built-in synthetic phantom (61 tilts over +-60 degrees).
+
+Settings are composed from config groups (choose one option each, e.g. data=mrc) and single keys
+(key=value). A run writes its folder (outputs/<date>/<time>/ unless hydra.run.dir=... is given):
+the volume (MRC with the voxel size, HDF5), report.png, metrics.json, the loss curves, a
+checkpoint, the log and TensorBoard events."""
+
+COMMON_KEYS = ("data.path", "data.angles", "data.pixel_size", "data.thickness", "data.exclude_views", "data.binning",
+               "optim.steps", "model.resolutions", "pose.learn", "runtime.device", "evaluation.half_sets",
+               "evaluation.truth", "logging.checkpoint_every", "output.overwrite", "resume", "dry_run")
+
+
+def program():
+    """What ``--help`` and the command-line checks know of this command (fasttomo.cli.help)."""
+    from fasttomo.cli.help import Program
+
+    return Program("fasttomo-reconstruct", DESCRIPTION, Config, config_dir(), "reconstruct", COMMON_KEYS, examples=(
+        "fasttomo-reconstruct                                  # the built-in phantom",
+        "fasttomo-reconstruct data=mrc data.path=tilts.mrc data.angles=tilts.rawtlt data.thickness=120",
+        "fasttomo-reconstruct experiment=quality pose=refine     # a recipe, pose refinement",
+        "fasttomo-reconstruct -m optim.steps=500,1000            # a sweep: one run folder per job",
+        "fasttomo-reconstruct resume=outputs/2026-01-01/10-00-00  # continue a run from its checkpoint",
+        "tensorboard --logdir outputs/"))
+
+
+def main() -> None:
+    from fasttomo.cli.errors import run_checked
+    from fasttomo.kernels import prewarm
+
+    prewarm.start()  # a GPU run: load the fused kernels while the config, data and model are prepared
+    _note_existing_folders(sys.argv[1:])
+    run_checked(program(), sys.argv[1:], _app)
+
+
+def cli() -> None:
+    """The console entry point (``fasttomo-reconstruct``, ``python -m fasttomo.cli.reconstruct``):
+    ``main()``, then the interpreter's normal exit steps (atexit handlers, logging flushed and
+    closed, stdout/stderr flushed) and ``os._exit`` instead of tearing every module down, which
+    took about 1 s after each run (torch's objects and extensions; 0.8-1.1 s on an H200 machine).
+    Every output is written and closed by then. An unexpected exception still ends the normal
+    way (traceback, exit 1). In-process callers use ``main()``."""
+    import atexit
+    import os
+
+    try:
+        main()
+        code = 0
+    except SystemExit as exc:
+        code = exc.code
+    if code is None:
+        code = 0
+    elif not isinstance(code, int):
+        print(code, file=sys.stderr)
+        code = 1
+    atexit._run_exitfuncs()
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(code)
+
+
+if __name__ == "__main__":
+    cli()

@@ -1,0 +1,1 @@
+"""What reconstructs: the neural field (field/) and SIRT (sirt/)."""

@@ -1,0 +1,229 @@
+"""Scoring inside a reconstruction run: against a ground truth when there is one, and without one
+(held-out views, even/odd half sets).
+
+* :func:`attach_truth`: ``evaluation.truth`` (a volume file) becomes the tilt series' ground truth,
+  so synthetic data given as files is scored exactly like the built-in phantom.
+* :func:`truth_scores`: Pearson (global and over the specimen), plus the FSC summary against the
+  truth (0.5 and 0.143 crossings, in Angstrom) when the volumes match.
+* :func:`split_holdout`: ``evaluation.holdout_views`` leaves views out of training;
+  :func:`holdout_scores` compares each left-out image with the reconstruction's prediction of it
+  (Pearson per view, and the RMS residual in the stack's units; metrics.projection_metrics).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+
+import numpy as np
+import torch
+
+from fasttomo.data.tiltseries import TiltSeries, TiltSeriesError
+
+
+class EvaluateError(ValueError):
+    """The inputs cannot be compared as given; the message names both sides and the fix."""
+
+log = logging.getLogger("fasttomo")
+
+
+def attach_truth(ts: TiltSeries, path: str, thickness: int | None) -> None:
+    """Read the ground-truth volume file ``path`` into ``ts.ground_truth`` ((Z, H, W) required)."""
+    from fasttomo.data.io.volume import read_volume
+
+    vol, _, _ = read_volume(path)
+    if vol.ndim != 3 or vol.shape[1:] != (ts.height, ts.width) or (thickness is not None and vol.shape[0] != thickness):
+        want = f"({thickness if thickness is not None else 'Z'}, {ts.height}, {ts.width})"
+        raise TiltSeriesError(f"{path}: evaluation.truth has shape {tuple(vol.shape)} but the reconstruction box "
+                              f"is (Z, Y, X) = {want}; give the truth volume of this tilt series (after binning "
+                              "and cropping) or set data.thickness to its Z.")
+    ts.ground_truth = np.ascontiguousarray(vol, dtype=np.float32)
+    log.info("evaluation: scoring against the ground truth %s %s", path, tuple(vol.shape))
+
+
+FLAT_FSC_KEYS = ("fsc05_A", "fsc0143_A")
+
+
+def fsc_flat(report: dict) -> dict:
+    """The crossings of a :func:`score_against_truth`-style report as flat keys:
+    fsc05_A, fsc0143_A and, per Fourier region, fsc05_measured_A, fsc0143_wedge_A, ..."""
+    out = {}
+    for name, suffix in (("fsc", ""), ("fsc_measured", "_measured"), ("fsc_wedge", "_wedge")):
+        for key in FLAT_FSC_KEYS:
+            if name in report and report[name].get(key) is not None:
+                out[key.replace("_A", f"{suffix}_A")] = report[name][key]
+    return out
+
+
+def truth_scores(volume: np.ndarray, truth: np.ndarray, voxel_size: float,
+                 tilt_range: tuple[float, float] | None = None) -> tuple[dict, dict]:
+    """Scores of ``volume`` against ``truth`` (same shape): Pearson global/foreground, MSE, PSNR
+    (data range: the truth's max - min), FSC over all of Fourier space and in the measured region
+    and the missing wedge of ``tilt_range``; flat crossing keys (:func:`fsc_flat`) on top. Returns
+    (metrics, FSC curves by region)."""
+    report, curves = score_against_truth(volume, truth, voxel_size, tilt_range=tilt_range)
+    report.update(fsc_flat(report))
+    return report, curves
+
+
+def pair_fsc(a: np.ndarray, b: np.ndarray, voxel_size: float, tilt_range: tuple[float, float] | None) -> tuple[dict, dict]:
+    """FSC of two independent reconstructions (e.g. even/odd half sets), by region; flat keys too."""
+    from fasttomo.quality.metrics import fsc, sector_fsc
+
+    curves = {"all": fsc(a, b, voxel_size)} if tilt_range is None else sector_fsc(a, b, voxel_size, tilt_range)
+    report = {("fsc" if r == "all" else f"fsc_{r}"): c.summary() for r, c in curves.items()}
+    report.update(fsc_flat(report))
+    return report, curves
+
+
+@dataclasses.dataclass
+class Holdout:
+    """Views left out of training."""
+
+    index: np.ndarray
+    """Indices of the held-out views in the prepared series."""
+    view_numbers: list[int]
+    """Their 1-based numbers in the file."""
+    stack: np.ndarray
+    angles: np.ndarray
+    valid: np.ndarray | None
+
+
+def split_holdout(ts: TiltSeries, views_1based: list[int]) -> tuple[TiltSeries, Holdout | None]:
+    """(training series, held-out views) for 1-based file view numbers ``views_1based``."""
+    if not views_1based:
+        return ts, None
+    numbers = list(ts.metadata.get("view_numbers") or range(1, ts.n_tilts + 1))
+    missing = sorted(set(views_1based) - set(numbers))
+    if missing:
+        raise TiltSeriesError(f"{ts.source}: evaluation.holdout_views {missing} are not views of this series "
+                              f"(its views are {numbers[0]}..{numbers[-1]}, 1-based, after data.exclude_views); "
+                              "pick views that are used.")
+    held = np.array(sorted(numbers.index(v) for v in set(views_1based)))
+    keep = np.setdiff1d(np.arange(ts.n_tilts), held)
+    if keep.size < 2:
+        raise TiltSeriesError(f"{ts.source}: evaluation.holdout_views leaves {keep.size} view(s) to train on; "
+                              "hold out fewer views.")
+    if ts.reference_index() in held:
+        log.info("evaluation: the held-out views include the smallest-|tilt| view; the reference of the poses "
+                 "becomes the next smallest.")
+    sub = lambda a: None if a is None else np.ascontiguousarray(a[keep])  # noqa: E731
+    meta = dict(ts.metadata)
+    meta["view_numbers"] = [numbers[i] for i in keep]
+    meta["holdout_view_numbers"] = [numbers[i] for i in held]
+    train = TiltSeries(stack=sub(ts.stack), angles=ts.angles[keep], pixel_size=ts.pixel_size, source=ts.source,
+                       metadata=meta, ground_truth=ts.ground_truth, valid=sub(ts.valid))
+    hold = Holdout(held, [numbers[i] for i in held], ts.stack[held], ts.angles[held],
+                   None if ts.valid is None else ts.valid[held])
+    log.info("evaluation: views %s (1-based) held out of training, %d views remain", hold.view_numbers, keep.size)
+    return train, hold
+
+
+@torch.no_grad()
+def render_views(proj, n: int, chunk: int, stride: int = 1) -> np.ndarray:
+    """Pixels of views 0..n-1 through ``proj`` (a Projector): (n, H, W) numpy, or with ``stride``
+    s every s-th row and column, (n, ceil(H/s), ceil(W/s))."""
+    h, w = proj.image_hw
+    device = next(proj.field.parameters()).device
+    rows = torch.arange(0, h, stride, device=device)
+    cols = torch.arange(0, w, stride, device=device)
+    hs, ws = rows.numel(), cols.numel()
+    ids = torch.arange(n * hs * ws, device=device)
+    out = torch.empty(n * hs * ws, device=device)
+    for lo in range(0, ids.numel(), chunk):
+        i = ids[lo:lo + chunk]
+        tilt = torch.div(i, hs * ws, rounding_mode="floor")
+        rem = i - tilt * hs * ws
+        r = torch.div(rem, ws, rounding_mode="floor")
+        out[lo:lo + chunk] = proj(tilt, rows[r], cols[rem - r * ws])
+    return out.reshape(n, hs, ws).cpu().numpy()
+
+
+VIEW_RESIDUAL_RAYS = 1 << 16
+"""At most about this many pixels (rays) are predicted for :func:`view_residuals`, all views
+together: a regular grid of every s-th row and column (s = 2 for the embedded 61 x 64 x 64
+series, about 1,000 pixels per view). Per-view scores from a thousand pixels still single out a
+bad view, and the cost stays a fraction of a second on a GPU and a few seconds on a CPU however
+large the images are."""
+
+
+def residual_stride(n: int, h: int, w: int, budget: int = VIEW_RESIDUAL_RAYS) -> int:
+    """The smallest pixel stride s with n * ceil(h/s) * ceil(w/s) <= budget."""
+    s = max(1, int(math.floor(math.sqrt(n * h * w / budget))))
+    while n * (-(-h // s)) * (-(-w // s)) > budget:
+        s += 1
+    return s
+
+
+def view_residuals(projector, ts: TiltSeries, scale: float, chunk: int = 1 << 15,
+                   budget: int = VIEW_RESIDUAL_RAYS) -> dict:
+    """How well the fit explains each training view: the projector (field, learned poses,
+    intensity model) predicts the pixels, compared in the stack's units with the measured image
+    (Pearson and RMS residual per view, no fitted scale or offset). A view that the others do not
+    explain (a bad tilt, a jump in the stage, a frame with a different dose) stands out. Only a
+    regular grid of pixels is predicted (every ``pixel_stride``-th row and column, at most about
+    ``budget`` pixels in all, see :data:`VIEW_RESIDUAL_RAYS`). Returns per-view lists (1-based view
+    numbers, tilt, Pearson, RMS residual), their mean, the three worst views by Pearson and the
+    stride used."""
+    from fasttomo.quality.metrics import projection_metrics
+
+    n, (h, w) = ts.n_tilts, projector.image_hw
+    s = residual_stride(n, h, w, budget)
+    pred = render_views(projector, n, chunk, s) * float(scale)
+    valid = None if ts.valid is None else ts.valid[:, ::s, ::s]
+    pm = projection_metrics(ts.stack[:, ::s, ::s], pred, valid, fit="none").to_json()
+    numbers = list(ts.metadata.get("view_numbers") or range(1, ts.n_tilts + 1))
+    angles = ts.angles if ts.angles.ndim == 1 else ts.angles.mean(axis=1)
+    r = np.asarray(pm["pearson"], dtype=np.float64)
+    worst = [int(i) for i in np.argsort(np.where(np.isfinite(r), r, np.inf))[:3]]
+    return {"view_numbers": numbers, "tilt_deg": [float(a) for a in angles], "pearson": pm["pearson"],
+            "rms_residual": pm["rms"], "pearson_mean": float(np.nanmean(r)),
+            "worst_views": [numbers[i] for i in worst], "pixel_stride": s}
+
+
+def holdout_scores(hold: Holdout, predicted: np.ndarray) -> dict:
+    """Scores of the predicted held-out images (in the stack's units, no fitted scale or offset)
+    against the measured ones: Pearson and RMS residual per view, their mean and worst."""
+    from fasttomo.quality.metrics import projection_metrics
+
+    pm = projection_metrics(hold.stack, predicted, hold.valid, fit="none")
+    summary = pm.summary()
+    per_view = pm.to_json()
+    return {"view_numbers": hold.view_numbers, "pearson": per_view["pearson"], "rms_residual": per_view["rms"],
+            "pearson_mean": summary["pearson_mean"], "pearson_min": summary["pearson_min"]}
+
+
+def score_against_truth(vol: np.ndarray, truth: np.ndarray, voxel_size_A: float, *, tilt_range=None,
+                        data_range: float | None = None, mask: np.ndarray | None = None) -> tuple[dict, dict]:
+    """Pearson (global, foreground), MSE, PSNR, FSC (and measured/wedge FSC with ``tilt_range``).
+
+    Returns ``(metrics, curves)``: the JSON-ready dict (keys ``pearson_global``,
+    ``pearson_foreground``, ``foreground_fraction``, ``mse``, ``psnr_dB``, ``data_range``,
+    ``data_range_source``, ``fsc`` and, with a tilt range, ``tilt_range_deg``, ``fsc_measured``,
+    ``fsc_wedge``) and the :class:`~fasttomo.quality.metrics.FSCCurve` objects by region.
+    """
+    from fasttomo.quality.metrics import fsc, mse, psnr, sector_fsc, volume_metrics
+
+    if vol.shape != truth.shape:
+        raise EvaluateError(f"the volume has shape (Z, Y, X) = {vol.shape} but the truth has {truth.shape}; they must "
+                            "match voxel for voxel. Crop or resample one of them.")
+    out = volume_metrics(vol, truth)
+    if data_range is None:
+        span = float(truth.max() - truth.min())
+        if not span > 0:
+            raise EvaluateError("the truth volume is constant, so PSNR has no data range; set data_range=<value>.")
+        out["data_range"], out["data_range_source"] = span, "truth max - min"
+    else:
+        out["data_range"], out["data_range_source"] = float(data_range), "data_range="
+    out["mse"] = mse(vol, truth)
+    out["psnr_dB"] = psnr(vol, truth, out["data_range"])
+    if tilt_range is None:
+        curves = {"all": fsc(vol, truth, voxel_size_A, mask=mask)}
+    else:
+        curves = sector_fsc(vol, truth, voxel_size_A, tilt_range, mask=mask)
+        out["tilt_range_deg"] = [float(t) for t in tilt_range]
+    out["fsc_masked"] = mask is not None
+    for region, curve in curves.items():
+        out["fsc" if region == "all" else f"fsc_{region}"] = curve.summary()
+    return out, curves

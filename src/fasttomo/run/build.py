@@ -1,0 +1,248 @@
+"""Typed config -> objects. Keeps the Trainer a loop rather than a hub that knows every module:
+:func:`build` makes the parts of a run (device, box, projector, sampler, optimizer, schedule,
+precision) and :func:`make_trainer` hands them, with the Trainer's own small config, to the
+Trainer. Nothing under train/ imports this module."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+
+import torch
+
+from fasttomo.config import Config, ConfigError, IntensityConfig, OptimConfig
+from fasttomo.data.tiltseries import TiltSeries
+from fasttomo.geometry.rays import Box
+from fasttomo.methods.field.intensity import Intensity
+from fasttomo.methods.field.projector import Projector
+from fasttomo.train.precision import Precision
+from fasttomo.train.schedules import PlateauState, Schedule, build_schedule
+
+log = logging.getLogger("fasttomo.run.build")
+
+
+def resolve_device(spec: str, local_rank: int = 0) -> torch.device:
+    if spec == "auto":
+        return torch.device(f"cuda:{local_rank}") if torch.cuda.is_available() else torch.device("cpu")
+    if spec.startswith("cuda"):
+        if not torch.cuda.is_available():
+            raise ConfigError(
+                f"runtime.device: {spec!r} was asked for but torch sees no CUDA device "
+                f"(torch {torch.__version__}); use runtime=auto or runtime=cpu, or install a CUDA build of torch."
+            )
+        return torch.device(spec if ":" in spec else f"cuda:{local_rank}")
+    return torch.device("cpu")
+
+
+def reconstruction_box(cfg: Config, ts: TiltSeries) -> Box:
+    """The volume box (Z, Y, X) in voxels: X = W, Y = H, Z from data.thickness, else the ground
+    truth's depth (synthetic data), else W/2."""
+    z = cfg.data.thickness
+    if z is None:
+        z = ts.ground_truth.shape[0] if ts.ground_truth is not None else max(2, ts.width // 2)
+    return Box((int(z), ts.height, ts.width))
+
+
+@dataclasses.dataclass
+class Components:
+    """The parts :func:`build` made, for the pipeline, the dry run and the benchmarks (the
+    Trainer takes them one by one, see :func:`make_trainer`)."""
+
+    cfg: Config
+    """The run's config, with the automatic batch size resolved."""
+    device: torch.device
+    ts: TiltSeries
+    box: Box
+    sampler: object
+    projector: Projector
+    model: torch.nn.Module  # the projector, or its DDP wrapper
+    optimizer: torch.optim.Optimizer
+    base_lrs: list[float]
+    schedule: Schedule
+    plateau: PlateauState | None
+    precision: Precision
+    reg_generator: torch.Generator
+    rank: int = 0
+    world_size: int = 1
+    cuda_graph: bool = False
+    """Capture the training step in a CUDA graph (decided here from runtime.cuda_graph)."""
+
+
+def auto_batch_size(ts: TiltSeries, patch_size: int = 1) -> int:
+    """sampler.batch_size=None: 1024 x 2^round(log2(pixels / 2^18)), within [1024, 8192], rounded
+    to the nearest whole number of patch_size x patch_size patches (at least one)."""
+    import math
+
+    k = round(math.log2(max(ts.stack.size, 1) / 2 ** 18))
+    b = int(min(8192, max(1024, 1024 * 2 ** k)))
+    p2 = int(patch_size) ** 2
+    return max(p2, int(round(b / p2)) * p2)
+
+
+def samples_per_ray(cfg: Config, box: Box, ts: TiltSeries) -> int:
+    """projector.samples_per_ray, or the automatic count for this box and these tilts."""
+    from fasttomo.geometry.rays import auto_samples_per_ray
+
+    if cfg.projector.samples_per_ray is not None:
+        return cfg.projector.samples_per_ray
+    s = auto_samples_per_ray(box, ts.angles)
+    log.info("projector: %d samples per ray (one per 4/3 voxel of the longest chord; set projector.samples_per_ray "
+             "to choose)", s)
+    return s
+
+
+def background_start(cfg: IntensityConfig, ts: TiltSeries):
+    """(starting background in the stack's units, the vacuum estimate): intensity.background_value
+    or the robust vacuum estimate; 0 for background=none. The estimate is kept in ts.metadata."""
+    from fasttomo.data.background import estimate_background
+
+    est = estimate_background(ts.stack, ts.valid)
+    ts.metadata["background_estimate"] = est.describe()
+    if cfg.background == "none":
+        return 0.0, est
+    return (est.value if cfg.background_value is None else float(cfg.background_value)), est
+
+
+def build_intensity(cfg: IntensityConfig, ts: TiltSeries, scale: float, start: float, est) -> Intensity:
+    """The intensity model, its background at ``start`` (stack units; see :func:`background_start`),
+    in the sampler's units (stack / ``scale``)."""
+    if cfg.background != "none":
+        log.info("intensity: background=%s at %.6g (%s; vacuum estimate %.6g, tile spread %.3g, from the %d darkest "
+                 "%d-px tiles)", cfg.background, start,
+                 "intensity.background_value" if cfg.background_value is not None else "the vacuum estimate",
+                 est.value, est.spread, est.n_tiles, est.block)
+    else:
+        log.info("intensity: background=none (the data is taken as background-subtracted; the vacuum estimate "
+                 "is %.6g)", est.value)
+    return Intensity(ts.n_tilts, ts.reference_index(), cfg.background, start / scale, est.per_view / scale,
+                     cfg.gain_per_view)
+
+
+def build_optimizer(cfg: OptimConfig, projector: Projector, capturable: bool = False
+                    ) -> tuple[torch.optim.Optimizer, list[float]]:
+    """Adam over the projector's parameter groups (:meth:`Projector.param_groups`), one learning
+    rate per group; returns it and the groups' base learning rates."""
+    groups = projector.param_groups()
+    lrs = {"grids": cfg.lr_grids, "decoder": cfg.lr_decoder, "rotations": cfg.lr_rotations,
+           "pose_rotations": cfg.lr_pose_rotations, "pose_shifts": cfg.lr_pose_shifts,
+           "intensity": cfg.lr_intensity}
+    param_groups, base = [], []
+    for name, params in groups.items():
+        params = [p for p in params if p.requires_grad]
+        if not params:
+            continue
+        param_groups.append({"params": params, "lr": lrs[name], "name": name})
+        base.append(lrs[name])
+    # fused: one kernel per step, and it takes the divergence guard's skip flag on the device
+    # (found_inf), so a bad step is cancelled without a host sync (see train/guard.py)
+    fused = all(p.device.type in ("cpu", "cuda") and p.dtype in (torch.float32, torch.float16, torch.bfloat16)
+                for g in param_groups for p in g["params"])
+    # torch's Adam without its first-call import of torch._dynamo (3.6 s of a run's start on an H200)
+    from fasttomo.train.adam import Adam
+
+    opt = Adam(param_groups, betas=tuple(cfg.betas), eps=cfg.eps, weight_decay=cfg.weight_decay,
+               capturable=capturable, fused=fused or None)
+    return opt, base
+
+
+def build(cfg: Config, ts: TiltSeries, *, rank: int = 0, world_size: int = 1, local_rank: int = 0) -> Components:
+    from fasttomo.data.sampler import build_sampler
+    from fasttomo.geometry.poses import Poses
+    from fasttomo.kernels import dispatch
+    from fasttomo.models import build_field
+
+    device = resolve_device(cfg.runtime.device, local_rank)
+    from fasttomo.kernels import prewarm
+
+    prewarm.wait()  # the kernels' background load (reconstruct.main) ends before anything uses them
+    if device.type == "cpu":
+        from fasttomo.run.allocator import tune_cpu_allocator
+
+        tune_cpu_allocator()  # a CPU step's MB-sized tensors stay in the heap (no page-fault churn)
+    if cfg.kernels.backend == "triton" and device.type != "cuda":
+        raise ConfigError(f"kernels.backend=triton: the fused kernels need a CUDA device, but this run is on "
+                          f"{device}; use kernels=auto (fused where possible) or kernels=torch.")
+    dispatch.configure(cfg.kernels.backend)
+    box = reconstruction_box(cfg, ts)
+    torch.manual_seed(cfg.runtime.seed)
+    field = build_field(cfg.model, box)
+    refine = cfg.pose.learn  # pose=refine: a PoseRefineConfig
+    poses = Poses(ts.angles, ts.reference_index(), learn_rotations=refine and cfg.pose.learn_rotations,
+                  learn_shifts=refine and cfg.pose.learn_shifts, learn_z1=refine and cfg.pose.learn_z1,
+                  free_reference_shift=refine and cfg.pose.free_reference_shift,
+                  learn_tilt_axis=refine and cfg.pose.learn_tilt_axis)
+    if cfg.sampler.batch_size is None:
+        batch = auto_batch_size(ts, cfg.sampler.patch_size)
+        cfg = dataclasses.replace(cfg, sampler=dataclasses.replace(cfg.sampler, batch_size=batch))
+        log.info("sampler: %d rays per step (about 1/256 of the series' %d pixels; set sampler.batch_size to "
+                 "choose)", cfg.sampler.batch_size, ts.stack.size)
+    start, est = background_start(cfg.intensity, ts)
+    sampler = build_sampler(ts, cfg.sampler, seed=cfg.runtime.seed, device=device, rank=rank, world_size=world_size,
+                            offset=start)
+    intensity = build_intensity(cfg.intensity, ts, sampler.scale, start, est)
+    projector = Projector(field, poses, box, (ts.height, ts.width), samples_per_ray(cfg, box, ts),
+                          intensity, loss=cfg.loss).to(device)
+    model: torch.nn.Module = projector
+    if world_size > 1:
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        # The Projector holds the field AND the poses, so DDP all-reduces the pose gradients too.
+        # Its only buffers (tilt angles, reference mask) are constants built identically on every
+        # rank, so the per-forward buffer broadcast is skipped (one collective less per step).
+        # Every trainable parameter gets a gradient each step (frozen ones are not trainable and
+        # DDP ignores them), so find_unused_parameters stays off. The regularizer runs on the
+        # unwrapped field outside DDP's forward; that is safe: it joins the same backward, so each
+        # parameter's AccumulateGrad (where DDP's hook fires) sees data + regularizer gradients.
+        import inspect
+
+        no_buffer_sync = ({"forward_sync_buffers": False} if "forward_sync_buffers" in inspect.signature(DDP).parameters
+                          else {"broadcast_buffers": False})  # the older spelling (deprecated in newer torch)
+        model = DDP(projector, device_ids=[device.index] if device.type == "cuda" else None,
+                    find_unused_parameters=False, **no_buffer_sync)
+    graph = use_cuda_graph(cfg, device, world_size)
+    optimizer, base_lrs = build_optimizer(cfg.optim, projector, capturable=graph)
+    schedule, plateau = build_schedule(cfg.schedule, cfg.optim.steps)
+    reg_gen = torch.Generator(device=device)
+    reg_gen.manual_seed(cfg.runtime.seed + 1000003 * (rank + 1))
+    log.info("device %s, box (Z,Y,X)=%s, %d parameters, %d train / %d val pixels, world size %d",
+             device, box.shape_zyx, sum(p.numel() for p in projector.parameters()),
+             sampler.n_train, sampler.n_val, world_size)
+    return Components(cfg, device, ts, box, sampler, projector, model, optimizer, base_lrs, schedule, plateau,
+                      Precision(cfg.precision.dtype, device), reg_gen, rank, world_size, graph)
+
+
+def use_cuda_graph(cfg: Config, device: torch.device, world_size: int) -> bool:
+    """runtime.cuda_graph -> whether the training step is captured (on: an error says what prevents it)."""
+    if cfg.runtime.cuda_graph == "off":
+        return False
+    problem = capture_problem_of(cfg, device, world_size)
+    if problem is None:
+        return True
+    if cfg.runtime.cuda_graph == "on":
+        raise ConfigError(f"runtime.cuda_graph=on: the training step cannot be captured: {problem}; "
+                          "fix that or set runtime.cuda_graph=auto (or off).")
+    if device.type == "cuda":  # on the CPU there is nothing to capture: no need to say so
+        log.info("training step runs eagerly, not in a CUDA graph: %s", problem)
+    return False
+
+
+def capture_problem_of(cfg: Config, device: torch.device, world_size: int) -> str | None:
+    """Why the training step of ``cfg`` cannot be captured in a CUDA graph, or None when it can
+    (the rules: :func:`fasttomo.train.cuda_graph.capture_problem`)."""
+    from fasttomo.train.cuda_graph import capture_problem
+
+    svd = cfg.model.kind == "kplanes_tilted" and cfg.model.learn_frames and cfg.model.rotation_param == "svd"
+    return capture_problem(device, world_size, dtype=cfg.precision.dtype, svd_rotations=svd,
+                           drop_last=cfg.sampler.drop_last)
+
+
+def make_trainer(c: Components, out_dir=None):
+    """The Trainer of the parts ``c``, with its own config taken from ``c.cfg`` (optim, pose,
+    logging, evaluation and guard groups) and the run's resolved config stored in its checkpoints."""
+    from fasttomo.config import to_dict
+    from fasttomo.train.trainer import Trainer, TrainerConfig
+
+    return Trainer(TrainerConfig.from_config(c.cfg), projector=c.projector, model=c.model, sampler=c.sampler,
+                   optimizer=c.optimizer, base_lrs=c.base_lrs, schedule=c.schedule, plateau=c.plateau,
+                   precision=c.precision, reg_generator=c.reg_generator, device=c.device, out_dir=out_dir,
+                   rank=c.rank, world_size=c.world_size, cuda_graph=c.cuda_graph, run_config=to_dict(c.cfg))

@@ -1,3 +1,0 @@
-from fasttomo.trace.command import main
-
-main()

@@ -1,0 +1,330 @@
+"""The command line explains itself: --help, one error style for everything a user types, the
+closing summary, report.png (also in TensorBoard), logging that fits a redirected output, and
+fasttomo-simulate consistent with its messages. Every command runs as a real process."""
+
+from __future__ import annotations
+
+import dataclasses
+import subprocess
+import sys
+from pathlib import Path
+from typing import Optional, Union
+
+import numpy as np
+import torch
+import pytest
+from PIL import Image
+
+from cli_helpers import TINY, _env, cli
+
+from fasttomo.cli.help import config_groups, schema_keys
+from fasttomo.config import Config
+from fasttomo.cli.reconstruct import config_dir
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _run(module: str, args: list[str], cwd: Path, timeout: int = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", module, *args], cwd=cwd, env=_env(), capture_output=True, text=True,
+                          timeout=timeout)
+
+
+# --------------------------------------------------------------------------------------- --help
+def test_help_names_every_group_and_option(tmp_path):
+    res = cli(["--help"], tmp_path)
+    assert res.returncode == 0, res.stderr
+    text = res.stdout
+    assert text.startswith("fasttomo-reconstruct: reconstruct a 3-D volume")
+    groups = config_groups(config_dir())
+    assert {"data", "model", "optim", "pose", "experiment"} <= set(groups)
+    for group, options in groups.items():
+        assert f"\n  {group}\n" in text, group
+        for option, comment in options.items():
+            assert option in text, f"{group}={option}"
+            assert comment, f"configs/{group}/{option}.yaml has no first comment to describe it"
+    assert "optim.steps: int, default 1500" in text                      # the composed default, not the schema's
+    assert "data.exclude_views: list, default []" in text
+    assert "Hydra" in text and "Traceback" not in res.stderr
+    assert not list(tmp_path.iterdir())                                   # help writes nothing
+
+
+def test_every_key_is_documented():
+    undocumented = [k for k, info in schema_keys(Config).items() if not info.doc]
+    assert not undocumented, f"keys without an attribute docstring in config.py: {undocumented}"
+
+
+def test_help_of_one_key_and_one_group(tmp_path):
+    key = cli(["--help", "optim.steps"], tmp_path)
+    assert key.returncode == 0, key.stderr
+    assert key.stdout.startswith("optim.steps: int, default 1500\n")  # the schema's default: no YAML restates it
+    assert "optimizer steps" in key.stdout.lower()
+    group = cli(["--help", "data"], tmp_path)
+    assert group.returncode == 0, group.stderr
+    for option in ("phantom (default)", "mrc", "hdf5", "tiff", "data.exclude_views: list, default []",
+                   "data.path: str or null"):
+        assert option in group.stdout, option
+    assert "IMOD-style stack" in group.stdout                               # an option's comment, in full
+    assert "Keys and defaults" not in group.stdout                          # the YAML's key list is not prose
+    section = cli(["--help=output"], tmp_path)                              # a section without options
+    assert section.returncode == 0 and "output.overwrite: bool, default false" in section.stdout
+    bad = cli(["--help", "optim.stepz"], tmp_path)
+    assert bad.returncode == 2 and "did you mean optim.steps?" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_simulate_and_evaluate_have_their_own_help(tmp_path):
+    sim = _run("fasttomo.cli.simulate", ["--help"], tmp_path)
+    assert sim.returncode == 0, sim.stderr
+    assert sim.stdout.startswith("fasttomo-simulate: write the built-in synthetic tilt series")
+    assert "overwrite: bool, default false" in sim.stdout and "data.noise" in sim.stdout
+    assert "kplanes_tilted" not in sim.stdout and "\n  optim\n" not in sim.stdout   # not reconstruct's groups
+    ev = _run("fasttomo.cli.evaluate", ["--help", "tilt_range"], tmp_path)
+    assert ev.returncode == 0 and ev.stdout.startswith("tilt_range: list or null, default null")
+
+
+# --------------------------------------------------------------------------------------- one error style
+@pytest.mark.parametrize("arg, expected", [
+    ("data=mrcc", "data=mrcc: no option 'mrcc' in group data; the options are hdf5, mrc, phantom, phantom_small, tiff. "
+                  "Did you mean data=mrc?"),
+    ("optim.stpes=10", "optim.stpes: no such key. Did you mean optim.steps"),
+    ("+optim.stpes=10", "optim.stpes: no such key. Did you mean optim.steps"),
+    ("optim.steps=1e3", "optim.steps: expected an integer, got 1e3 (Hydra reads it as the float 1000); write it as "
+                        "a whole number, e.g. optim.steps=1000."),
+    ("optim.steps=abc", "optim.steps: expected an integer, got 'abc'; e.g. optim.steps=1500."),
+    ("data.exclude_views=5", "data.exclude_views: expected a list, got 5; write data.exclude_views=[5]"),
+    ("dry_run=maybe", "dry_run: expected true or false, got 'maybe'"),
+    ("loss.plane_tv=[1,2]", "loss.plane_tv: expected a number, got a list ([1,2])"),
+    ("optim=adamw", "optim=adamw: no option 'adamw' in group optim; the options are adam."),
+    ("foo=1", "foo: no such key."),
+    ("data.path=${nope}", "data.path: Interpolation key 'nope' not found"),
+])
+def test_mistyped_input_gets_one_line_and_exit_2(tmp_path, arg, expected):
+    res = cli([*TINY, arg, f"hydra.run.dir={tmp_path / 'run'}"], tmp_path)
+    text = res.stdout + res.stderr
+    assert res.returncode == 2, text
+    errors = [ln for ln in text.splitlines() if "[ERROR]" in ln]
+    assert len(errors) == 1, text
+    assert expected in errors[0], errors[0]
+    for internal in ("Traceback", "HYDRA_FULL_ERROR", "search path", "full_key", "object_type", "Error executing job"):
+        assert internal not in text, internal
+    assert not (tmp_path / "run").exists() and not (tmp_path / "outputs").exists()
+
+
+def test_a_sweep_checks_every_value(tmp_path):
+    res = cli(["-m", *TINY, "optim.steps=3,x4", f"hydra.sweep.dir={tmp_path / 'sweep'}"], tmp_path)
+    assert res.returncode == 2 and "optim.steps: expected an integer, got 'x4'" in res.stderr
+
+
+def test_simulate_and_evaluate_use_the_same_error_style(tmp_path):
+    sim = _run("fasttomo.cli.simulate", ["formt=h5"], tmp_path)
+    assert sim.returncode == 2 and "formt: no such key. Did you mean format?" in sim.stderr
+    ev = _run("fasttomo.cli.evaluate", ["held_out_views=5"], tmp_path)
+    assert ev.returncode == 2 and "held_out_views: expected a list, got 5; write held_out_views=[5]" in ev.stderr
+    assert "Traceback" not in sim.stderr + ev.stderr and not list(tmp_path.iterdir())
+
+
+# --------------------------------------------------------------------------------------- a run, redirected
+@pytest.fixture(scope="module")
+def redirected_run(tmp_path_factory):
+    """A tiny run with TensorBoard and periodic checkpoints, its output redirected to a file."""
+    base = tmp_path_factory.mktemp("cli")
+    out = base / "run"
+    log_path = base / "console.txt"
+    with open(log_path, "w") as fh:
+        res = subprocess.run([sys.executable, "-m", "fasttomo.cli.reconstruct", *TINY, "optim.steps=40",
+                              "logging.tensorboard=true", "logging.progress=true", "logging.log_every=5",
+                              "logging.checkpoint_every=20", f"hydra.run.dir={out}"], cwd=base, env=_env(),
+                             stdout=fh, stderr=subprocess.STDOUT, text=True, timeout=300)
+    text = log_path.read_text()
+    assert res.returncode == 0, text
+    return out, text
+
+
+def test_redirected_output_has_no_carriage_returns_and_progress_lines(redirected_run):
+    out, text = redirected_run
+    assert "\r" not in text
+    progress = [ln for ln in text.splitlines() if "[fasttomo.progress]" in ln]
+    assert len(progress) >= 5 and "step 40/40 (100 %)" in progress[-1] and "steps/s" in progress[0]
+    log = (out / "reconstruct.log").read_text()
+    assert "\r" not in log and log.count("[fasttomo.progress]") == len(progress)
+    # checkpoints are named as the README says, and writing one is logged
+    assert (out / "checkpoints" / "step0000020.pt").is_file()
+    assert f"wrote checkpoint {out / 'checkpoints' / 'step0000020.pt'} at step 20" in log
+    assert f"wrote checkpoint {out / 'checkpoints' / 'last.pt'} at step 40" in log
+
+
+def test_closing_summary_names_folder_files_speed_quality_and_tensorboard(redirected_run):
+    out, text = redirected_run
+    tail = text[text.index("finished."):]
+    assert f"run folder: {out}\n" in tail
+    for name in ("volume.mrc", "report.png", "metrics.json", "checkpoints/last.pt", "tb/"):
+        assert f"\n  {name}" in tail, name
+    assert "KiB" in tail and "steps/s" in tail and "wall time" in tail
+    assert "quality: Pearson to the ground truth 0." in tail
+    assert f"tensorboard --logdir {out / 'tb'}" in tail
+    assert not any(ln.rstrip().endswith(":") for ln in text.splitlines())  # no dangling colon
+
+
+def test_closing_summary_names_the_refined_poses(tmp_path):
+    """With pose=refine the summary says how far the poses moved and the tilt-axis correction."""
+    from fasttomo.geometry.poses import Poses
+    from fasttomo.quality.report import summary_lines
+
+    poses = Poses(np.linspace(-60, 60, 7), 3, learn_rotations=True, learn_shifts=True, learn_z1=False,
+                  learn_tilt_axis=True)
+    with torch.no_grad():
+        poses.shifts[0, 0] = -2.5
+        poses.z3[6] = np.deg2rad(0.8)
+        poses.axis.fill_(np.deg2rad(-0.4))
+    lines = summary_lines(tmp_path, {"poses": poses.describe()}, tensorboard=False)
+    assert ("poses refined: largest shift 2.50 px, largest in-plane rotation 0.40 deg, tilt-axis correction "
+            "-0.40 deg (metrics.json poses)") in lines
+    fixed = summary_lines(tmp_path, {"poses": Poses(np.linspace(-60, 60, 7), 3).describe()}, tensorboard=False)
+    assert not any(ln.startswith("poses refined") for ln in fixed)
+
+
+def test_rotation_plot_draws_z1_only_when_learned_and_names_the_tilt_axis():
+    from fasttomo.geometry.poses import Poses
+    from fasttomo.quality.report import rotation_series
+
+    angles = np.linspace(-60, 60, 7)
+    z3_only = Poses(angles, 3, learn_rotations=True, learn_z1=False, learn_tilt_axis=True)
+    with torch.no_grad():
+        z3_only.axis.fill_(np.deg2rad(0.75))
+    title, ser = rotation_series(z3_only.describe())
+    assert [s.label for s in ser] == ["z3 (in-plane, after the tilt)"]
+    assert title == "Learned rotations per view (tilt axis +0.75 deg)"
+    title, ser = rotation_series(Poses(angles, 3, learn_rotations=True, learn_z1=True).describe())
+    assert [s.label for s in ser] == ["z1 (before the tilt)", "z3 (in-plane, after the tilt)"]
+    assert title == "Learned rotations per view"
+
+
+def test_report_png_is_readable_and_in_tensorboard(redirected_run):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    out, _ = redirected_run
+    img = np.asarray(Image.open(out / "report.png").convert("L"), dtype=np.float32)
+    # the slice panel (24 x 20 x 12 voxels enlarged to ~300 px), the loss and FSC plots side by side
+    assert img.shape[1] >= 1200 and img.shape[0] >= 800, img.shape
+    assert img.std() > 20                                                  # not blank
+    slices = Image.open(out / "slices.png")
+    assert slices.size[0] >= 600 and slices.size[1] >= 300                 # readable, not 166 x 132
+    acc = EventAccumulator(str(out / "tb"), size_guidance={"images": 0})
+    acc.Reload()
+    assert "report" in acc.Tags()["images"]
+    event = acc.Images("report")[-1]
+    assert event.step == 40 and (event.width, event.height) == (img.shape[1], img.shape[0])
+
+
+# --------------------------------------------------------------------------------------- fasttomo-simulate
+def test_simulate_messages_match_what_it_does(tmp_path):
+    args = [f"out={tmp_path / 'ph'}", "format=mrc", "data.width=16", "data.height=16", "data.n_tilts=5"]
+    first = _run("fasttomo.cli.simulate", args, tmp_path)
+    text = first.stdout + first.stderr
+    assert first.returncode == 0, text
+    assert "does not keep" not in text and "WARNING" not in text           # the truth is written beside the stack
+    assert (tmp_path / "ph_truth.mrc").is_file()
+    (tmp_path / "ph.mrc").unlink()                                          # one of its files is left: refused
+    again = _run("fasttomo.cli.simulate", args, tmp_path)
+    assert again.returncode == 2
+    assert "set overwrite=true" in again.stderr and "output.overwrite" not in again.stderr
+    assert not (tmp_path / "ph.mrc").exists()                               # nothing written when refused
+    assert _run("fasttomo.cli.simulate", [*args, "overwrite=true"], tmp_path).returncode == 0
+
+
+def test_simulate_outputs_in_the_repository_are_git_ignored():
+    names = ["phantom.mrc", "phantom.rawtlt", "phantom_truth.mrc", "phantom.h5", "mis_poses.json"]
+    res = subprocess.run(["git", "check-ignore", *names], cwd=REPO, capture_output=True, text=True)
+    if res.returncode == 128:
+        pytest.skip("not a git checkout")
+    assert sorted(res.stdout.split()) == sorted(names)
+    kept = subprocess.run(["git", "check-ignore", "data/phantom32.mrc"], cwd=REPO, capture_output=True, text=True)
+    assert kept.returncode == 1                                             # the shipped sample stays tracked
+
+
+# --------------------------------------------------------------------------------------- console handler
+def test_messages_go_above_the_progress_bar_and_ranks_stay_quiet(capsys):
+    import io
+    import logging
+
+    from tqdm import tqdm
+
+    from fasttomo.logging import PROGRESS_LOGGER, ConsoleHandler, quiet_other_ranks, restore_ranks
+
+    handler = ConsoleHandler()
+    handler.setFormatter(logging.Formatter("%(levelname)s %(message)s"))
+    logger = logging.getLogger("fasttomo.test_console")  # level NOTSET: it follows "fasttomo", as the real ones do
+    logger.addHandler(handler)
+    parent = logging.getLogger("fasttomo")
+    level = parent.level
+    parent.setLevel(logging.INFO)
+    try:
+        bar_out = io.StringIO()
+        with tqdm(total=10, file=bar_out) as bar:
+            bar.update(3)
+            logger.info("kernels: chosen")
+            logging.getLogger(PROGRESS_LOGGER).handle(logging.LogRecord(PROGRESS_LOGGER, logging.INFO, "", 0,
+                                                                        "step 3/10", None, None))
+            handler.handle(logging.LogRecord(PROGRESS_LOGGER, logging.INFO, "", 0, "step 3/10", None, None))
+            logger.warning("careful")
+        out = capsys.readouterr()
+        assert out.out == "INFO kernels: chosen\n"                     # a whole line of its own, not inside the bar
+        assert out.err == "WARNING careful\n"
+        assert "step 3/10" not in out.out + out.err                       # the bar shows the progress
+        token = quiet_other_ranks(1, all_ranks=False)
+        logging.getLogger("fasttomo.test_console").info("rank 1 says hello")
+        logging.getLogger("fasttomo.test_console").error("rank 1 fails")
+        restore_ranks(token)
+        token = quiet_other_ranks(1, all_ranks=True)
+        logger.info("now every rank")
+        restore_ranks(token)
+        out = capsys.readouterr()
+        assert "hello" not in out.out and "ERROR rank 1 fails" in out.err
+        assert out.out == "[rank 1] INFO now every rank\n"
+    finally:
+        logger.removeHandler(handler)
+        parent.setLevel(level)
+
+
+# --------------------------------------------------------------------------------------- generic schemas
+@dataclasses.dataclass
+class _PhantomData:
+    width: int = 64
+    """Image width."""
+
+
+@dataclasses.dataclass
+class _FileData:
+    path: Optional[str] = None
+    """The stack file."""
+
+
+@dataclasses.dataclass
+class _Base:
+    steps: int = 10
+    """Steps."""
+
+
+@dataclasses.dataclass
+class _Fancy(_Base):
+    momentum: float = 0.9
+    """Only the fancy option has it."""
+
+
+@dataclasses.dataclass
+class _Root:
+    data: Union[_PhantomData, _FileData] = dataclasses.field(default_factory=_PhantomData)
+    optim: _Base = dataclasses.field(default_factory=_Base)
+    name: str = "x"
+    """Run name."""
+
+
+def test_help_reads_schemas_split_per_group_option():
+    """One schema per group option (a Union, or subclasses of a base): --help and the checks know
+    the keys and docstrings of all of them."""
+    from fasttomo.cli.help import field_type, schema_keys
+
+    keys = schema_keys(_Root)
+    assert set(keys) == {"data.width", "data.path", "optim.steps", "optim.momentum", "name"}
+    assert keys["data.path"].type_text == "str or null" and keys["data.path"].doc == "The stack file."
+    assert keys["optim.momentum"].doc == "Only the fancy option has it." and keys["optim.steps"].default == 10
+    assert field_type(_Root, "optim.momentum") is float and field_type(_Root, "data.nope") is None

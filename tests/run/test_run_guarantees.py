@@ -1,0 +1,329 @@
+"""What a run guarantees (issue 10, cases 2-7; README "What a run guarantees"), checked on real
+processes where the behaviour is about processes (signals, locks, kills, exit codes) and in
+process with injected write failures where it is about files.
+
+Each test failed on the code before issue 10: corrupt checkpoints were loaded, a failing write
+lost the finished volume, overwrite left the previous run's files, two runs shared a folder,
+failed runs left an empty log that blocked the rerun and empty dated folders, signals saved
+nothing, and resume ignored the checkpoint's config."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import shutil
+import time
+from collections import namedtuple
+from pathlib import Path
+
+import mrcfile
+import numpy as np
+import pytest
+from cli_helpers import TINY, TINY_RUN, cli, start, strict_json, wait_for_text
+
+from fasttomo.run.outputs import OutputWriteError
+from fasttomo.cli.reconstruct import compose_config, run
+from fasttomo.run.folder import OutputFolderError
+from fasttomo.train.checkpoint import load_checkpoint, save_checkpoint
+
+LONG = [*TINY, "optim.steps=1000000"]  # runs until stopped
+TRAINING = "training from step"
+
+
+def _one_line_error(res, *needles: str) -> str:
+    text = res.stdout + res.stderr
+    assert "Traceback" not in text, text
+    errors = [ln for ln in text.splitlines() if "[ERROR]" in ln]
+    assert len(errors) == 1, text
+    for n in needles:
+        assert n in errors[0], errors[0]
+    return errors[0]
+
+
+# ----------------------------------------------------------------------------------- case 1
+def test_cli_divergence_is_exit_3_with_one_line_not_a_segfault(tmp_path):
+    """optim.lr_decoder=1e6 used to end in a segmentation fault (exit 139)."""
+    out = tmp_path / "run"
+    res = cli([*TINY, "optim.steps=40", "optim.lr_decoder=1e6", "guard.check_every=5", "guard.max_rollbacks=1",
+               f"hydra.run.dir={out}"], tmp_path)
+    assert res.returncode == 3, res.stdout + res.stderr
+    _one_line_error(res, "training diverged", "optim.lr_decoder=1e+06")
+    assert not list(out.glob("volume*")) and strict_json(out / "manifest.json")["status"] == "diverged"
+
+
+# ----------------------------------------------------------------------------------- case 2
+def test_cli_resume_from_a_damaged_checkpoint_is_one_line_and_leaves_nothing(tmp_path):
+    good = tmp_path / "first"
+    run(compose_config([*TINY, "optim.steps=2", f"output.dir={good}"]))
+    ck = good / "checkpoints" / "last.pt"
+    data = bytearray(ck.read_bytes())
+    data[len(data) // 2: len(data) // 2 + 1000] = os.urandom(1000)
+    ck.write_bytes(bytes(data))
+    res = cli([f"resume={ck}", "optim.steps=4"], tmp_path)
+    assert res.returncode == 2
+    _one_line_error(res, str(ck), "corrupt")
+    assert "weights_only" not in res.stdout + res.stderr
+    assert not (tmp_path / "outputs").exists()  # no empty dated folder either
+
+
+# ----------------------------------------------------------------------------------- case 3
+def _rescued(msg: str, name: str) -> Path:
+    found = re.search(rf"rescued to: (\S*/fasttomo-rescue-[^/]+/{re.escape(name)})", msg)
+    assert found, msg
+    return Path(found.group(1))
+
+
+def _fail_inside(folder: Path, original, exc: OSError):
+    def patched(path, *args, **kwargs):
+        if Path(path).resolve().is_relative_to(folder.resolve()):
+            raise exc
+        return original(path, *args, **kwargs)
+    return patched
+
+
+def test_checkpoint_write_failure_keeps_the_volume_and_rescues_the_checkpoint(tmp_path, monkeypatch):
+    import fasttomo.train.checkpoint as ckpt
+
+    out = tmp_path / "run"
+    monkeypatch.setattr(ckpt, "save_checkpoint", _fail_inside(out, ckpt.save_checkpoint,
+                                                              PermissionError(13, "Permission denied")))
+    with pytest.raises(OutputWriteError) as info:
+        run(compose_config([*TINY, "optim.steps=3", f"output.dir={out}"]))
+    msg = str(info.value)
+    assert (out / "volume.mrc").is_file() and (out / "volume.h5").is_file()  # written first, kept
+    assert "checkpoints/last.pt (Permission denied)" in msg and f"saved: {out / 'volume.mrc'}" in msg
+    rescued = _rescued(msg, "last.pt")
+    assert load_checkpoint(rescued)["step"] == 3
+    assert "resume=" in msg
+    assert strict_json(out / "manifest.json")["status"] == "failed"
+    assert "could not write" in (out / "reconstruct.log").read_text()
+    shutil.rmtree(rescued.parent)
+
+
+def test_volume_write_failure_keeps_the_checkpoint(tmp_path, monkeypatch):
+    import errno
+
+    import fasttomo.data.io.volume as vol
+
+    out = tmp_path / "run"
+    monkeypatch.setattr(vol, "write_volume", _fail_inside(out, vol.write_volume,
+                                                          OSError(errno.ENOSPC, "No space left on device")))
+    with pytest.raises(OutputWriteError, match=r"volume\.mrc \(No space left on device\)") as info:
+        run(compose_config([*TINY, "optim.steps=3", f"output.dir={out}"]))
+    msg = str(info.value)
+    assert load_checkpoint(out / "checkpoints" / "last.pt")["step"] == 3
+    assert f"saved: {out / 'checkpoints' / 'last.pt'}" in msg
+    rescued = _rescued(msg, "volume.mrc")
+    assert rescued.is_file()
+    shutil.rmtree(rescued.parent)
+
+
+def test_a_failing_periodic_checkpoint_does_not_end_the_training(tmp_path, monkeypatch):
+    import errno
+
+    import fasttomo.train.checkpoint as ckpt
+
+    original = ckpt.save_checkpoint
+
+    def full_disk(path, state):
+        if Path(path).name.startswith("step"):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return original(path, state)
+
+    monkeypatch.setattr(ckpt, "save_checkpoint", full_disk)
+    out = tmp_path / "run"
+    metrics = run(compose_config([*TINY, "optim.steps=4", "logging.checkpoint_every=2", f"output.dir={out}"]))
+    assert metrics["steps"] == 4 and (out / "checkpoints" / "last.pt").is_file()
+    assert "could not write the checkpoint of step 2 (No space left on device); training goes on" in \
+        (out / "reconstruct.log").read_text()
+
+
+def test_unwritable_output_folder_is_one_line_error(tmp_path):
+    (tmp_path / "afile").write_text("x")
+    res = cli([*TINY, "optim.steps=2", f"output.dir={tmp_path / 'afile' / 'run'}", f"hydra.run.dir={tmp_path / 'h'}"],
+              tmp_path)
+    assert res.returncode == 2
+    _one_line_error(res, "cannot create output folder", "choose a folder you can write to")
+    assert not (tmp_path / "h").exists()
+
+
+@pytest.mark.skipif(hasattr(os, "geteuid") and os.geteuid() == 0, reason="root writes into read-only folders")
+def test_read_only_output_folder_is_one_line_error(tmp_path):
+    folder = tmp_path / "ro"
+    folder.mkdir()
+    folder.chmod(0o555)
+    try:
+        res = cli([*TINY, "optim.steps=2", f"hydra.run.dir={folder}"], tmp_path)
+    finally:
+        folder.chmod(0o755)
+    assert res.returncode == 2
+    _one_line_error(res, "cannot write to output folder")
+
+
+def test_too_little_free_space_is_refused_before_training(tmp_path, monkeypatch):
+    import fasttomo.run.preflight as pf
+
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(pf.shutil, "disk_usage", lambda p: usage(10 ** 9, 10 ** 9 - 5000, 5000))
+    out = tmp_path / "run"
+    with pytest.raises(OutputFolderError, match=r"has 5 kB free but this run writes about .*logging.checkpoint_every"):
+        run(compose_config([*TINY, "optim.steps=3", f"output.dir={out}"]))
+    assert not (out / "checkpoints").exists() and not list(out.glob("volume*"))
+    assert "[ERROR]" in (out / "reconstruct.log").read_text()
+
+
+# ----------------------------------------------------------------------------------- case 4
+def test_overwrite_removes_every_file_of_the_previous_run_and_nothing_else(tmp_path):
+    out = tmp_path / "run"
+    run(compose_config([*TINY, "optim.steps=4", "output.formats=[mrc,h5,tiff]", "output.imod_xzy=true",
+                        "logging.checkpoint_every=2", "logging.tensorboard=true", f"output.dir={out}"]))
+    first = sorted(p.name for p in out.rglob("*") if p.is_file())
+    assert {"volume.tif", "volume_xzy.mrc", "step0000002.pt"} <= set(first) and list((out / "tb").iterdir())
+    (out / "notes.txt").write_text("mine")  # a user's file
+    run(compose_config([*TINY, "optim.steps=3", "output.overwrite=true", f"output.dir={out}"]))
+    after = sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file())
+    assert after == ["checkpoints/last.pt", "config.yaml", "fsc_truth.png", "loss.png", "manifest.json",
+                     "metrics.json", "notes.txt", "reconstruct.log", "report.png", "slices.png", "volume.h5",
+                     "volume.mrc"]
+    assert not (out / "tb").exists()
+    assert "removed the" in (out / "reconstruct.log").read_text()
+
+
+def test_two_runs_started_at_once_into_one_folder_one_is_refused_even_with_overwrite(tmp_path):
+    out = tmp_path / "run"
+    args = [*LONG, "output.overwrite=true", f"hydra.run.dir={out}"]
+    procs = [start(args, tmp_path, tmp_path / f"p{i}.txt") for i in range(2)]
+    try:
+        refused = None
+        while refused is None:
+            for i, p in enumerate(procs):
+                if p.poll() is not None:
+                    refused = i
+                    break
+            else:
+                time.sleep(0.05)
+        assert procs[refused].returncode == 2
+        text = (tmp_path / f"p{refused}.txt").read_text()
+        assert "in use by another fasttomo run" in text and f"pid {procs[1 - refused].pid}" in text
+        assert "Traceback" not in text
+        wait_for_text(out / "reconstruct.log", TRAINING, procs[1 - refused])
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+                assert p.wait(120) == 143
+    manifest = strict_json(out / "manifest.json")
+    assert manifest["status"] == "interrupted" and manifest["pid"] == procs[1 - refused].pid
+
+
+# ----------------------------------------------------------------------------------- case 5
+def test_failed_run_logs_its_error_and_does_not_block_the_rerun(tmp_path):
+    out = tmp_path / "run"
+    res = cli([*TINY_RUN, "optim.steps=2", "data=mrc", f"data.path={tmp_path / 'missing.mrc'}", f"hydra.run.dir={out}"],
+              tmp_path)
+    assert res.returncode == 2
+    logged = (out / "reconstruct.log").read_text()
+    assert "[ERROR]" in logged and "missing.mrc: file not found" in logged
+    assert strict_json(out / "manifest.json")["status"] == "failed"
+    again = cli([*TINY, "optim.steps=2", f"hydra.run.dir={out}"], tmp_path)
+    assert again.returncode == 0, again.stdout + again.stderr
+    log_text = (out / "reconstruct.log").read_text()
+    assert "held a failed run without results (its error:" in log_text and "missing.mrc" in log_text
+
+
+def test_killed_run_without_results_does_not_block_and_its_lock_is_taken_over(tmp_path):
+    out = tmp_path / "run"
+    first = start([*LONG, f"hydra.run.dir={out}"], tmp_path, tmp_path / "first.txt")
+    wait_for_text(out / "reconstruct.log", TRAINING, first)
+    first.kill()  # SIGKILL: no cleanup at all
+    first.wait(60)
+    assert (out / "reconstruct.lock").exists()
+    again = cli([*TINY, "optim.steps=2", f"hydra.run.dir={out}"], tmp_path)
+    assert again.returncode == 0, again.stdout + again.stderr
+    log_text = (out / "reconstruct.log").read_text()
+    assert "took over the lock of a run that is no longer running" in log_text
+    assert "held a killed run without results" in log_text
+    assert not (out / "reconstruct.lock").exists()
+
+
+def test_config_errors_and_dry_runs_leave_no_folders(tmp_path):
+    res = cli([*TINY, "sampler.batch_size=-5"], tmp_path)
+    assert res.returncode == 2
+    _one_line_error(res, "sampler.batch_size")
+    dry = cli([*TINY, "dry_run=true"], tmp_path)
+    assert dry.returncode == 0, dry.stdout + dry.stderr
+    assert "dry run: config and data are valid" in dry.stdout and "memory on cpu (estimate)" in dry.stdout
+    assert "output folder" in dry.stdout and "empty or new: usable" in dry.stdout
+    assert not (tmp_path / "outputs").exists()
+
+
+# ----------------------------------------------------------------------------------- case 6
+@pytest.mark.parametrize("sig,code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)], ids=["SIGTERM", "SIGINT"])
+def test_signal_saves_volume_and_checkpoint_then_resume_continues_in_place(tmp_path, sig, code):
+    out = tmp_path / "run"
+    proc = start([*TINY, "optim.steps=100000", f"hydra.run.dir={out}"], tmp_path, tmp_path / "out.txt")
+    wait_for_text(out / "reconstruct.log", TRAINING, proc)
+    proc.send_signal(sig)
+    assert proc.wait(120) == code
+    text = (tmp_path / "out.txt").read_text()
+    assert "Traceback" not in text
+    logged = (out / "reconstruct.log").read_text()
+    line = [ln for ln in logged.splitlines() if "stopped at step" in ln][0]
+    step = int(line.split("stopped at step ")[1].split()[0])
+    assert f"resume with: fasttomo-reconstruct resume={out} hydra.run.dir={out}" in line
+    assert load_checkpoint(out / "checkpoints" / "last.pt")["step"] == step
+    with mrcfile.open(out / "volume.mrc") as m:
+        assert np.isfinite(m.data).all()
+    assert strict_json(out / "metrics.json")["status"] == "interrupted"
+    if sig == signal.SIGINT:  # the rerun the message suggests finishes the run in the same folder
+        res = cli([f"resume={out}", f"hydra.run.dir={out}", f"optim.steps={step + 3}"], tmp_path)
+        assert res.returncode == 0, res.stdout + res.stderr
+        metrics = strict_json(out / "metrics.json")
+        assert metrics["status"] == "finished" and metrics["steps"] == step + 3
+        assert metrics["resumed_from"]["step"] == step
+
+
+def test_second_ctrl_c_exits_at_once(tmp_path):
+    out = tmp_path / "run"
+    # a large exported volume keeps the saving after the first Ctrl-C busy for a while
+    proc = start([*LONG, "output.volume_shape=[128,256,256]", f"hydra.run.dir={out}"], tmp_path, tmp_path / "out.txt")
+    wait_for_text(out / "reconstruct.log", TRAINING, proc)
+    proc.send_signal(signal.SIGINT)
+    wait_for_text(tmp_path / "out.txt", "SIGINT received", proc)
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(60) == 130
+    text = (tmp_path / "out.txt").read_text()
+    assert "second interrupt (SIGINT): exiting at once" in text and "stopped at step" not in text
+
+
+# ----------------------------------------------------------------------------------- case 7
+def test_cli_resume_needs_no_repeated_overrides(tmp_path):
+    from fasttomo.config import DataConfig
+    from fasttomo.data.io import write_tiltseries
+    from fasttomo.data.phantom import make_tiltseries
+
+    paths = write_tiltseries(tmp_path / "ph.mrc", make_tiltseries(DataConfig(width=24, height=20, n_tilts=15)), "mrc")
+    first = tmp_path / "first"
+    run(compose_config([*TINY_RUN, "data=mrc", f"data.path={paths[0]}", f"data.angles={paths[1]}", "data.thickness=12",
+                        "optim.steps=3", f"output.dir={first}"]))
+    res = cli([f"resume={first / 'checkpoints' / 'last.pt'}", "optim.steps=5", f"hydra.run.dir={tmp_path / 'second'}"],
+              tmp_path)
+    assert res.returncode == 0, res.stdout + res.stderr
+    metrics = strict_json(tmp_path / "second" / "metrics.json")
+    assert metrics["steps"] == 5 and metrics["box_zyx"] == [12, 20, 24]
+    res = cli([f"resume={first}", "model.channels=4", f"hydra.run.dir={tmp_path / 'third'}"], tmp_path)
+    assert res.returncode == 2
+    _one_line_error(res, "model.channels: cannot change when resuming")
+    assert not (tmp_path / "third").exists()
+
+
+def test_old_checkpoint_without_checksum_still_loads(tmp_path):
+    """Checkpoints written before checksums existed load, with a warning."""
+    import torch
+
+    path = tmp_path / "old.pt"
+    torch.save({"format": "fasttomo-checkpoint-v1", "step": 1, "w": torch.ones(3)}, path)
+    assert load_checkpoint(path)["step"] == 1
+    assert save_checkpoint(tmp_path / "new.pt", {"step": 1})  # and new ones carry it
+    assert "checksum" in torch.load(tmp_path / "new.pt", weights_only=True)
