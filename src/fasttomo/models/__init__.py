@@ -40,9 +40,6 @@ def build_field(model_cfg: FieldConfig, box: Box) -> nn.Module:
     if model_cfg.kind == "voxel":
         shape = tuple(model_cfg.voxel_shape) if model_cfg.voxel_shape is not None else box.shape_zyx
         return VoxelField(shape, activation=model_cfg.activation, density_shift=model_cfg.density_shift)
-    if model_cfg.kind == "sirt":
-        raise ValueError("build_field: model.kind=sirt has no field; it runs through "
-                         "fasttomo.methods.sirt.method.run_sirt (the pipeline does this)")
     raise ValueError(f"build_field: unknown model.kind {model_cfg.kind!r}")
 
 

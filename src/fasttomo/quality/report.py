@@ -27,6 +27,14 @@ PLOT_SIZE = (640, 400)
 GAP = 12
 
 
+def number_text(value, spec: str = ".4f") -> str:
+    """``value`` formatted with ``spec``, or "n/a" for a number that could not be computed (None,
+    NaN, not a number)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return "n/a"
+    return format(value, spec)
+
+
 def _font(size: int):
     from fasttomo.quality.plots import _font as plots_font
 
@@ -211,7 +219,10 @@ def rotation_series(poses: dict) -> tuple[str, list]:
 def headline(metrics: dict) -> str:
     """Steps, time and the quality numbers of a run in one line."""
     parts = []
-    if metrics.get("steps"):
+    planned = metrics.get("steps_planned")
+    if metrics.get("status") == "interrupted" and isinstance(planned, int):
+        parts.append(f"stopped at step {metrics.get('steps') or 0} of {planned}")
+    elif metrics.get("steps"):
         parts.append(f"{metrics['steps']} {'SIRT iterations' if metrics.get('model') == 'sirt' else 'steps'}")
     if isinstance(metrics.get("wall_seconds"), (int, float)):
         parts.append(f"{duration_text(metrics['wall_seconds'])} in all")
@@ -327,9 +338,13 @@ def summary_lines(out_dir: Path, metrics: dict[str, Any], tensorboard: bool) -> 
     if isinstance(metrics.get("wall_seconds"), (int, float)):
         speed.append(f"wall time {duration_text(metrics['wall_seconds'])}")
     what = "SIRT iterations" if metrics.get("model") == "sirt" else "steps"
-    if isinstance(metrics.get("train_seconds"), (int, float)) and metrics.get("steps"):
-        speed.append(f"{metrics['steps']} {what} in {duration_text(metrics['train_seconds'])}")
     rate = metrics.get("steps_per_second")
+    since = (metrics.get("resumed_from") or {}).get("step")
+    if isinstance(since, int) and isinstance(rate, (int, float)) and rate > 0 and metrics.get("steps"):
+        speed.append(f"steps {since + 1}-{metrics['steps']} in {duration_text((metrics['steps'] - since) / rate)} "
+                     f"(resumed at step {since})")
+    elif isinstance(metrics.get("train_seconds"), (int, float)) and metrics.get("steps"):
+        speed.append(f"{metrics['steps']} {what} in {duration_text(metrics['train_seconds'])}")
     if not isinstance(rate, (int, float)) and isinstance(metrics.get("seconds_per_iteration"), (int, float)):
         rate = 1.0 / metrics["seconds_per_iteration"] if metrics["seconds_per_iteration"] > 0 else None
     if isinstance(rate, (int, float)):

@@ -236,13 +236,15 @@ def capture_problem_of(cfg: Config, device: torch.device, world_size: int) -> st
                            drop_last=cfg.sampler.drop_last)
 
 
-def make_trainer(c: Components, out_dir=None):
+def make_trainer(c: Components, out_dir=None, *, stop=None, probe=None):
     """The Trainer of the parts ``c``, with its own config taken from ``c.cfg`` (optim, pose,
-    logging, evaluation and guard groups) and the run's resolved config stored in its checkpoints."""
+    logging, evaluation and guard groups) and the run's resolved config stored in its checkpoints;
+    ``stop`` and ``probe``: the Trainer's hooks (see :class:`fasttomo.train.trainer.Trainer`)."""
     from fasttomo.config import to_dict
     from fasttomo.train.trainer import Trainer, TrainerConfig
 
     return Trainer(TrainerConfig.from_config(c.cfg), projector=c.projector, model=c.model, sampler=c.sampler,
                    optimizer=c.optimizer, base_lrs=c.base_lrs, schedule=c.schedule, plateau=c.plateau,
                    precision=c.precision, reg_generator=c.reg_generator, device=c.device, out_dir=out_dir,
-                   rank=c.rank, world_size=c.world_size, cuda_graph=c.cuda_graph, run_config=to_dict(c.cfg))
+                   rank=c.rank, world_size=c.world_size, cuda_graph=c.cuda_graph, run_config=to_dict(c.cfg),
+                   stop=stop, probe=probe)

@@ -118,9 +118,8 @@ def _measured_step_peak(comps) -> int | None:
 def dry_run(cfg: Config) -> dict:
     """Validate config and data, build the run, print the estimates and the folder's state; write
     nothing. Returns the report (also printed)."""
-    from fasttomo.run.build import build
     from fasttomo.data.load import load_tiltseries
-    from fasttomo.run.folder import inspect_folder
+    from fasttomo.run.methods import dry_run_of
     from fasttomo.train.checkpoint import find_checkpoint, load_checkpoint
 
     start = 0
@@ -128,9 +127,15 @@ def dry_run(cfg: Config) -> dict:
         path = find_checkpoint(cfg.resume)
         start = int(load_checkpoint(path)["step"])
         log.info("dry run: would resume from %s at step %d", path, start)
-    ts = load_tiltseries(cfg.data)
-    if cfg.model.kind == "sirt":
-        return _dry_run_sirt(cfg, ts)
+    return dry_run_of(cfg)(cfg, load_tiltseries(cfg.data), start)
+
+
+def dry_run_field(cfg: Config, ts, start: int = 0) -> dict:
+    """The dry run of a field: data, box, parameters, memory and file estimates, the folder's
+    state and its free space; nothing is written."""
+    from fasttomo.run.build import build
+    from fasttomo.run.folder import inspect_folder
+
     comps = build(cfg, ts)
     mem = estimate_memory_bytes(cfg, comps)
     files = estimate_output_bytes(cfg, comps, start)
@@ -179,7 +184,7 @@ def dry_run(cfg: Config) -> dict:
     return report
 
 
-def _dry_run_sirt(cfg: Config, ts) -> dict:
+def dry_run_sirt(cfg: Config, ts, start: int = 0) -> dict:
     """The dry run of model=sirt: data, box, a memory estimate (the volume, its weights and update,
     the stack, its residual and ray weights, fp32) and the folder's state; nothing is written."""
     from fasttomo.run.build import reconstruction_box, resolve_device

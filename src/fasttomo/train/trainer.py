@@ -70,9 +70,12 @@ class Trainer:
                  base_lrs: list[float], schedule, precision, reg_generator: torch.Generator,
                  device: torch.device, model: torch.nn.Module | None = None, plateau=None,
                  out_dir: Path | None = None, rank: int = 0, world_size: int = 1, cuda_graph: bool = False,
-                 run_config: dict | None = None):
+                 run_config: dict | None = None, stop=None, probe=None):
         """``model``: the projector or its DDP wrapper (default: the projector); ``run_config``: the
-        run's resolved config, stored in every checkpoint (a resume reads it)."""
+        run's resolved config, stored in every checkpoint (a resume reads it); ``stop``: an object
+        with ``should_stop(step) -> bool`` (fasttomo.run.stop.StopRequests), checked after every
+        step; ``probe``: a callable (trainer) -> dict scoring the current field (e.g. against a
+        ground truth), run every ``curve_every`` steps, its time not counted as fit time."""
         self.cfg = cfg
         self.projector = projector
         self.model = model if model is not None else projector
@@ -100,15 +103,15 @@ class Trainer:
         the projector's state on its device)."""
         self._since_best = 0
         self.stopped_early = False
-        self.probe = None
-        """Optional callable () -> dict scoring the current field (e.g. against a ground truth); with
-        curve_every = N it runs every N steps and its time is not counted as fit time."""
+        self.probe = probe
+        """Optional callable (trainer) -> dict scoring the current field (e.g. against a ground
+        truth); with curve_every = N it runs every N steps and its time is not counted as fit time."""
         self.curve: list[dict] = []
         """The probe's results: {"step", "fit_seconds", **scores} (the quality-against-time curve)."""
         self.guard = Guard(cfg.guard, optimizer, device, world_size,
                            check_grads=not precision.scaler.is_enabled(),
                            base_lrs={g["name"]: b for g, b in zip(optimizer.param_groups, self.base_lrs)})
-        self.stop = None  # an object with should_stop(step) -> bool (fasttomo.run.stop.StopRequests), checked per step
+        self.stop = stop  # an object with should_stop(step) -> bool (fasttomo.run.stop.StopRequests), checked per step
         self.timing = {"first_step_done": None, "validation_seconds": 0.0, "image_seconds": 0.0}
         """Fixed costs inside fit (perf_counter of the first step's end, synchronized once; seconds
         spent validating and rendering TensorBoard images), reported in metrics.json's timeline."""
@@ -340,94 +343,119 @@ class Trainer:
         Stopping early (``steps`` < cfg.steps) is exactly a pause: the end-of-run extras (a log
         and a validation at the final step) happen at cfg.steps only, so stopping at N, saving
         and resuming gives the same run as going straight through."""
-        cfg = lg = self.cfg
+        cfg = self.cfg
         end = cfg.steps if steps is None else min(steps, cfg.steps)
-        run_log = RunLogger(self.out_dir, main=self.main, tensorboard=lg.tensorboard, progress=lg.progress,
+        run_log = RunLogger(self.out_dir, main=self.main, tensorboard=cfg.tensorboard, progress=cfg.progress,
                             total=end, initial=self.step)
-        t_start = time.perf_counter()
-        t_mark, step_mark = t_start, self.step
-        paused = 0.0  # seconds spent in the probe, not fit time
-        every = cfg.curve_every
-        # a progress line every tenth of the run (at a log step): reconstruct.log always, the console
-        # when no bar is drawn (a redirected output)
-        progress_every = max(1, cfg.steps // 10)
-        next_progress = (self.step // progress_every + 1) * progress_every
-        step_start = self.step
+        clock = _FitClock(self.step, cfg.steps)
         self.guard.start(self.step)
         try:
             while self.step < end:
-                step = self.step
-                self._set_lr(step)
-                batch = self.sampler.next_batch()
-                loss, parts = self.train_step(batch)
-                self.step = step + 1
-                if self.timing["first_step_done"] is None:
-                    if self.device.type == "cuda":
-                        torch.cuda.synchronize(self.device)
-                    self.timing["first_step_done"] = time.perf_counter()
-                run_log.progress(1)
-                last = self.step == cfg.steps
-                if self.step % lg.log_every == 0 or last:
-                    vals = {"loss/train": all_reduce_mean(loss).item()}
-                    vals.update({f"loss/{k}": all_reduce_mean(v).item() for k, v in parts.items()})
-                    if self.device.type == "cuda":
-                        torch.cuda.synchronize(self.device)
-                    now = time.perf_counter()
-                    vals["time/step_ms"] = 1000.0 * (now - t_mark) / max(1, self.step - step_mark)
-                    t_mark, step_mark = now, self.step
-                    for g in self.optimizer.param_groups:
-                        vals[f"lr/{g['name']}"] = float(g["lr"])
-                    vals.update(self.guard.scalars())
-                    self.history.append([self.step, vals["loss/train"]])
-                    run_log.scalars(self.step, vals)
-                    if run_log.bar is not None:
-                        run_log.bar.set_postfix(loss=f"{vals['loss/train']:.3e}", refresh=False)
-                    if self.main and (self.step >= next_progress or last):
-                        next_progress = (self.step // progress_every + 1) * progress_every
-                        progress_log.info("%s", progress_line(
-                            self.step, cfg.steps, vals["loss/train"], now - t_start - paused,
-                            self.step - step_start, self.val_history[-1][1] if self.val_history else None))
-                if self.step % lg.val_every == 0 or last:
-                    t_val = time.perf_counter()
-                    v = self.validate()
-                    self.timing["validation_seconds"] += time.perf_counter() - t_val
-                    self.val_history.append([self.step, v])
-                    run_log.scalars(self.step, {"loss/val": v})
-                    if self.plateau is not None:
-                        self.plateau.update(v)
-                    if self._track_best(v) and not last:
-                        self.stopped_early = True
-                        log.info("early stop at step %d: no lower validation loss in %d checks since step %d "
-                                 "(optim.early_stop=%d)", self.step, self._since_best, self.best["step"],
-                                 cfg.early_stop)
-                        break
-                image_step = lg.image_every > 0 and self.step % lg.image_every == 0
-                if (image_step or last) and self.main and lg.tensorboard:
-                    t_img = time.perf_counter()
-                    for name, img in self.central_slices().items():
-                        run_log.image(self.step, f"slices/{name}", img)
-                    self.timing["image_seconds"] += time.perf_counter() - t_img
-                if self.guard.due(self.step) or self.step == end:
-                    self.guard.check(self.step, final=last)  # may roll back, or raise DivergenceError
-                if self.probe is not None and every and (self.step % every == 0 or last):
-                    if self.device.type == "cuda":
-                        torch.cuda.synchronize(self.device)
-                    t_probe = time.perf_counter()
-                    fit = self.train_seconds + (t_probe - t_start - paused)
-                    self.curve.append({"step": self.step, "fit_seconds": fit, **self.probe()})
-                    paused += time.perf_counter() - t_probe
-                    t_mark += time.perf_counter() - t_probe  # keep time/step_ms a measure of steps
-                if lg.checkpoint_every and self.step % lg.checkpoint_every == 0 and not last:
-                    try:
-                        self.save(f"step{self.step:07d}.pt")  # the README's checkpoints/step<N>.pt
-                    except OSError as exc:  # a full disk must not end the training: the end still tries
-                        log.error("could not write the checkpoint of step %d (%s); training goes on", self.step,
-                                  exc.strerror or exc)
-                if self.stop is not None and self.stop.should_stop(self.step):
+                if self._one_step(run_log, clock, end):
                     break
         finally:
             if self.device.type == "cuda":
                 torch.cuda.synchronize(self.device)
-            self.train_seconds += time.perf_counter() - t_start - paused
+            self.train_seconds += time.perf_counter() - clock.start - clock.paused
             run_log.close()
 
+    def _one_step(self, run_log: RunLogger, clock: "_FitClock", end: int) -> bool:
+        """One step of :meth:`fit` and what falls due after it (log, validation, images, guard
+        check, probe, periodic checkpoint); returns True when the loop stops here."""
+        cfg = self.cfg
+        step = self.step
+        self._set_lr(step)
+        batch = self.sampler.next_batch()
+        loss, parts = self.train_step(batch)
+        self.step = step + 1
+        if self.timing["first_step_done"] is None:
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)
+            self.timing["first_step_done"] = time.perf_counter()
+        run_log.progress(1)
+        last = self.step == cfg.steps
+        if self.step % cfg.log_every == 0 or last:
+            self._log_step(run_log, clock, loss, parts, last)
+        if (self.step % cfg.val_every == 0 or last) and self._validate_step(run_log, last):
+            return True
+        image_step = cfg.image_every > 0 and self.step % cfg.image_every == 0
+        if (image_step or last) and self.main and cfg.tensorboard:
+            t_img = time.perf_counter()
+            for name, img in self.central_slices().items():
+                run_log.image(self.step, f"slices/{name}", img)
+            self.timing["image_seconds"] += time.perf_counter() - t_img
+        if self.guard.due(self.step) or self.step == end:
+            self.guard.check(self.step, final=last)  # may roll back, or raise DivergenceError
+        if self.probe is not None and cfg.curve_every and (self.step % cfg.curve_every == 0 or last):
+            self._probe_step(clock)
+        if cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0 and not last:
+            try:
+                self.save(f"step{self.step:07d}.pt")  # the README's checkpoints/step<N>.pt
+            except OSError as exc:  # a full disk must not end the training: the end still tries
+                log.error("could not write the checkpoint of step %d (%s); training goes on", self.step,
+                          exc.strerror or exc)
+        return self.stop is not None and self.stop.should_stop(self.step)
+
+    def _log_step(self, run_log: RunLogger, clock: "_FitClock", loss, parts: dict, last: bool) -> None:
+        """The scalars of a log step (losses, step time, learning rates, guard), the bar's loss and,
+        every tenth of the run, a progress line."""
+        vals = {"loss/train": all_reduce_mean(loss).item()}
+        vals.update({f"loss/{k}": all_reduce_mean(v).item() for k, v in parts.items()})
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        now = time.perf_counter()
+        vals["time/step_ms"] = 1000.0 * (now - clock.mark) / max(1, self.step - clock.step_mark)
+        clock.mark, clock.step_mark = now, self.step
+        for g in self.optimizer.param_groups:
+            vals[f"lr/{g['name']}"] = float(g["lr"])
+        vals.update(self.guard.scalars())
+        self.history.append([self.step, vals["loss/train"]])
+        run_log.scalars(self.step, vals)
+        if run_log.bar is not None:
+            run_log.bar.set_postfix(loss=f"{vals['loss/train']:.3e}", refresh=False)
+        if self.main and (self.step >= clock.next_progress or last):
+            clock.next_progress = (self.step // clock.progress_every + 1) * clock.progress_every
+            progress_log.info("%s", progress_line(
+                self.step, self.cfg.steps, vals["loss/train"], now - clock.start - clock.paused,
+                self.step - clock.step_start, self.val_history[-1][1] if self.val_history else None))
+
+    def _validate_step(self, run_log: RunLogger, last: bool) -> bool:
+        """A validation step: the loss, the plateau schedule, keep-best; True on an early stop."""
+        t_val = time.perf_counter()
+        v = self.validate()
+        self.timing["validation_seconds"] += time.perf_counter() - t_val
+        self.val_history.append([self.step, v])
+        run_log.scalars(self.step, {"loss/val": v})
+        if self.plateau is not None:
+            self.plateau.update(v)
+        if self._track_best(v) and not last:
+            self.stopped_early = True
+            log.info("early stop at step %d: no lower validation loss in %d checks since step %d "
+                     "(optim.early_stop=%d)", self.step, self._since_best, self.best["step"], self.cfg.early_stop)
+            return True
+        return False
+
+    def _probe_step(self, clock: "_FitClock") -> None:
+        """The probe's scores into :attr:`curve`, its time taken out of the fit time and step time."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        t_probe = time.perf_counter()
+        fit = self.train_seconds + (t_probe - clock.start - clock.paused)
+        self.curve.append({"step": self.step, "fit_seconds": fit, **self.probe(self)})
+        clock.paused += time.perf_counter() - t_probe
+        clock.mark += time.perf_counter() - t_probe  # keep time/step_ms a measure of steps
+
+
+class _FitClock:
+    """The timekeeping of one :meth:`Trainer.fit` call: its start, the probe's paused seconds, the
+    last log step's time and step, and the next progress line's step."""
+
+    def __init__(self, step: int, total: int):
+        self.start = time.perf_counter()
+        self.mark, self.step_mark = self.start, step
+        self.paused = 0.0  # seconds spent in the probe, not fit time
+        self.step_start = step
+        # a progress line every tenth of the run (at a log step): reconstruct.log always, the
+        # console when no bar is drawn (a redirected output)
+        self.progress_every = max(1, total // 10)
+        self.next_progress = (step // self.progress_every + 1) * self.progress_every

@@ -48,85 +48,158 @@ def _pearson_t(a: torch.Tensor, b: torch.Tensor, mask: torch.Tensor | None = Non
     return float((a * b).sum() / den) if den > 0 else float("nan")
 
 
-def run_sirt(cfg: Config, ts, box, device: torch.device, hold=None) -> tuple[dict, np.ndarray]:
-    """SIRT on ``ts`` in ``box``; returns (metrics, volume (Z, Y, X) float32 in stack units)."""
-    from fasttomo.methods.sirt.projectors import back_project, forward_project
-    from fasttomo.methods.sirt.solver import sirt
+class SirtMethod:
+    """``model=sirt`` behind the run's method interface (fasttomo.methods.base.Method): SIRT on
+    ``ts`` in ``box`` on rank 0 (``main``; the other ranks wait), no checkpoint. The settings it
+    cannot honour are refused when it is made, before the run folder is touched."""
+
+    label = "SIRT"
+
+    def __init__(self, cfg: Config, ts, box, device: torch.device, hold=None, main: bool = True):
+        if cfg.output.volume_shape is not None and tuple(cfg.output.volume_shape) != box.shape_zyx:
+            raise ConfigError(f"output.volume_shape: model=sirt reconstructs on the box's voxels "
+                              f"{list(box.shape_zyx)} only; leave output.volume_shape unset (null).")
+        if ts.per_line_angles:
+            raise ConfigError("model.kind=sirt: per-line (continuous-rotation) angles are not supported by the SIRT "
+                              "projectors; use a field model (model=kplanes_tilted).")
+        self.cfg, self.ts, self.box, self.device, self.hold, self.main = cfg, ts, box, device, hold, main
+        self.step = 0
+        self._metrics: dict = {}
+        self._volume: np.ndarray | None = None
+        self._x: torch.Tensor | None = None
+        self._bg: np.ndarray | None = None
+
+    def load(self, state: dict, source: str) -> None:
+        """SIRT keeps no training state: a resume starts it afresh."""
+
+    def check_space(self, out_dir) -> None:
+        """SIRT writes the volumes and pictures only (no checkpoints): no estimate is made."""
+
+    def fit(self) -> None:
+        if self.main:
+            self._solve()
+        self.step = self.cfg.model.iterations
+
+    def export(self) -> tuple[np.ndarray | None, int]:
+        return self._volume, self.step
+
+    def state(self) -> dict | None:
+        return None
+
+    def summary(self, volume: np.ndarray) -> dict:
+        return dict(self._metrics)
+
+    def scores(self, metrics: dict, exported_step: int) -> None:
+        """The held-out views' reprojection scores (evaluation.holdout_views)."""
+        from fasttomo.methods.sirt.projectors import forward_project
+        from fasttomo.geometry.poses import Poses
+        from fasttomo.quality.scoring import holdout_scores
+
+        hold, ts = self.hold, self.ts
+        if hold is None or self._x is None:
+            return
+        hposes = Poses(hold.angles, int(np.argmin(np.abs(hold.angles)))).to(self.device)
+        pred = forward_project(self._x.float(), hposes, self.box, (ts.height, ts.width)).cpu().numpy()
+        metrics["holdout"] = holdout_scores(hold, pred + float(np.mean(self._bg)))
+
+    def _solve(self) -> None:
+        """SIRT's iterations, timed apart from the kernels' one-off setup and from the scoring of
+        the quality curve; fills the volume and the fit's metrics."""
+        from fasttomo.methods.sirt.solver import sirt
+
+        cfg, ts, box, device = self.cfg, self.ts, self.box, self.device
+        prep = _prepare(cfg, ts, box, device)
+        self._bg = prep.bg
+        curve = _Curve(prep.truth, prep.fg, cfg.evaluation.curve_every, device)
+        log.info("sirt: %d iterations (relaxation %.3g, positivity %s) on a %s box, %d views, device %s",
+                 cfg.model.iterations, cfg.model.relaxation, cfg.model.positivity, box.shape_zyx, ts.n_tilts, device)
+        setup = _warm_up(prep.poses, box, (ts.height, ts.width), device)
+        curve.mark = time.perf_counter()
+        x = sirt(prep.stack, prep.poses, box, cfg.model.iterations, relaxation=cfg.model.relaxation,
+                 positivity=cfg.model.positivity, valid=prep.valid, callback=curve)
+        _sync(device)
+        curve.fit += time.perf_counter() - curve.mark
+        self._x = x
+        self._volume = x.float().cpu().numpy()
+        self._metrics = {
+            "model": "sirt",
+            "steps": cfg.model.iterations,
+            "train_seconds": curve.fit,
+            "seconds_per_iteration": curve.fit / cfg.model.iterations,
+            "setup_seconds": setup,
+            "device": str(device) if device.type != "cuda" else torch.cuda.get_device_name(device),
+            "box_zyx": list(box.shape_zyx),
+            "volume_shape_zyx": list(self._volume.shape),
+            "pixel_size_A": ts.pixel_size,
+            "intensity": prep.bg_desc,
+        }
+        if "background_estimate" in ts.metadata:
+            self._metrics["background_estimate"] = ts.metadata["background_estimate"]
+        if curve.rows:
+            self._metrics["curve"] = curve.rows
+        log.info("sirt: %d iterations in %.3f s (%.2f ms each)", cfg.model.iterations, curve.fit,
+                 1e3 * self._metrics["seconds_per_iteration"])
+
+
+class _Prepared:
+    """The device tensors SIRT works on: the background-subtracted stack, its valid mask, the
+    poses, the truth and its foreground mask (for the quality curve), the background."""
+
+    def __init__(self, **parts):
+        self.__dict__.update(parts)
+
+
+def _prepare(cfg: Config, ts, box, device: torch.device) -> _Prepared:
     from fasttomo.geometry.poses import Poses
     from fasttomo.kernels import dispatch
     from fasttomo.quality.metrics import foreground_mask
 
-    if cfg.output.volume_shape is not None and tuple(cfg.output.volume_shape) != box.shape_zyx:
-        raise ConfigError(f"output.volume_shape: model=sirt reconstructs on the box's voxels {list(box.shape_zyx)} "
-                          "only; leave output.volume_shape unset (null).")
-    if ts.per_line_angles:
-        raise ConfigError("model.kind=sirt: per-line (continuous-rotation) angles are not supported by the SIRT "
-                          "projectors; use a field model (model=kplanes_tilted).")
     dispatch.configure(cfg.kernels.backend)
     bg, bg_desc = background_of(cfg, ts)
     stack = torch.from_numpy((ts.stack - bg[:, None, None]).astype(np.float32)).to(device)
     valid = None if ts.valid is None else torch.from_numpy(ts.valid).to(device)
     poses = Poses(ts.angles, ts.reference_index()).to(device)
     truth = fg = None
-    every = cfg.evaluation.curve_every
-    if ts.ground_truth is not None and every and ts.ground_truth.shape == box.shape_zyx:
+    if ts.ground_truth is not None and cfg.evaluation.curve_every and ts.ground_truth.shape == box.shape_zyx:
         truth = torch.from_numpy(ts.ground_truth).to(device)
         fg = torch.from_numpy(foreground_mask(ts.ground_truth)).to(device)
-    curve: list[dict] = []
-    clock = {"fit": 0.0, "mark": 0.0}
+    return _Prepared(bg=bg, bg_desc=bg_desc, stack=stack, valid=valid, poses=poses, truth=truth, fg=fg)
 
-    def sync() -> None:
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
 
-    def callback(i: int, x: torch.Tensor) -> None:
-        if truth is None or i % every:
-            return
-        sync()
-        now = time.perf_counter()
-        clock["fit"] += now - clock["mark"]
-        curve.append({"step": i, "fit_seconds": clock["fit"], "pearson_global": _pearson_t(x, truth),
-                      "pearson_foreground": _pearson_t(x, truth, fg)})
-        clock["mark"] = time.perf_counter()
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
-    log.info("sirt: %d iterations (relaxation %.3g, positivity %s) on a %s box, %d views, device %s",
-             cfg.model.iterations, cfg.model.relaxation, cfg.model.positivity, box.shape_zyx, ts.n_tilts, device)
-    # one untimed projection and backprojection of the real shapes first: the kernels' one-off
-    # setup (compilation or the cache load, and the op registration) is not SIRT's fit time
-    sync()
+
+def _warm_up(poses, box, shape, device: torch.device) -> float:
+    """One untimed projection and backprojection of the real shapes: the kernels' one-off setup
+    (compilation or the cache load, and the op registration) is not SIRT's fit time. Returns its
+    seconds."""
+    from fasttomo.methods.sirt.projectors import back_project, forward_project
+
+    _sync(device)
     t_setup = time.perf_counter()
-    back_project(forward_project(torch.zeros(box.shape_zyx, device=device), poses, box, (ts.height, ts.width)),
-                 poses, box)
-    sync()
-    setup = time.perf_counter() - t_setup
-    clock["mark"] = time.perf_counter()
-    x = sirt(stack, poses, box, cfg.model.iterations, relaxation=cfg.model.relaxation,
-             positivity=cfg.model.positivity, valid=valid, callback=callback)
-    sync()
-    clock["fit"] += time.perf_counter() - clock["mark"]
-    volume = x.float().cpu().numpy()
-    metrics = {
-        "model": "sirt",
-        "steps": cfg.model.iterations,
-        "train_seconds": clock["fit"],
-        "seconds_per_iteration": clock["fit"] / cfg.model.iterations,
-        "setup_seconds": setup,
-        "device": str(device) if device.type != "cuda" else torch.cuda.get_device_name(device),
-        "box_zyx": list(box.shape_zyx),
-        "volume_shape_zyx": list(volume.shape),
-        "pixel_size_A": ts.pixel_size,
-        "intensity": bg_desc,
-    }
-    if "background_estimate" in ts.metadata:
-        metrics["background_estimate"] = ts.metadata["background_estimate"]
-    if curve:
-        metrics["curve"] = curve
-    log.info("sirt: %d iterations in %.3f s (%.2f ms each)", cfg.model.iterations, clock["fit"],
-             1e3 * metrics["seconds_per_iteration"])
-    if hold is not None:
-        from fasttomo.quality.scoring import holdout_scores
+    back_project(forward_project(torch.zeros(box.shape_zyx, device=device), poses, box, shape), poses, box)
+    _sync(device)
+    return time.perf_counter() - t_setup
 
-        hposes = Poses(hold.angles, int(np.argmin(np.abs(hold.angles)))).to(device)
-        pred = forward_project(x.float(), hposes, box, (ts.height, ts.width)).cpu().numpy()
-        metrics["holdout"] = holdout_scores(hold, pred + float(np.mean(bg)))
-    return metrics, volume
+
+class _Curve:
+    """SIRT's callback: every ``every`` iterations the volume's Pearson against the truth (on the
+    device), with the fit seconds so far (the scoring time left out)."""
+
+    def __init__(self, truth, fg, every: int, device: torch.device):
+        self.truth, self.fg, self.every, self.device = truth, fg, every, device
+        self.rows: list[dict] = []
+        self.fit = 0.0
+        self.mark = 0.0
+
+    def __call__(self, i: int, x: torch.Tensor) -> None:
+        if self.truth is None or i % self.every:
+            return
+        _sync(self.device)
+        now = time.perf_counter()
+        self.fit += now - self.mark
+        self.rows.append({"step": i, "fit_seconds": self.fit, "pearson_global": _pearson_t(x, self.truth),
+                          "pearson_foreground": _pearson_t(x, self.truth, self.fg)})
+        self.mark = time.perf_counter()

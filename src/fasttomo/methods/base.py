@@ -1,0 +1,46 @@
+"""The interface every reconstruction method offers a run (the neural field, SIRT).
+
+A run (fasttomo.run.run.Run) makes one method for ``model.kind`` after its input checks, then
+calls, in this order: :meth:`Method.load` (a resume only), :meth:`Method.check_space` (rank 0),
+:meth:`Method.fit`, :meth:`Method.export` and :meth:`Method.state` (collective: every rank calls
+them), :meth:`Method.summary` and :meth:`Method.scores` (rank 0). The half sets make a fresh method
+per half and call :meth:`Method.fit` and :meth:`Method.export` on it.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import numpy as np
+
+
+class Method(Protocol):
+    """A reconstruction method inside a run."""
+
+    label: str
+    """Shown after the run's name in report.png's title ("" for the field, "SIRT")."""
+    step: int
+    """Steps (iterations) done so far; the manifest records it when the run ends."""
+
+    def load(self, state: dict, source: str) -> None:
+        """Continue from a checkpoint's ``state`` (``source`` names it in errors)."""
+
+    def check_space(self, out_dir) -> None:
+        """Refuse (OutputFolderError) a run folder without room for the run's files (rank 0)."""
+
+    def fit(self) -> None:
+        """Reconstruct (may stop early on a stop request, or raise DivergenceError)."""
+
+    def export(self) -> tuple[np.ndarray | None, int]:
+        """(the volume (Z, Y, X) float32 in stack units per voxel, the step it is of); None on the
+        ranks other than 0. Collective."""
+
+    def state(self) -> dict | None:
+        """The checkpoint of the run so far, None when the method keeps none. Collective."""
+
+    def summary(self, volume: np.ndarray) -> dict:
+        """metrics.json's entries of the fit (speed, device, sizes, intensity, poses) (rank 0)."""
+
+    def scores(self, metrics: dict, exported_step: int) -> None:
+        """The method's evaluation entries (held-out views, residuals, curve, ...) into ``metrics``
+        (rank 0)."""

@@ -1,0 +1,277 @@
+"""What a run writes after its fit, and how it reports what went wrong (fasttomo.run.run.Run's
+helpers): the planned outputs, the checkpoint, the half sets, the pictures and metrics.json, the
+missing-results error, the closing summary, the failure's log line. Every file is written
+atomically; a failure to write one result keeps the others (outputs.py)."""
+
+from __future__ import annotations
+
+import dataclasses as dc
+import logging
+import time
+from pathlib import Path
+
+import numpy as np
+
+from fasttomo import timeline
+from fasttomo.config import Config, ConfigError
+from fasttomo.data.io.atomic import atomic_write
+from fasttomo.data.tiltseries import TiltSeries
+from fasttomo.quality.report import number_text
+from fasttomo.run.folder import OutputExistsError, OutputFolderError
+from fasttomo.run.outputs import (OutputWriteError, dumps, rescue, save_checkpoint_file, volume_names,
+                                  write_failure_message, write_volumes)
+
+log = logging.getLogger("fasttomo")
+
+__all__ = ["write_volumes"]
+
+
+def planned_outputs(cfg: Config) -> list[str]:
+    """What a run of ``cfg`` may write into its folder (names or glob patterns), recorded in the
+    manifest before anything is written."""
+    names = ["reconstruct.log", "config.yaml", *volume_names(cfg), "checkpoints/last.pt", "checkpoints/step*.pt",
+             "slices.png", "loss.png", "fsc_truth.png", "report.png", "metrics.json"]
+    if cfg.evaluation.half_sets:
+        names += [*volume_names(cfg, "volume_even", xzy=False), *volume_names(cfg, "volume_odd", xzy=False),
+                  "fsc_halfsets.png"]
+    if cfg.logging.tensorboard:
+        names.append("tb/events.out.tfevents.*")
+    return names
+
+
+def write_text(path: Path, text: str, overwrite: bool = True) -> None:
+    atomic_write(path, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"), overwrite=overwrite)
+
+
+def slices_png(path: Path, volume: np.ndarray, pixel_size: float, truth: np.ndarray | None, overwrite: bool):
+    """slices.png: the central slices in three planes with a scale bar and a colour bar; a second
+    row shows the ground truth (report.slice_panel). Returns the image."""
+    from fasttomo.quality.report import save_png, slice_panel
+
+    img = slice_panel(volume, pixel_size, truth)
+    save_png(path, img, overwrite=overwrite)
+    return img
+
+
+def save_checkpoint(out_dir: Path, state: dict, written: dict, failed: dict) -> None:
+    """checkpoints/last.pt, recorded in ``written`` or ``failed``."""
+    path, err = save_checkpoint_file(out_dir / "checkpoints" / "last.pt", state)
+    if err:
+        failed["checkpoints/last.pt"] = err
+    else:
+        written["checkpoints/last.pt"] = path
+
+
+# --------------------------------------------------------------------------------------- half sets
+def half_sets(run) -> tuple[dict | None, dict | None]:
+    """(FSC report, FSC curves) of the even and the odd views (in tilt order) reconstructed apart
+    by the run's method, their volumes written as volume_even.* / volume_odd.*, and their FSC
+    (rank 0; None elsewhere). Each half gets its own seed, so the two share no initial noise that
+    the data does not overwrite. Collective under DDP."""
+    from fasttomo.quality.plots import fsc_plot
+    from fasttomo.quality.scoring import pair_fsc
+    from fasttomo.run.methods import make_method
+
+    cfg, ts, place = run.cfg, run.ts, run.place
+    vols = {}
+    for parity, name in ((0, "even"), (1, "odd")):
+        keep = np.arange(parity, ts.n_tilts, 2)
+        hcfg = dc.replace(cfg, resume=None, runtime=dc.replace(cfg.runtime, seed=cfg.runtime.seed + 1 + parity),
+                          logging=dc.replace(cfg.logging, tensorboard=False, progress=False, checkpoint_every=0),
+                          evaluation=dc.replace(cfg.evaluation, curve_every=0))
+        log.info("half sets: reconstructing the %s views (%d of %d)", name, keep.size, ts.n_tilts)
+        method = make_method(hcfg, _subset(ts, keep), None, dc.replace(place, out_dir=None))
+        method.fit()
+        vols[name] = method.export()[0]  # collective
+        if place.main:
+            w, f = write_volumes(run.out_dir, vols[name], cfg, ts.pixel_size, {"run": cfg.name, "half_set": name},
+                                 stem=f"volume_{name}", xzy=False)
+            run.written.update(w)
+            run.failed.update(f)
+    if not place.main:
+        return None, None
+    res, curves = pair_fsc(vols["even"], vols["odd"], ts.pixel_size, tilt_range(ts))
+    try:
+        fsc_plot(run.out_dir / "fsc_halfsets.png", curves, "FSC of the even-view and odd-view reconstructions",
+                 tilt_range(ts), overwrite=True)
+    except OSError as exc:
+        run.failed["fsc_halfsets.png"] = exc.strerror or str(exc)
+    log.info("half sets: FSC 0.143 at %s, 0.5 at %s", _res(res, "fsc0143"), _res(res, "fsc05"))
+    return res, curves
+
+
+def _res(report: dict, key: str) -> str:
+    """'12.3 A', or why there is no crossing (from the all-of-Fourier-space curve)."""
+    fsc = report.get("fsc") or {}
+    if fsc.get(f"{key}_A") is not None:
+        return f"{number_text(fsc[f'{key}_A'], '.3g')} A"
+    return {"never": f"none (above it up to Nyquist, {number_text(fsc.get('nyquist_A', 0), '.3g')} A)"}.get(
+        fsc.get(f"{key}_status"), str(fsc.get(f"{key}_status")))
+
+
+def _subset(ts, keep: np.ndarray):
+    sub = lambda a: None if a is None else np.ascontiguousarray(a[keep])  # noqa: E731
+    return TiltSeries(stack=sub(ts.stack), angles=ts.angles[keep], pixel_size=ts.pixel_size, source=ts.source,
+                      metadata=dict(ts.metadata), ground_truth=ts.ground_truth, valid=sub(ts.valid))
+
+
+def tilt_range(ts) -> tuple[float, float]:
+    a = np.asarray(ts.angles, dtype=np.float64)
+    return float(a.min()), float(a.max())
+
+
+# --------------------------------------------------------------------------------------- the end of a run
+def finish_files(run, pictures: bool = True) -> None:
+    """Rank 0, after the volume, the checkpoint and the half sets: the pictures (``pictures``),
+    the wall time and metrics.json; what cannot be written is recorded in ``run.failed``."""
+    metrics = run.metrics
+    metrics["wall_seconds"] = time.perf_counter() - run.place.t0  # again below, with the pictures
+    if pictures:
+        _pictures(run)
+    metrics["wall_seconds"] = time.perf_counter() - run.place.t0
+    if "timeline" in metrics:
+        metrics["timeline"]["process_to_end_s"] = round(timeline.since_start(), 3)
+    try:
+        write_text(run.out_dir / "metrics.json", dumps(metrics), True)
+    except OSError as exc:
+        run.failed["metrics.json"] = exc.strerror or str(exc)
+
+
+def _pictures(run) -> None:
+    """Scores against a ground truth (into the metrics), slices.png, fsc_truth.png, loss.png and
+    report.png, which holds them all (and the half-set FSC, the quality curve and the learned
+    poses when they exist) and goes into TensorBoard too (rank 0); a picture that cannot be
+    written is recorded in ``run.failed``."""
+    from fasttomo.quality.plots import fsc_plot
+    from fasttomo.quality.scoring import truth_scores
+
+    cfg, out_dir, volume, ts, metrics = run.cfg, run.out_dir, run.volume, run.ts, run.metrics
+    curves = None
+    if ts.ground_truth is not None and volume.shape == ts.ground_truth.shape:
+        report, curves = truth_scores(volume, ts.ground_truth, ts.pixel_size, tilt_range(ts))
+        metrics.update(report)
+    truth = ts.ground_truth if metrics.get("pearson_global") else None
+    jobs = [("slices.png", lambda: slices_png(out_dir / "slices.png", volume, ts.pixel_size, truth, True)),
+            ("loss.png", lambda: _loss_plot(out_dir / "loss.png", metrics, True))]
+    if curves is not None:
+        jobs.append(("fsc_truth.png", lambda: fsc_plot(out_dir / "fsc_truth.png", curves, "FSC of the reconstruction "
+                                                       "against the ground truth", tilt_range(ts), overwrite=True)))
+    for name, job in jobs:
+        try:
+            job()
+        except OSError as exc:
+            run.failed[name] = exc.strerror or str(exc)
+    label = run.method.label
+    title = (f"fasttomo{'' if cfg.name == 'fasttomo' else ' ' + cfg.name}: {_shown_path(out_dir)}"
+             + (f" ({label})" if label else ""))
+    _report_png(run, title, truth, curves)
+
+
+def _report_png(run, title: str, truth, curves) -> None:
+    """report.png, and the same picture into TensorBoard."""
+    from fasttomo.quality.report import add_to_tensorboard, report_image, save_png
+
+    ts, metrics = run.ts, run.metrics
+    try:
+        img = report_image(run.volume, ts.pixel_size, metrics, title, truth, curves, run.half_curves, tilt_range(ts))
+    except Exception as exc:  # noqa: BLE001 - a picture must never cost the run its results
+        log.warning("could not draw report.png (%s: %s); the other results are written", type(exc).__name__, exc)
+        return
+    try:
+        save_png(run.out_dir / "report.png", img)
+    except OSError as exc:
+        run.failed["report.png"] = exc.strerror or str(exc)
+    if run.cfg.logging.tensorboard:
+        try:
+            add_to_tensorboard(run.out_dir / "tb", "report", img, int(metrics.get("steps") or 0))
+        except OSError as exc:
+            log.warning("could not add report.png to TensorBoard (%s)", exc.strerror or exc)
+
+
+def _shown_path(path: Path) -> str:
+    """``path`` relative to the working folder when it lies inside it."""
+    try:
+        return str(path.resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path)
+
+
+def _loss_plot(path: Path, metrics: dict, overwrite: bool) -> None:
+    """loss.png: the training loss and the validation loss (held-out pixels) against the step."""
+    from fasttomo.quality.plots import line_plot
+    from fasttomo.quality.report import loss_series
+
+    series = loss_series(metrics)
+    if series:
+        line_plot(path, series, "Loss curves", "step", "loss", log_y=True, legend="below", overwrite=overwrite)
+
+
+def write_problem(run):
+    """(error class, message) when results are missing (rank 0), else None: a non-finite volume is a
+    divergence; failed writes are rescued where possible and reported with what was saved where (a
+    method without a checkpoint: what was written)."""
+    from fasttomo.train.guard import DivergenceError
+
+    written, failed, out_dir = run.written, run.failed, run.out_dir
+    if not run.finite:
+        where = written.get("checkpoints/last.pt")
+        return (DivergenceError, "the reconstructed volume holds non-finite values (the field diverged); no volume "
+                "file was written" + (f"; the checkpoint is {where}" if where else "") + ". Lower the learning rates "
+                "(optim.lr_*) and run again.")
+    if not failed:
+        return None
+    if run.state is None:
+        return (OutputWriteError, f"could not write {', '.join(f'{k} ({v})' for k, v in failed.items())} in "
+                f"{out_dir}; written: {', '.join(written) or 'nothing'}")
+    no_volume = not any(k.startswith("volume") for k in written) and any(k.startswith("volume") for k in failed)
+    rescued = rescue(run.volume, run.state, run.cfg, run.ts.pixel_size, no_volume, "checkpoints/last.pt" in failed)
+    ckpt = written.get("checkpoints/last.pt") or rescued.get("checkpoint")
+    hint = f"fasttomo-reconstruct resume={ckpt} hydra.run.dir=<a writable folder>" if ckpt else None
+    return (OutputWriteError, write_failure_message(out_dir, failed, written, rescued, hint))
+
+
+def closing_summary(cfg: Config, out_dir: Path, metrics: dict) -> None:
+    """The last lines of a finished run: folder, files and sizes, time, speed, quality, how to look."""
+    from fasttomo.quality.report import summary_lines
+
+    try:
+        lines = summary_lines(out_dir, metrics, cfg.logging.tensorboard)
+    except OSError as exc:  # the folder vanished or cannot be listed: say so, the run itself is done
+        lines = [f"run folder: {out_dir} (cannot be listed: {exc.strerror or exc})"]
+    log.info("finished.\n%s", "\n".join(lines))
+
+
+# --------------------------------------------------------------------------------------- errors
+def user_errors() -> tuple[type[BaseException], ...]:
+    """Errors caused by input, config, the output folder or a checkpoint: reported as one clear
+    line (exit code 2), no traceback."""
+    from fasttomo.data.tiltseries import TiltSeriesError
+    from fasttomo.kernels.dispatch import KernelUnavailableError
+    from fasttomo.train.checkpoint import CheckpointError
+
+    return (ConfigError, TiltSeriesError, OutputExistsError, OutputFolderError, CheckpointError,
+            KernelUnavailableError, FileNotFoundError)
+
+
+def one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    return f"{type(exc).__name__}: {text}" if not text or type(exc).__module__ == "builtins" else text
+
+
+def log_failure(exc: BaseException, handler: logging.Handler | None) -> None:
+    """The run's error into reconstruct.log (and the console): one line for the errors fasttomo
+    explains (the entry point then does not repeat it), the traceback -- into the file only, the
+    entry point prints it -- for anything else."""
+    from fasttomo.run.stop import RunInterrupted
+    from fasttomo.train.guard import DivergenceError
+
+    known = (*user_errors(), DivergenceError, OutputWriteError, RunInterrupted)
+    if isinstance(exc, known):
+        (log.warning if isinstance(exc, RunInterrupted) else log.error)("%s", exc)
+        exc.fasttomo_logged = True
+    elif isinstance(exc, KeyboardInterrupt):
+        log.warning("interrupted")
+    elif handler is not None:
+        record = log.makeRecord(log.name, logging.ERROR, __file__, 0, "run failed with an unexpected error: %s",
+                                (one_line(exc),), (type(exc), exc, exc.__traceback__))
+        handler.handle(record)

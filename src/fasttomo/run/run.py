@@ -1,0 +1,277 @@
+"""One reconstruction as an object: :class:`Run` owns what the phases hand each other (the
+process's place, the stop requests, the tilt series, the method, the folder, the volume, the
+files written and those that failed, the metrics) and runs them in order:
+
+prepare (every input check: the resume checkpoint and what it refuses, the data read and
+validated, the method made and the checkpoint loaded into it; nothing is written yet) -> open
+(rank 0: the run folder, the log file with what ``prepare`` logged, the free-space check,
+config.yaml) -> fit -> export (the volume, its files, the checkpoint) -> score (the fit's summary,
+the status, the method's scores, the half sets) -> report (the pictures, metrics.json, what
+failed, the manifest's end, the closing summary). Under torchrun every rank runs every phase; the
+collective steps happen on all ranks in the same order, rank 0 alone writes.
+"""
+
+from __future__ import annotations
+
+import logging
+import logging.handlers
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+import yaml
+
+from fasttomo.config import Config, ConfigError, to_dict, upgrade
+from fasttomo.logging import add_file_log, quiet_other_ranks, restore_ranks
+from fasttomo.run import results
+from fasttomo.run.folder import OutputExistsError, OutputFolderError, RunFolder
+from fasttomo.run.methods import make_method
+from fasttomo.run.place import Place
+from fasttomo.run.stop import RunInterrupted, StopRequests, signal_name
+from fasttomo.train.distributed import broadcast_object, destroy_distributed, dist_info, init_distributed, is_distributed
+
+log = logging.getLogger("fasttomo")
+
+
+class Run:
+    """One run of ``cfg`` (cfg.output.dir must be set): :meth:`execute` runs the phases."""
+
+    def __init__(self, cfg: Config):
+        if not cfg.output.dir:
+            raise ConfigError("output.dir: no output folder was given; set output.dir=<folder> (Hydra sets it).")
+        self.cfg = cfg
+        t0 = time.perf_counter()
+        self.joined = _runtime_settings(cfg)
+        rank, world, local_rank = dist_info()
+        out_dir = Path(broadcast_object(str(Path(cfg.output.dir).resolve())))
+        self.place = Place(rank, world, local_rank, out_dir, t0)
+        self.main = rank == 0
+        self.out_dir = out_dir
+        self.resume_cmd = f"fasttomo-reconstruct resume={out_dir} hydra.run.dir={out_dir}"
+        self.stop = StopRequests(world_size=world)
+        self.folder: RunFolder | None = None
+        self.handler: logging.Handler | None = None
+        self.method = None
+        self.ts = self.hold = None
+        self.volume: np.ndarray | None = None
+        self.exported_step = 0
+        self.finite = True
+        self.interrupted = False
+        self.written: dict = {}
+        self.failed: dict = {}
+        self.metrics: dict = {}
+        self.state: dict | None = None
+
+    # ------------------------------------------------------------------------------ the whole run
+    def execute(self) -> dict:
+        """Every phase; an error after the folder was opened goes into reconstruct.log and the
+        manifest (status failed, diverged or interrupted) before it propagates."""
+        ranks = quiet_other_ranks(self.place.rank, self.cfg.logging.all_ranks) if self.place.world > 1 else None
+        buffer = _LogBuffer() if self.main else None
+        try:
+            with self.stop:
+                self.prepare()
+                self.open(buffer)
+                self.fit()
+                self.export()
+                self.score()
+                self.report()
+            self.end()
+            return self.metrics
+        except BaseException as exc:
+            self._failed(exc)
+            raise
+        finally:
+            if buffer is not None:
+                buffer.close()
+            if ranks is not None:
+                restore_ranks(ranks)
+            if self.handler is not None:
+                logging.getLogger("fasttomo").removeHandler(self.handler)
+                self.handler.close()
+
+    def _failed(self, exc: BaseException) -> None:
+        if not (self.main and self.folder is not None):
+            return  # refused before the folder was opened: nothing was written, the entry point says why
+        from fasttomo.train.guard import DivergenceError
+
+        status = ("interrupted" if isinstance(exc, (RunInterrupted, KeyboardInterrupt))
+                  else "diverged" if isinstance(exc, DivergenceError) else "failed")
+        results.log_failure(exc, self.handler)
+        self.folder.finish(status, error=results.one_line(exc),
+                           step=self.method.step if self.method is not None else None)
+
+    # ------------------------------------------------------------------------------ the phases
+    def prepare(self) -> None:
+        """Every input check, before anything is written: the resume checkpoint read and verified
+        (every rank reads it, to the CPU), the data read, validated and split (truth attached,
+        held-out views set aside), the method made and the checkpoint loaded into it."""
+        from fasttomo.data.load import load_tiltseries
+        from fasttomo.quality.scoring import attach_truth, split_holdout
+
+        cfg = self.cfg
+        resume_path, resume_state = _read_resume(cfg)
+        self.resume_path = resume_path
+        ts = load_tiltseries(cfg.data)
+        if cfg.evaluation.truth:
+            attach_truth(ts, cfg.evaluation.truth, cfg.data.thickness)
+        self.ts, self.hold = split_holdout(ts, cfg.evaluation.holdout_views)
+        self.method = make_method(cfg, self.ts, self.hold, self.place, self.stop)
+        if resume_state is not None:
+            self.method.load(resume_state, str(resume_path))
+
+    def open(self, buffer: "_LogBuffer | None") -> None:
+        """The run folder (rank 0: lock, reuse rules, manifest), the log file (with what was logged
+        since the run began), the free-space check, config.yaml."""
+        problem = None
+        if self.main:
+            try:
+                self.folder = RunFolder(self.out_dir, overwrite=self.cfg.output.overwrite, resume=self.resume_path,
+                                        outputs=results.planned_outputs(self.cfg)).open()
+            except (OutputExistsError, OutputFolderError) as exc:
+                problem = (isinstance(exc, OutputExistsError), str(exc))
+        problem = broadcast_object(problem)
+        if problem:
+            raise (OutputExistsError if problem[0] else OutputFolderError)(problem[1])
+        if self.main:
+            self._open_log(buffer)
+        problem = None
+        if self.main:
+            try:
+                self.method.check_space(self.out_dir)
+            except OutputFolderError as exc:
+                problem = str(exc)
+        problem = broadcast_object(problem)
+        if problem:
+            raise OutputFolderError(problem)
+        if self.main:
+            results.write_text(self.out_dir / "config.yaml", yaml.safe_dump(to_dict(self.cfg), sort_keys=False))
+
+    def _open_log(self, buffer: "_LogBuffer | None") -> None:
+        path = self.out_dir / "reconstruct.log"
+        try:
+            self.handler = add_file_log(path, overwrite=True, append=self.folder.continuing)
+        except OSError as exc:
+            self.folder.finish("failed", error=f"cannot write the log: {exc}")
+            raise OutputFolderError(f"cannot write {path} ({exc.strerror or exc}); choose a folder you can "
+                                    "write to.") from None
+        if buffer is not None:
+            buffer.replay(self.handler)
+        for note in self.folder.notes:
+            log.info("%s", note)
+
+    def fit(self) -> None:
+        self.method.fit()
+        self.interrupted = self.stop.signum is not None and self.method.step < self.cfg.optim.steps
+
+    def export(self) -> None:
+        """The volume (collective), its files when it is finite (rank 0), the checkpoint (its
+        state is collective; rank 0 writes it)."""
+        self.volume, self.exported_step = self.method.export()
+        if self.main:
+            self.finite = bool(np.isfinite(self.volume).all())
+            attrs = {"run": self.cfg.name, "config": to_dict(self.cfg), "units": "input stack units per voxel"}
+            if self.finite:
+                self.written, self.failed = results.write_volumes(self.out_dir, self.volume, self.cfg,
+                                                                  self.ts.pixel_size, attrs)
+            else:
+                log.error("the volume holds %d non-finite voxels (of %d); no volume file was written",
+                          int((~np.isfinite(self.volume)).sum()), self.volume.size)
+        self.finite = broadcast_object(self.finite)  # every rank takes the same branches (half sets are collective)
+        self.state = self.method.state()
+        if self.main and self.state is not None:
+            results.save_checkpoint(self.out_dir, self.state, self.written, self.failed)
+
+    def score(self) -> None:
+        """metrics (rank 0): the fit's summary, the status, the method's scores; then the half sets
+        (collective) when the volume is finite and the run was not interrupted."""
+        if self.main:
+            self.metrics = self.method.summary(self.volume)
+            self.metrics["status"] = ("interrupted" if self.interrupted else "finished") if self.finite else "diverged"
+            self.method.scores(self.metrics, self.exported_step)
+        self.half_curves = None
+        if self.finite and not self.interrupted and self.cfg.evaluation.half_sets:
+            halves, self.half_curves = results.half_sets(self)
+            if self.main:
+                self.metrics["half_sets"] = halves
+
+    def report(self) -> None:
+        """Rank 0: the pictures (of a finite volume), the wall time, metrics.json; then every rank
+        raises what kept results from being written."""
+        if self.main:
+            results.finish_files(self, pictures=self.finite)
+        problem = broadcast_object(results.write_problem(self) if self.main else None)
+        if problem:
+            raise problem[0](problem[1])
+
+    def end(self) -> None:
+        """An interrupted run raises RunInterrupted (with how to resume); a finished one closes its
+        manifest, prints the closing summary and leaves the process group it joined."""
+        if self.interrupted:
+            raise RunInterrupted(self.stop.signum, f"stopped at step {self.method.step} of {self.cfg.optim.steps} "
+                                 f"({signal_name(self.stop.signum)}); the volume so far and a checkpoint are in "
+                                 f"{self.out_dir}; resume with: {self.resume_cmd}")
+        if self.stop.signum is not None:
+            log.info("%s arrived after the last step; the run finished", signal_name(self.stop.signum))
+        if self.main:
+            self.folder.finish("finished", step=self.method.step)
+            results.closing_summary(self.cfg, self.out_dir, self.metrics)
+        if self.joined:  # leave the process group we joined (after a successful run; on errors the process exits)
+            destroy_distributed()
+
+
+def _runtime_settings(cfg: Config) -> bool:
+    """Threads, determinism, the process group (joined here: True) and the CUDA device's warm-up."""
+    if cfg.runtime.threads:
+        torch.set_num_threads(cfg.runtime.threads)
+    if cfg.runtime.deterministic:
+        torch.use_deterministic_algorithms(True, warn_only=True)
+    wants_cuda = cfg.runtime.device.startswith("cuda") or (cfg.runtime.device == "auto" and torch.cuda.is_available())
+    joined = not is_distributed() and init_distributed("cuda" if wants_cuda else "cpu")
+    if wants_cuda and torch.cuda.is_available():  # (no CUDA: build reports runtime.device=cuda)
+        from fasttomo.kernels import prewarm
+        from fasttomo.run.build import resolve_device
+
+        device = resolve_device(cfg.runtime.device, dist_info()[2])
+        prewarm.warm_device(device.index if device.index is not None else torch.cuda.current_device())
+    return joined
+
+
+def _read_resume(cfg: Config):
+    """(checkpoint path, its state) of ``resume=``, refusing what a continuation cannot change
+    and warning about the settings that differ; (None, None) without a resume."""
+    from fasttomo.run.resume import refuse_immutable, warn_changes
+    from fasttomo.train.checkpoint import find_checkpoint, load_checkpoint
+
+    if not cfg.resume:
+        return None, None
+    path = find_checkpoint(cfg.resume)
+    state = load_checkpoint(path, map_location="cpu")
+    if isinstance(state.get("config"), dict):
+        state["config"] = upgrade(state["config"])  # an older fasttomo's keys, today's names
+        refuse_immutable(state["config"], to_dict(cfg), str(path))
+        warn_changes(state["config"], to_dict(cfg), str(path))
+    return path, state
+
+
+class _LogBuffer(logging.handlers.MemoryHandler):
+    """Holds the 'fasttomo' records logged before the log file exists (the input checks run
+    before the run folder is made) and hands them to the file when it opens."""
+
+    def __init__(self):
+        super().__init__(capacity=1 << 30, flushLevel=logging.CRITICAL + 1, target=None, flushOnClose=False)
+        self.logger = logging.getLogger("fasttomo")
+        self.logger.addHandler(self)
+        if self.logger.getEffectiveLevel() > logging.INFO:
+            self.logger.setLevel(logging.INFO)
+
+    def replay(self, handler: logging.Handler) -> None:
+        self.setTarget(handler)
+        self.flush()
+        self.close()
+
+    def close(self) -> None:
+        self.logger.removeHandler(self)
+        self.buffer = []
+        super().close()
