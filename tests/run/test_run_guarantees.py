@@ -22,6 +22,7 @@ import numpy as np
 import pytest
 from cli_helpers import TINY, TINY_RUN, cli, start, strict_json, wait_for_text
 
+from fasttomo.quality.report import headline
 from fasttomo.run.outputs import OutputWriteError
 from fasttomo.cli.reconstruct import compose_config, run
 from fasttomo.run.folder import OutputFolderError
@@ -275,10 +276,13 @@ def test_signal_saves_volume_and_checkpoint_then_resume_continues_in_place(tmp_p
     assert load_checkpoint(out / "checkpoints" / "last.pt")["step"] == step
     with mrcfile.open(out / "volume.mrc") as m:
         assert np.isfinite(m.data).all()
-    assert strict_json(out / "metrics.json")["status"] == "interrupted"
+    stopped = strict_json(out / "metrics.json")
+    assert stopped["status"] == "interrupted"
+    assert headline(stopped).startswith(f"stopped at step {step} of 100000")  # report.png's title line
     if sig == signal.SIGINT:  # the rerun the message suggests finishes the run in the same folder
         res = cli([f"resume={out}", f"hydra.run.dir={out}", f"optim.steps={step + 3}"], tmp_path)
         assert res.returncode == 0, res.stdout + res.stderr
+        assert f"steps {step + 1}-{step + 3} in " in res.stdout + res.stderr  # what this process trained
         metrics = strict_json(out / "metrics.json")
         assert metrics["status"] == "finished" and metrics["steps"] == step + 3
         assert metrics["resumed_from"]["step"] == step

@@ -285,10 +285,10 @@ def add_to_tensorboard(tb_dir: Path, tag: str, img, step: int) -> None:
 def quality(m: dict) -> list[str]:
     """The quality numbers a run has, in words (empty when there are none)."""
     out = []
-    if isinstance(m.get("pearson_global"), float):
-        text = f"Pearson to the ground truth {m['pearson_global']:.4f}"
-        if isinstance(m.get("pearson_foreground"), float):
-            text += f" (foreground {m['pearson_foreground']:.4f})"
+    if "pearson_global" in m:
+        text = f"Pearson to the ground truth {number_text(m['pearson_global'])}"
+        if "pearson_foreground" in m:
+            text += f" (foreground {number_text(m['pearson_foreground'])})"
         out.append(text)
     if isinstance(m.get("psnr_dB"), float) and math.isfinite(m["psnr_dB"]):
         out.append(f"PSNR {m['psnr_dB']:.2f} dB")

@@ -1,6 +1,7 @@
 """``model.kind`` -> the reconstruction method a run fits, the one table that tells them apart:
 SIRT (``model=sirt``, fasttomo.methods.sirt.method.SirtMethod), otherwise a neural field
-(fasttomo.run.field.FieldMethod); and each method's dry run (fasttomo.run.preflight)."""
+(fasttomo.run.field.FieldMethod). The dry run picks its estimate the same way
+(fasttomo.run.preflight.dry_run)."""
 
 from __future__ import annotations
 
@@ -12,13 +13,6 @@ def make_method(cfg: Config, ts, hold, place: Place, stop=None):
     """The method of ``cfg.model.kind`` on ``ts`` (``hold``: the held-out views; ``stop``: the
     run's StopRequests, None for a half set). Settings the method cannot honour raise here."""
     return _MAKERS.get(cfg.model.kind, _field)(cfg, ts, hold, place, stop)
-
-
-def dry_run_of(cfg: Config):
-    """The dry-run function (cfg, ts, start_step) -> report of ``cfg.model.kind``."""
-    from fasttomo.run import preflight
-
-    return getattr(preflight, _DRY_RUNS.get(cfg.model.kind, "dry_run_field"))
 
 
 def _field(cfg: Config, ts, hold, place: Place, stop):
@@ -37,4 +31,3 @@ def _sirt(cfg: Config, ts, hold, place: Place, stop):
 
 
 _MAKERS = {"sirt": _sirt}
-_DRY_RUNS = {"sirt": "dry_run_sirt"}
