@@ -286,14 +286,8 @@ def view_plots(out_dir: Path, angles: list, pm, held: list, overwrite: bool) -> 
 
 
 # --------------------------------------------------------------------------------------- command
-def evaluate(cfg: EvaluateConfig, projector: Callable | None = None) -> dict:
-    """Run one evaluation as ``cfg`` says; writes metrics.json and the plots, returns the metrics.
-
-    ``projector`` replaces ``fasttomo.methods.sirt.projectors.forward_project`` (same signature).
-    """
-    from fasttomo import __version__
-    from fasttomo.data.io.atomic import atomic_write
-
+def _check_inputs(cfg: EvaluateConfig) -> None:
+    """Refuse an evaluation that names nothing to score, or nothing to score against."""
     if not cfg.volume:
         raise ConfigError("volume: give the volume to score, e.g. fasttomo-evaluate volume=run/volume.mrc "
                           "truth=phantom_truth.mrc (and/or tiltseries=<stack> angles=<file>).")
@@ -304,6 +298,26 @@ def evaluate(cfg: EvaluateConfig, projector: Callable | None = None) -> dict:
         raise ConfigError("angles: given without tiltseries=<stack>; give the stack too, or drop angles=.")
     if cfg.held_out_views and not cfg.tiltseries:
         raise ConfigError("held_out_views: needs tiltseries=<stack>.")
+
+
+def _remove_stale(out_dir: Path, written: list[str]) -> None:
+    """Remove the results of an earlier evaluation in ``out_dir`` that this one did not rewrite."""
+    for name in RESULT_NAMES:
+        p = out_dir / name
+        if str(p) not in written and p.exists():
+            p.unlink()
+            log.info("removed %s of the earlier evaluation", p)
+
+
+def evaluate(cfg: EvaluateConfig, projector: Callable | None = None) -> dict:
+    """Run one evaluation as ``cfg`` says; writes metrics.json and the plots, returns the metrics.
+
+    ``projector`` replaces ``fasttomo.methods.sirt.projectors.forward_project`` (same signature).
+    """
+    from fasttomo import __version__
+    from fasttomo.data.io.atomic import atomic_write
+
+    _check_inputs(cfg)
     out_dir = Path(cfg.out) if cfg.out else default_out_dir(cfg.volume)
     check_out_dir(out_dir, cfg.overwrite)  # before any heavy work
     if cfg.tiltseries and projector is None:
@@ -362,11 +376,7 @@ def evaluate(cfg: EvaluateConfig, projector: Callable | None = None) -> dict:
     written.insert(0, atomic_write(out_dir / "metrics.json", lambda tmp: Path(tmp).write_text(text, encoding="utf-8"),
                                    overwrite=cfg.overwrite))
     if cfg.overwrite:  # results of the earlier evaluation that this one did not rewrite would mislead
-        for name in RESULT_NAMES:
-            p = out_dir / name
-            if str(p) not in written and p.exists():
-                p.unlink()
-                log.info("removed %s of the earlier evaluation", p)
+        _remove_stale(out_dir, written)
     for line in summary_lines(metrics) + [f"  wrote {', '.join(written)}"]:
         print(line)
     return metrics

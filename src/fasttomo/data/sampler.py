@@ -207,27 +207,7 @@ class RaySampler:
         self.patch_size = int(cfg.patch_size)
         p = self.patch_size
         if p > 1:
-            if p > min(h, w):
-                raise ConfigError(
-                    f"sampler.patch_size: {p} x {p} patches do not fit in the {h} x {w} images; "
-                    f"use sampler.patch_size <= {min(h, w)}."
-                )
-            rows = torch.minimum(torch.arange(0, h, p), torch.tensor(h - p))
-            cols = torch.minimum(torch.arange(0, w, p), torch.tensor(w - p))
-            corners = (rows[:, None] * w + cols[None, :]).reshape(-1)
-            units = (torch.arange(n, dtype=torch.int64)[:, None] * self._hw + corners[None, :]).reshape(-1)
-            dr, dc = torch.meshgrid(torch.arange(p), torch.arange(p), indexing="ij")
-            self._patch_offsets = (dr * w + dc).reshape(-1).to(torch.int64)
-            # Per-pixel training weight: 1 for a training pixel (valid, if there is a mask), else 0.
-            train_w = torch.zeros(n * self._hw, dtype=torch.uint8)
-            train_w[train_ids] = 1
-            if self._valid is not None:
-                train_w &= torch.from_numpy(self._valid.view(np.uint8))
-            self._train_weight = train_w
-            if self._valid is not None and cfg.skip_masked:
-                has = train_w[(units[:, None] + self._patch_offsets[None, :])].amax(dim=1) > 0
-                units = units[has]
-            self._units_cpu = units
+            self._units_cpu = self._patch_units(train_ids)
         else:
             self._patch_offsets = None
             self._train_weight = None
@@ -257,6 +237,33 @@ class RaySampler:
         # stall the step loop; short epochs under DDP would otherwise feel it.
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
         self._pending: dict[int, concurrent.futures.Future] = {}
+
+    def _patch_units(self, train_ids: torch.Tensor) -> torch.Tensor:
+        """The tiles the epoch permutes (their top-left pixel ids) with sampler.patch_size = p > 1;
+        sets the pixel offsets inside a tile and the per-pixel training weight."""
+        cfg, p = self.cfg, self.patch_size
+        n, h, w = self.shape
+        if p > min(h, w):
+            raise ConfigError(
+                f"sampler.patch_size: {p} x {p} patches do not fit in the {h} x {w} images; "
+                f"use sampler.patch_size <= {min(h, w)}."
+            )
+        rows = torch.minimum(torch.arange(0, h, p), torch.tensor(h - p))
+        cols = torch.minimum(torch.arange(0, w, p), torch.tensor(w - p))
+        corners = (rows[:, None] * w + cols[None, :]).reshape(-1)
+        units = (torch.arange(n, dtype=torch.int64)[:, None] * self._hw + corners[None, :]).reshape(-1)
+        dr, dc = torch.meshgrid(torch.arange(p), torch.arange(p), indexing="ij")
+        self._patch_offsets = (dr * w + dc).reshape(-1).to(torch.int64)
+        # Per-pixel training weight: 1 for a training pixel (valid, if there is a mask), else 0.
+        train_w = torch.zeros(n * self._hw, dtype=torch.uint8)
+        train_w[train_ids] = 1
+        if self._valid is not None:
+            train_w &= torch.from_numpy(self._valid.view(np.uint8))
+        self._train_weight = train_w
+        if self._valid is not None and cfg.skip_masked:
+            has = train_w[(units[:, None] + self._patch_offsets[None, :])].amax(dim=1) > 0
+            units = units[has]
+        return units
 
     # -- order ---------------------------------------------------------------------------------
     def _draw_positions(self, epoch: int) -> torch.Tensor:

@@ -182,121 +182,193 @@ def render_line_plot(series, title: str = "", xlabel: str = "", ylabel: str = ""
                      top_ticks: Callable[[float], str] | None = None, top_label: str = "",
                      legend: str = "best"):
     """Draw the plot described in :func:`line_plot`; returns ``(PIL.Image, Layout)`` without writing."""
-    args = (series, title, xlabel, ylabel, hlines, vlines, xlim, ylim, log_y, size, top_ticks, top_label)
-    img, layout, crowded = _render(*args, legend)
+    spec = _PlotSpec(series, title, xlabel, ylabel, hlines, vlines, xlim, ylim, log_y, size, top_ticks, top_label,
+                     legend)
+    img, layout, crowded = _Plot(spec).render()
     if legend == "best" and crowded:  # every inside corner would hide part of a curve
-        img, layout, _ = _render(*args, "below")
+        img, layout, _ = _Plot(dataclasses.replace(spec, legend="below")).render()
     return img, layout
 
 
-def _render(series, title, xlabel, ylabel, hlines, vlines, xlim, ylim, log_y, size, top_ticks, top_label, legend):
-    from PIL import Image, ImageDraw
+@dataclasses.dataclass(frozen=True)
+class _PlotSpec:
+    """The arguments of :func:`render_line_plot`."""
 
-    ser = _as_series(series)
-    h_refs, v_refs = _as_ref(hlines), _as_ref(vlines)
-    out_w, out_h = (int(s) for s in size)
-    if out_w < 200 or out_h < 150:
-        raise ValueError(f"line_plot: size must be at least (200, 150) pixels, got {size!r}.")
-    width, height = out_w * SUPERSAMPLE, out_h * SUPERSAMPLE  # drawn large, then averaged down: smooth lines
-    colors = []
-    k = 0
-    for s in ser:
-        if s.color is None:
-            colors.append(PALETTE[k % len(PALETTE)])
-            k += 1
+    series: object
+    title: str
+    xlabel: str
+    ylabel: str
+    hlines: object
+    vlines: object
+    xlim: tuple[float, float] | None
+    ylim: tuple[float, float] | None
+    log_y: bool
+    size: tuple[int, int]
+    top_ticks: Callable[[float], str] | None
+    top_label: str
+    legend: str
+
+
+class _Plot:
+    """One rendering of a :class:`_PlotSpec`: the data and its limits, the margins set by the tick
+    labels, the plot area (grid, reference lines, curves), the legend, the frame and the labels;
+    drawn SUPERSAMPLE times larger and averaged down."""
+
+    def __init__(self, spec: _PlotSpec):
+        from PIL import Image, ImageDraw
+
+        self.spec = spec
+        self.ser = _as_series(spec.series)
+        self.h_refs, self.v_refs = _as_ref(spec.hlines), _as_ref(spec.vlines)
+        out_w, out_h = (int(s) for s in spec.size)
+        if out_w < 200 or out_h < 150:
+            raise ValueError(f"line_plot: size must be at least (200, 150) pixels, got {spec.size!r}.")
+        self.width, self.height = out_w * SUPERSAMPLE, out_h * SUPERSAMPLE  # drawn large, then averaged down
+        self.colors = []
+        k = 0
+        for s in self.ser:
+            if s.color is None:
+                self.colors.append(PALETTE[k % len(PALETTE)])
+                k += 1
+            else:
+                self.colors.append(tuple(int(c) for c in s.color))
+        self.xs = [np.asarray(s.x, dtype=np.float64).ravel() for s in self.ser]
+        self.ys = [np.asarray(s.y, dtype=np.float64).ravel() for s in self.ser]
+        for s, x, y in zip(self.ser, self.xs, self.ys):
+            if x.shape != y.shape:
+                raise ValueError(f"line_plot: series {s.label!r} has {x.size} x values and {y.size} y values.")
+        ser, v_refs, h_refs = self.ser, self.v_refs, self.h_refs
+        all_x = np.concatenate(self.xs + [np.array([r.value for r in v_refs])]) if ser or v_refs else np.zeros(0)
+        all_y = np.concatenate(self.ys + [np.array([r.value for r in h_refs])]) if ser or h_refs else np.zeros(0)
+        self.x0v, self.x1v = _limits(all_x, spec.xlim, 0.0, False)
+        self.y0v, self.y1v = _limits(all_y, spec.ylim, 0.05, spec.log_y)
+        self.scale = SUPERSAMPLE * max(0.75, min(out_w, out_h * 1.5) / 760.0)
+        self.f_title, self.f_label, self.f_tick, self.f_leg = (_font(round(s * self.scale)) for s in (17, 14, 12, 13))
+        self.img = Image.new("RGB", (self.width, self.height), "white")
+        self.draw = ImageDraw.Draw(self.img)
+        self._ticks()
+        self._margins()
+
+    def d(self, v: float) -> int:
+        """A length given in output pixels, at the drawing scale."""
+        return max(1, round(v * self.scale))
+
+    def _ticks(self) -> None:
+        """The tick values and labels (computed first: their labels set the margins)."""
+        spec, draw = self.spec, self.draw
+        if spec.log_y:
+            self.yticks = _log_ticks(self.y0v, self.y1v)
+            self.ylabels = [f"{t:g}" for t in self.yticks]
         else:
-            colors.append(tuple(int(c) for c in s.color))
-    xs = [np.asarray(s.x, dtype=np.float64).ravel() for s in ser]
-    ys = [np.asarray(s.y, dtype=np.float64).ravel() for s in ser]
-    for s, x, y in zip(ser, xs, ys):
-        if x.shape != y.shape:
-            raise ValueError(f"line_plot: series {s.label!r} has {x.size} x values and {y.size} y values.")
-    all_x = np.concatenate(xs + [np.array([r.value for r in v_refs])]) if ser or v_refs else np.zeros(0)
-    all_y = np.concatenate(ys + [np.array([r.value for r in h_refs])]) if ser or h_refs else np.zeros(0)
-    x0v, x1v = _limits(all_x, xlim, 0.0, False)
-    y0v, y1v = _limits(all_y, ylim, 0.05, log_y)
+            self.yticks, ystep = nice_ticks(self.y0v, self.y1v, target=max(3, self.height // 80))
+            self.ylabels = [_fmt_tick(t, ystep) for t in self.yticks]
+        self.xticks, xstep = nice_ticks(self.x0v, self.x1v, target=max(3, self.width // 110))
+        self.xlabels = [_fmt_tick(t, xstep) for t in self.xticks]
+        self.tick_h = _text_size(draw, "0.9", self.f_tick)[1]
+        self.label_h = _text_size(draw, "Ag", self.f_label)[1]
+        self.ytw = max([_text_size(draw, s, self.f_tick)[0] for s in self.ylabels] + [10])
 
-    scale = SUPERSAMPLE * max(0.75, min(out_w, out_h * 1.5) / 760.0)
-    f_title, f_label, f_tick, f_leg = (_font(round(s * scale)) for s in (17, 14, 12, 13))
-    img = Image.new("RGB", (width, height), "white")
-    draw = ImageDraw.Draw(img)
+    def _margins(self) -> None:
+        """The legend box's size and the plot area's edges, on the output pixel grid."""
+        spec, draw, d = self.spec, self.draw, self.d
+        self.pad, self.tl, self.hair = d(8), d(5), SUPERSAMPLE  # padding, tick length, hairline width
+        pad, tl, hair = self.pad, self.tl, self.hair
+        corners = ("upper right", "upper left", "lower right", "lower left")
+        if spec.legend not in ("best", "none", "below", *corners):
+            raise ValueError(f"line_plot: legend must be best, below, none or one of {list(corners)}, "
+                             f"got {spec.legend!r}.")
+        self.show_legend = bool(self.ser) and spec.legend != "none"
+        self.sample = d(28)
+        self.row_h = _text_size(draw, "Ag", self.f_leg)[1] + d(8)
+        self.bw = pad + self.sample + pad + max([_text_size(draw, s.label, self.f_leg)[0] for s in self.ser] + [0]) + pad
+        self.bh = pad + self.row_h * len(self.ser) + pad // 2
+        self.below = self.bh + pad if self.show_legend and spec.legend == "below" else 0
+        left = pad + (self.label_h + pad if spec.ylabel else 0) + self.ytw + d(3) + tl + hair
+        right = self.width - d(24)
+        top = pad + (_text_size(draw, spec.title, self.f_title)[1] + pad if spec.title else 0)
+        if spec.top_ticks is not None:
+            top += self.tick_h + d(3) + tl + hair + (self.label_h + d(6) + pad if spec.top_label else 0)
+        else:
+            top += pad
+        bottom = self.height - (pad + hair + tl + d(3) + self.tick_h + (d(6) + pad + self.label_h if spec.xlabel else 0)
+                                + self.below)
+        ss = SUPERSAMPLE  # the plot area starts and ends on the output pixel grid: crisp frame and rules
+        left, top = -(-left // ss) * ss, -(-top // ss) * ss
+        right, bottom = left + (right - left + 1) // ss * ss - 1, top + (bottom - top + 1) // ss * ss - 1
+        if right - left < d(60) or bottom - top < d(60):
+            raise ValueError(f"line_plot: size {spec.size!r} leaves no room for the plot area; make it larger.")
+        self.left, self.top, self.right, self.bottom = left, top, right, bottom
+        self.pw, self.ph = right - left + 1, bottom - top + 1
 
-    # --- ticks (computed first: their labels set the margins)
-    if log_y:
-        yticks = _log_ticks(y0v, y1v)
-        ylabels = [f"{t:g}" for t in yticks]
-    else:
-        yticks, ystep = nice_ticks(y0v, y1v, target=max(3, height // 80))
-        ylabels = [_fmt_tick(t, ystep) for t in yticks]
-    xticks, xstep = nice_ticks(x0v, x1v, target=max(3, width // 110))
-    xlabels = [_fmt_tick(t, xstep) for t in xticks]
-    tick_h = _text_size(draw, "0.9", f_tick)[1]
-    label_h = _text_size(draw, "Ag", f_label)[1]
-    ytw = max([_text_size(draw, s, f_tick)[0] for s in ylabels] + [10])
+    def px(self, v):
+        return (np.asarray(v, dtype=np.float64) - self.x0v) / (self.x1v - self.x0v) * (self.pw - 1)
 
-    def d(v: float) -> int:  # a length given in output pixels, at the drawing scale
-        return max(1, round(v * scale))
-
-    pad, tl, hair = d(8), d(5), SUPERSAMPLE  # padding, tick length, hairline width
-    corners = ("upper right", "upper left", "lower right", "lower left")
-    if legend not in ("best", "none", "below", *corners):
-        raise ValueError(f"line_plot: legend must be best, below, none or one of {list(corners)}, got {legend!r}.")
-    show_legend = bool(ser) and legend != "none"
-    sample = d(28)
-    row_h = _text_size(draw, "Ag", f_leg)[1] + d(8)
-    bw = pad + sample + pad + max([_text_size(draw, s.label, f_leg)[0] for s in ser] + [0]) + pad
-    bh = pad + row_h * len(ser) + pad // 2
-    below = bh + pad if show_legend and legend == "below" else 0
-    left = pad + (label_h + pad if ylabel else 0) + ytw + d(3) + tl + hair
-    right = width - d(24)
-    top = pad + (_text_size(draw, title, f_title)[1] + pad if title else 0)
-    if top_ticks is not None:
-        top += tick_h + d(3) + tl + hair + (label_h + d(6) + pad if top_label else 0)
-    else:
-        top += pad
-    bottom = height - (pad + hair + tl + d(3) + tick_h + (d(6) + pad + label_h if xlabel else 0) + below)
-    ss = SUPERSAMPLE  # the plot area starts and ends on the output pixel grid: crisp frame and rules
-    left, top = -(-left // ss) * ss, -(-top // ss) * ss
-    right, bottom = left + (right - left + 1) // ss * ss - 1, top + (bottom - top + 1) // ss * ss - 1
-    if right - left < d(60) or bottom - top < d(60):
-        raise ValueError(f"line_plot: size {size!r} leaves no room for the plot area; make it larger.")
-    pw, ph = right - left + 1, bottom - top + 1
-
-    def px(v):
-        return (np.asarray(v, dtype=np.float64) - x0v) / (x1v - x0v) * (pw - 1)
-
-    def py(v):
+    def py(self, v):
         v = np.asarray(v, dtype=np.float64)
-        if log_y:
+        if self.spec.log_y:
             with np.errstate(divide="ignore", invalid="ignore"):
-                t = (np.log10(v) - math.log10(y0v)) / (math.log10(y1v) - math.log10(y0v))
+                t = (np.log10(v) - math.log10(self.y0v)) / (math.log10(self.y1v) - math.log10(self.y0v))
         else:
-            t = (v - y0v) / (y1v - y0v)
-        return (1.0 - t) * (ph - 1)
+            t = (v - self.y0v) / (self.y1v - self.y0v)
+        return (1.0 - t) * (self.ph - 1)
 
-    def gx(v) -> int:  # a plot-area column on the output pixel grid
-        return int(min(max(round(float(px(v)) / ss) * ss, 0), pw - ss))
+    def gx(self, v) -> int:
+        """A plot-area column on the output pixel grid."""
+        ss = SUPERSAMPLE
+        return int(min(max(round(float(self.px(v)) / ss) * ss, 0), self.pw - ss))
 
-    def gy(v) -> int:
-        return int(min(max(round(float(py(v)) / ss) * ss, 0), ph - ss))
+    def gy(self, v) -> int:
+        ss = SUPERSAMPLE
+        return int(min(max(round(float(self.py(v)) / ss) * ss, 0), self.ph - ss))
 
-    # --- the plot area, drawn on its own image so lines are clipped to it
-    area = Image.new("RGB", (pw, ph), "white")
-    ad = ImageDraw.Draw(area)
-    for t in xticks:
-        _vrule(ad, gx(t), 0, ph - 1, GRID_COLOR)
-    for t in yticks:
-        _hrule(ad, 0, pw - 1, gy(t), GRID_COLOR)
-    for r in h_refs:
-        _hrule(ad, 0, pw - 1, gy(r.value), r.color, dash=(d(7), d(4)))
-    for r in v_refs:
-        _vrule(ad, gx(r.value), 0, ph - 1, r.color, dash=(d(7), d(4)))
-    drawn_pts = []
-    for s, x, y, col in zip(ser, xs, ys, colors):
+    def render(self):
+        """(image, Layout, crowded: the best corner of the legend would hide part of a curve)."""
+        from PIL import Image, ImageDraw
+
+        self.area = Image.new("RGB", (self.pw, self.ph), "white")  # its own image: lines clipped to it
+        self.ad = ImageDraw.Draw(self.area)
+        drawn_pts = self._area()
+        legend_box, crowded = self._legend(drawn_pts) if self.show_legend else (None, False)
+        self.img.paste(self.area, (self.left, self.top))
+        self._axes()
+        img = self.img.reduce(SUPERSAMPLE) if SUPERSAMPLE > 1 else self.img
+        left, top, right, bottom = self.left, self.top, self.right, self.bottom
+        plot_box = (-(-left // SUPERSAMPLE), -(-top // SUPERSAMPLE), right // SUPERSAMPLE, bottom // SUPERSAMPLE)
+        return img, Layout(plot=plot_box, legend=legend_box, colors=self.colors), crowded
+
+    def _area(self) -> list[tuple[float, float]]:
+        """Grid, reference lines and curves in the plot area; returns points along the curves (for
+        the legend's placement)."""
+        ad, d, pw, ph = self.ad, self.d, self.pw, self.ph
+        for t in self.xticks:
+            _vrule(ad, self.gx(t), 0, ph - 1, GRID_COLOR)
+        for t in self.yticks:
+            _hrule(ad, 0, pw - 1, self.gy(t), GRID_COLOR)
+        for r in self.h_refs:
+            _hrule(ad, 0, pw - 1, self.gy(r.value), r.color, dash=(d(7), d(4)))
+        for r in self.v_refs:
+            _vrule(ad, self.gx(r.value), 0, ph - 1, r.color, dash=(d(7), d(4)))
+        drawn_pts: list[tuple[float, float]] = []
+        for s, x, y, col in zip(self.ser, self.xs, self.ys, self.colors):
+            self._curve(s, x, y, col, drawn_pts)
+        for r in self.h_refs:
+            if r.label:
+                yy = self.gy(r.value)
+                tw, th = _text_size(ad, r.label, self.f_tick)
+                ad.rectangle([d(4), yy - th - d(7), d(8) + tw, yy - d(3)], fill="white")
+                ad.text((d(6), yy - d(4)), r.label, fill=r.color, font=self.f_tick, anchor="ld")
+        for r in self.v_refs:
+            if r.label:
+                ad.text((self.gx(r.value) + d(4), ph - d(6)), r.label, fill=r.color, font=self.f_tick, anchor="ld")
+        return drawn_pts
+
+    def _curve(self, s: Series, x: np.ndarray, y: np.ndarray, col, drawn_pts: list) -> None:
+        """One series: lines between finite points (NaN breaks them), dots where asked or alone."""
+        ad, d = self.ad, self.d
         good = np.isfinite(x) & np.isfinite(y)
-        if log_y:
+        if self.spec.log_y:
             good &= y > 0
-        X, Y = px(x), py(y)
+        X, Y = self.px(x), self.py(y)
         runs = np.split(np.arange(x.size), np.flatnonzero(~good) + 1)
         lw = d(s.width)
         for run in runs:
@@ -312,27 +384,19 @@ def _render(series, title, xlabel, ylabel, hlines, vlines, xlim, ylim, log_y, si
                 for f in np.linspace(0, 1, 6):
                     drawn_pts.append((a_[0] + f * (b_[0] - a_[0]), a_[1] + f * (b_[1] - a_[1])))
             drawn_pts.extend(pts)
-    for r in h_refs:
-        if r.label:
-            yy = gy(r.value)
-            tw, th = _text_size(ad, r.label, f_tick)
-            ad.rectangle([d(4), yy - th - d(7), d(8) + tw, yy - d(3)], fill="white")
-            ad.text((d(6), yy - d(4)), r.label, fill=r.color, font=f_tick, anchor="ld")
-    for r in v_refs:
-        if r.label:
-            xx = gx(r.value)
-            ad.text((xx + d(4), ph - d(6)), r.label, fill=r.color, font=f_tick, anchor="ld")
 
-    # --- legend (inside the plot area, in the corner where the curves leave the most room)
-    legend_box, crowded = None, False
-    if show_legend:
+    def _legend(self, drawn_pts: list) -> tuple[tuple | None, bool]:
+        """The legend: inside the plot area in the corner where the curves leave the most room
+        ("best"), in a named corner, or below the x label. Returns (its box, crowded)."""
+        d, pad, bw, bh, pw, ph = self.d, self.pad, self.bw, self.bh, self.pw, self.ph
+        legend, crowded = self.spec.legend, False
         m = d(10)
         at = {"upper right": (pw - bw - m, m), "upper left": (m, m), "lower right": (pw - bw - m, ph - bh - m),
               "lower left": (m, ph - bh - m)}
         if legend == "below":  # under the x label, on the canvas (never hides a curve)
-            canvas, ox, oy, corner = draw, 0, 0, ((left + right - bw) // 2, height - pad - bh)
+            canvas, ox, oy, corner = self.draw, 0, 0, ((self.left + self.right - bw) // 2, self.height - pad - bh)
         elif legend == "best":
-            canvas, ox, oy = ad, left, top
+            canvas, ox, oy = self.ad, self.left, self.top
             pts = np.asarray(drawn_pts) if drawn_pts else np.zeros((0, 2))
 
             def crowd(c):
@@ -343,56 +407,58 @@ def _render(series, title, xlabel, ylabel, hlines, vlines, xlim, ylim, log_y, si
             corner = min(at.values(), key=crowd)  # dict order breaks ties: upper right first
             crowded = crowd(corner) > 0
         else:
-            canvas, ox, oy, corner = ad, left, top, at[legend]
+            canvas, ox, oy, corner = self.ad, self.left, self.top, at[legend]
         cx, cy = int(corner[0]), int(corner[1])
-        canvas.rectangle([cx, cy, cx + bw, cy + bh], fill="white", outline=(170, 170, 170), width=hair)
-        for i, (s, col) in enumerate(zip(ser, colors)):
-            ym = cy + pad + i * row_h + row_h // 2
+        canvas.rectangle([cx, cy, cx + bw, cy + bh], fill="white", outline=(170, 170, 170), width=self.hair)
+        sample = self.sample
+        for i, (s, col) in enumerate(zip(self.ser, self.colors)):
+            ym = cy + pad + i * self.row_h + self.row_h // 2
             if s.width > 0:
                 canvas.line([(cx + pad, ym), (cx + pad + sample, ym)], fill=col, width=d(3))
             if s.markers or s.width <= 0:
                 r = d(max(s.width, 2) + 1.5)
                 canvas.ellipse([cx + pad + sample // 2 - r, ym - r, cx + pad + sample // 2 + r, ym + r], fill=col)
-            canvas.text((cx + pad + sample + pad, ym), s.label, fill=TEXT_COLOR, font=f_leg, anchor="lm")
-        legend_box = tuple(v // SUPERSAMPLE for v in (ox + cx, oy + cy, ox + cx + bw, oy + cy + bh))
-    img.paste(area, (left, top))
+            canvas.text((cx + pad + sample + pad, ym), s.label, fill=TEXT_COLOR, font=self.f_leg, anchor="lm")
+        return tuple(v // SUPERSAMPLE for v in (ox + cx, oy + cy, ox + cx + bw, oy + cy + bh)), crowded
 
-    # --- frame, ticks and labels
-    draw.rectangle([left - hair, top - hair, right + hair, bottom + hair], outline=AXIS_COLOR, width=hair)
-    for t, lab in zip(xticks, xlabels):
-        xx = left + gx(t)
-        _vrule(draw, xx, bottom + 1, bottom + hair + tl, AXIS_COLOR)
-        draw.text((xx, bottom + hair + tl + d(3)), lab, fill=TEXT_COLOR, font=f_tick, anchor="mt")
-        if top_ticks is not None:
-            _vrule(draw, xx, top - hair - tl, top - 1, AXIS_COLOR)
-            try:
-                tlab = top_ticks(t)
-            except (ZeroDivisionError, ValueError, OverflowError):
-                tlab = ""
-            if tlab:
-                draw.text((xx, top - hair - tl - d(3)), tlab, fill=TEXT_COLOR, font=f_tick, anchor="mb")
-    for t, lab in zip(yticks, ylabels):
-        yy = top + gy(t)
-        _hrule(draw, left - hair - tl, left - 1, yy, AXIS_COLOR)
-        draw.text((left - hair - tl - d(3), yy), lab, fill=TEXT_COLOR, font=f_tick, anchor="rm")
-    cxp = (left + right) // 2
-    if xlabel:
-        draw.text((cxp, height - pad - below), xlabel, fill=TEXT_COLOR, font=f_label, anchor="md")
-    if title:
-        draw.text((width // 2, pad), title, fill=TEXT_COLOR, font=f_title, anchor="mt")
-    if top_ticks is not None and top_label:
-        draw.text((cxp, top - hair - tl - d(3) - tick_h - d(6)), top_label, fill=TEXT_COLOR, font=f_label,
-                  anchor="md")
-    if ylabel:
-        tw, th = _text_size(draw, ylabel, f_label)
-        lab = Image.new("L", (tw + d(4), th + d(6)), 0)
-        ImageDraw.Draw(lab).text((d(2), d(2)), ylabel, fill=255, font=f_label, anchor="lt")
-        lab = lab.rotate(90, expand=True)  # reads bottom to top, as y labels do
-        ink = Image.new("RGB", lab.size, TEXT_COLOR)
-        img.paste(ink, (pad, (top + bottom) // 2 - lab.size[1] // 2), lab)
-    img = img.reduce(SUPERSAMPLE) if SUPERSAMPLE > 1 else img
-    plot_box = (-(-left // SUPERSAMPLE), -(-top // SUPERSAMPLE), right // SUPERSAMPLE, bottom // SUPERSAMPLE)
-    return img, Layout(plot=plot_box, legend=legend_box, colors=colors), crowded
+    def _axes(self) -> None:
+        """The frame, the ticks and their labels, the axis labels and the title."""
+        from PIL import Image, ImageDraw
+
+        spec, draw, d = self.spec, self.draw, self.d
+        left, top, right, bottom, hair, tl, pad = self.left, self.top, self.right, self.bottom, self.hair, self.tl, self.pad
+        draw.rectangle([left - hair, top - hair, right + hair, bottom + hair], outline=AXIS_COLOR, width=hair)
+        for t, lab in zip(self.xticks, self.xlabels):
+            xx = left + self.gx(t)
+            _vrule(draw, xx, bottom + 1, bottom + hair + tl, AXIS_COLOR)
+            draw.text((xx, bottom + hair + tl + d(3)), lab, fill=TEXT_COLOR, font=self.f_tick, anchor="mt")
+            if spec.top_ticks is not None:
+                _vrule(draw, xx, top - hair - tl, top - 1, AXIS_COLOR)
+                try:
+                    tlab = spec.top_ticks(t)
+                except (ZeroDivisionError, ValueError, OverflowError):
+                    tlab = ""
+                if tlab:
+                    draw.text((xx, top - hair - tl - d(3)), tlab, fill=TEXT_COLOR, font=self.f_tick, anchor="mb")
+        for t, lab in zip(self.yticks, self.ylabels):
+            yy = top + self.gy(t)
+            _hrule(draw, left - hair - tl, left - 1, yy, AXIS_COLOR)
+            draw.text((left - hair - tl - d(3), yy), lab, fill=TEXT_COLOR, font=self.f_tick, anchor="rm")
+        cxp = (left + right) // 2
+        if spec.xlabel:
+            draw.text((cxp, self.height - pad - self.below), spec.xlabel, fill=TEXT_COLOR, font=self.f_label, anchor="md")
+        if spec.title:
+            draw.text((self.width // 2, pad), spec.title, fill=TEXT_COLOR, font=self.f_title, anchor="mt")
+        if spec.top_ticks is not None and spec.top_label:
+            draw.text((cxp, top - hair - tl - d(3) - self.tick_h - d(6)), spec.top_label, fill=TEXT_COLOR,
+                      font=self.f_label, anchor="md")
+        if spec.ylabel:
+            tw, th = _text_size(draw, spec.ylabel, self.f_label)
+            lab = Image.new("L", (tw + d(4), th + d(6)), 0)
+            ImageDraw.Draw(lab).text((d(2), d(2)), spec.ylabel, fill=255, font=self.f_label, anchor="lt")
+            lab = lab.rotate(90, expand=True)  # reads bottom to top, as y labels do
+            ink = Image.new("RGB", lab.size, TEXT_COLOR)
+            self.img.paste(ink, (pad, (top + bottom) // 2 - lab.size[1] // 2), lab)
 
 
 def line_plot(path: str | os.PathLike, series, title: str = "", xlabel: str = "", ylabel: str = "", *,

@@ -10,6 +10,7 @@ reports divergence), and metrics.json is strict JSON (non-finite numbers become 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import math
@@ -64,14 +65,25 @@ def _reason(exc: BaseException) -> str:
     return " ".join(str(exc).split())[:160] or type(exc).__name__
 
 
-def write_volumes(out_dir: Path, volume: np.ndarray, cfg, pixel_size: float, attrs: dict, stem: str = "volume",
-                  xzy: bool | None = None) -> tuple[dict[str, str], dict[str, str]]:
+@dataclasses.dataclass(frozen=True)
+class VolumeFiles:
+    """What a volume's files carry and are called: the voxel size (A), the attributes (HDF5),
+    the file stem, and whether an IMOD x-z-y copy is written (None: as output.imod_xzy says)."""
+
+    pixel_size: float
+    attrs: dict
+    stem: str = "volume"
+    xzy: bool | None = None
+
+
+def write_volumes(out_dir: Path, volume: np.ndarray, cfg, files: VolumeFiles) -> tuple[dict[str, str], dict[str, str]]:
     """Write every configured volume file (each atomically; names of :func:`volume_names`).
     Returns ({name: path}, {name: error})."""
     from fasttomo.data.io.volume import write_volume
 
     written, failed = {}, {}
-    for name in volume_names(cfg, stem, xzy):
+    pixel_size, attrs = files.pixel_size, files.attrs
+    for name in volume_names(cfg, files.stem, files.xzy):
         rotated = name.endswith("_xzy.mrc")
         fmt = "mrc" if rotated else {v: k for k, v in VOLUME_SUFFIX.items()}[name.rsplit(".", 1)[1]]
         try:
@@ -101,13 +113,13 @@ def save_checkpoint_file(path: Path, state: dict) -> tuple[str | None, str | Non
         return None, reason
 
 
-def rescue(volume: np.ndarray | None, state: dict | None, cfg, pixel_size: float,
-           need_volume: bool, need_checkpoint: bool) -> dict[str, str]:
-    """Write what the run folder refused (the checkpoint, one MRC volume) to a rescue folder;
-    returns {what: path} for what it saved there."""
+def rescue(volume: np.ndarray | None, state: dict | None, cfg, pixel_size: float, need: set[str]) -> dict[str, str]:
+    """Write what the run folder refused (``need``: "checkpoint", "volume": the checkpoint, one MRC
+    volume) to a rescue folder; returns {what: path} for what it saved there."""
     from fasttomo.data.io.volume import write_volume
 
     saved: dict[str, str] = {}
+    need_volume, need_checkpoint = "volume" in need, "checkpoint" in need
     if not (need_volume or need_checkpoint):
         return saved
     try:

@@ -18,12 +18,12 @@ from fasttomo.data.io.atomic import atomic_write
 from fasttomo.data.tiltseries import TiltSeries
 from fasttomo.quality.report import number_text
 from fasttomo.run.folder import OutputExistsError, OutputFolderError
-from fasttomo.run.outputs import (OutputWriteError, dumps, rescue, save_checkpoint_file, volume_names,
+from fasttomo.run.outputs import (OutputWriteError, VolumeFiles, dumps, rescue, save_checkpoint_file, volume_names,
                                   write_failure_message, write_volumes)
 
 log = logging.getLogger("fasttomo")
 
-__all__ = ["write_volumes"]
+__all__ = ["VolumeFiles", "write_volumes"]
 
 
 def planned_outputs(cfg: Config) -> list[str]:
@@ -84,8 +84,8 @@ def half_sets(run) -> tuple[dict | None, dict | None]:
         method.fit()
         vols[name] = method.export()[0]  # collective
         if place.main:
-            w, f = write_volumes(run.out_dir, vols[name], cfg, ts.pixel_size, {"run": cfg.name, "half_set": name},
-                                 stem=f"volume_{name}", xzy=False)
+            w, f = write_volumes(run.out_dir, vols[name], cfg, VolumeFiles(
+                ts.pixel_size, {"run": cfg.name, "half_set": name}, stem=f"volume_{name}", xzy=False))
             run.written.update(w)
             run.failed.update(f)
     if not place.main:
@@ -224,7 +224,10 @@ def write_problem(run):
         return (OutputWriteError, f"could not write {', '.join(f'{k} ({v})' for k, v in failed.items())} in "
                 f"{out_dir}; written: {', '.join(written) or 'nothing'}")
     no_volume = not any(k.startswith("volume") for k in written) and any(k.startswith("volume") for k in failed)
-    rescued = rescue(run.volume, run.state, run.cfg, run.ts.pixel_size, no_volume, "checkpoints/last.pt" in failed)
+    need = {"volume"} if no_volume else set()
+    if "checkpoints/last.pt" in failed:
+        need.add("checkpoint")
+    rescued = rescue(run.volume, run.state, run.cfg, run.ts.pixel_size, need)
     ckpt = written.get("checkpoints/last.pt") or rescued.get("checkpoint")
     hint = f"fasttomo-reconstruct resume={ckpt} hydra.run.dir=<a writable folder>" if ckpt else None
     return (OutputWriteError, write_failure_message(out_dir, failed, written, rescued, hint))

@@ -174,7 +174,7 @@ class Run:
             attrs = {"run": self.cfg.name, "config": to_dict(self.cfg), "units": "input stack units per voxel"}
             if self.finite:
                 self.written, self.failed = results.write_volumes(self.out_dir, self.volume, self.cfg,
-                                                                  self.ts.pixel_size, attrs)
+                                                                  results.VolumeFiles(self.ts.pixel_size, attrs))
             else:
                 log.error("the volume holds %d non-finite voxels (of %d); no volume file was written",
                           int((~np.isfinite(self.volume)).sum()), self.volume.size)

@@ -259,212 +259,246 @@ def _sync(dev: torch.device) -> None:
 def trace_volume(volume, voxel_size_A: float, prm: TraceParams | None = None,
                  device: str | torch.device = "cpu") -> TraceResult:
     """Trace the atoms of ``volume`` (Z, Y, X), voxel size in Angstrom (see the module doc)."""
-    prm = prm or TraceParams()
-    dev = torch.device(device)
-    t_start = time.perf_counter()
-    times: dict[str, float] = {}
+    return _Tracer(volume, voxel_size_A, prm or TraceParams(), torch.device(device)).run()
 
-    def lap(name: str, t0: float) -> float:
-        _sync(dev)
+
+class _Tracer:
+    """One tracing of a volume: the checked volume, its smoothed copy and threshold, the counts of
+    what each stage rejected, the seconds each stage took; :meth:`run` goes through the stages
+    (candidates, first fit, noise level, refinement, residual rounds, final fit, classes)."""
+
+    def __init__(self, volume, voxel_size_A: float, prm: TraceParams, dev: torch.device):
+        self.prm, self.dev = prm, dev
+        self.t_start = time.perf_counter()
+        self.times: dict[str, float] = {}
+        vol = torch.as_tensor(np.asarray(volume) if not isinstance(volume, torch.Tensor) else volume)
+        if vol.ndim != 3:
+            raise TraceError(f"the volume must be 3-D (Z, Y, X), got shape {tuple(vol.shape)}.")
+        if min(vol.shape) < 3:
+            raise TraceError(f"the volume (Z, Y, X) = {tuple(vol.shape)} is too small to trace (at least 3 voxels a "
+                             "side).")
+        vol = vol.to(device=dev, dtype=torch.float32).contiguous()
+        if not bool(torch.isfinite(vol).all()):
+            raise TraceError("the volume holds NaN or Inf voxels; fix or mask them (e.g. set them to 0) before "
+                             "tracing.")
+        if not (voxel_size_A > 0 and math.isfinite(voxel_size_A)):
+            raise TraceError(f"the voxel size must be a positive number of Angstrom, got {voxel_size_A!r}.")
+        self.vol, self.voxel_size_A = vol, voxel_size_A
+        self.shape = tuple(vol.shape)
+        self.vol_flat = vol.reshape(-1)
+        self.min_sep_vox = prm.min_separation_A / voxel_size_A
+        self.bounds = (0.5 * prm.sigma_range[0], 1.5 * prm.sigma_range[1])  # room to see a fit leave the range
+        self.snr_factor = smooth_noise_factor(float(prm.smooth), vol.dtype)
+        self.n = dict(screened=0, fit_failed=0, refit_failed=0, weak=0, merged=0, noise=0, residual=0)
+        self.noise = self.sm_noise = 0.0
+
+    def lap(self, name: str, t0: float) -> float:
+        _sync(self.dev)
         t = time.perf_counter()
-        times[name] = times.get(name, 0.0) + (t - t0)
+        self.times[name] = self.times.get(name, 0.0) + (t - t0)
         return t
 
-    vol = torch.as_tensor(np.asarray(volume) if not isinstance(volume, torch.Tensor) else volume)
-    if vol.ndim != 3:
-        raise TraceError(f"the volume must be 3-D (Z, Y, X), got shape {tuple(vol.shape)}.")
-    if min(vol.shape) < 3:
-        raise TraceError(f"the volume (Z, Y, X) = {tuple(vol.shape)} is too small to trace (at least 3 voxels a side).")
-    vol = vol.to(device=dev, dtype=torch.float32).contiguous()
-    if not bool(torch.isfinite(vol).all()):
-        raise TraceError("the volume holds NaN or Inf voxels; fix or mask them (e.g. set them to 0) before tracing.")
-    if not (voxel_size_A > 0 and math.isfinite(voxel_size_A)):
-        raise TraceError(f"the voxel size must be a positive number of Angstrom, got {voxel_size_A!r}.")
-    shape = tuple(vol.shape)
-    vol_flat = vol.reshape(-1)
-    min_sep_vox = prm.min_separation_A / voxel_size_A
+    def run(self) -> TraceResult:
+        t0 = time.perf_counter()
+        peaks = self._candidates()
+        t0 = self.lap("peaks_s", t0)
+        p, err, peaks_ok = self._first_fit(peaks)
+        t0 = self.lap("fit_s", t0)
+        peak_vals = self.sm[peaks_ok[:, 0], peaks_ok[:, 1], peaks_ok[:, 2]]
+        self._noise_level_of(p, peak_vals)
+        keep = self.significant(peak_vals)
+        p, err = self.clean(p[keep], err[keep])
+        t0 = self.lap("reject_merge_s", t0)
+        p, err, t0 = self.refine(p, err, int(self.prm.refine_rounds), t0)
+        p, err, t0 = self._residual_rounds(p, err, t0)
+        p, err = self._final_fit(p, err)
+        t0 = self.lap("final_fit_s", t0)
+        inten = intensity_of(p)
+        species, centres = self._classes(p, inten)
+        self.lap("classify_s", t0)
+        return self._result(p, err, inten, species, centres)
 
-    t0 = time.perf_counter()
-    sm = gaussian_smooth(vol, float(prm.smooth))
-    vmax = float(sm.max())
-    thr = float(prm.threshold_abs) if prm.threshold_abs is not None else prm.threshold * vmax
-    if prm.threshold_abs is None and not vmax > 0:
-        raise TraceError("the volume has no positive voxels, so there is nothing to trace (atoms are bright); invert "
-                         "the contrast first or give threshold_abs.")
-    peaks = find_peaks(sm, thr)
-    n_cand = int(peaks.shape[0])
-    if n_cand > prm.max_candidates:
-        raise TraceError(f"{n_cand} candidate peaks above the threshold {thr:.4g} (more than max_candidates="
-                         f"{prm.max_candidates}); the volume is probably noise at this threshold: raise threshold "
-                         "(a fraction of the smoothed maximum) or smooth.")
-    n_screened = 0
-    snr_factor = smooth_noise_factor(float(prm.smooth), vol.dtype)
-    if prm.min_snr > 0 and prm.screen > 0 and n_cand:
-        # A screen before any fit: on a noisy volume a low threshold admits tens of noise maxima per
-        # atom (10 % noise, threshold 0.1: 344k candidates for 10k atoms), and fitting them all
-        # took 90 % of the time. The volume's own robust spread bounds its noise level from above
-        # (atoms are a minority of the voxels); a candidate below `screen` x the final test's height
-        # by that bound cannot pass the final test unless the true noise is below `screen` x it.
-        sigma_pre = prefit_noise_level(vol)
-        keep = sm[peaks[:, 0], peaks[:, 1], peaks[:, 2]] >= prm.screen * prm.min_snr * sigma_pre * snr_factor
-        n_screened = int((~keep).sum())
-        peaks = peaks[keep]
-    t0 = lap("peaks_s", t0)
+    def _candidates(self) -> torch.Tensor:
+        """Maxima of the smoothed volume above the threshold, screened by a noise bound."""
+        prm, vol = self.prm, self.vol
+        self.sm = sm = gaussian_smooth(vol, float(prm.smooth))
+        self.vmax = float(sm.max())
+        self.thr = float(prm.threshold_abs) if prm.threshold_abs is not None else prm.threshold * self.vmax
+        if prm.threshold_abs is None and not self.vmax > 0:
+            raise TraceError("the volume has no positive voxels, so there is nothing to trace (atoms are bright); "
+                             "invert the contrast first or give threshold_abs.")
+        peaks = find_peaks(sm, self.thr)
+        self.n_cand = int(peaks.shape[0])
+        if self.n_cand > prm.max_candidates:
+            raise TraceError(f"{self.n_cand} candidate peaks above the threshold {self.thr:.4g} (more than "
+                             f"max_candidates={prm.max_candidates}); the volume is probably noise at this threshold: "
+                             "raise threshold (a fraction of the smoothed maximum) or smooth.")
+        if prm.min_snr > 0 and prm.screen > 0 and self.n_cand:
+            # A screen before any fit: on a noisy volume a low threshold admits tens of noise maxima per
+            # atom (10 % noise, threshold 0.1: 344k candidates for 10k atoms), and fitting them all
+            # took 90 % of the time. The volume's own robust spread bounds its noise level from above
+            # (atoms are a minority of the voxels); a candidate below `screen` x the final test's height
+            # by that bound cannot pass the final test unless the true noise is below `screen` x it.
+            sigma_pre = prefit_noise_level(vol)
+            keep = sm[peaks[:, 0], peaks[:, 1], peaks[:, 2]] >= prm.screen * prm.min_snr * sigma_pre * self.snr_factor
+            self.n["screened"] = int((~keep).sum())
+            peaks = peaks[keep]
+        return peaks
 
-    bounds = (0.5 * prm.sigma_range[0], 1.5 * prm.sigma_range[1])  # room to see a fit leave the range
-    p0 = initial_params(vol, peaks, prm.sigma_range)
-    p, err, base = _fit(vol_flat, shape, p0, prm.fit_radius, prm.fit_iterations, sigma_bounds=bounds)
-    ok = _valid(p, err, base, prm, shape)
-    if bool(ok.any()) and not bool(ok.all()):
-        # a second start for the failed ones: the typical width of the good fits, the peak's amplitude
-        retry = p0[~ok].clone()
-        s_med = p[ok, 4].median()
-        retry[:, 3] = retry[:, 3] * torch.exp(-0.5 * ((retry[:, :3] - torch.round(retry[:, :3])) ** 2).sum(-1)
-                                              / retry[:, 4] ** 2)
-        retry[:, 4] = s_med
-        q, e, b = _fit(vol_flat, shape, retry, prm.fit_radius, prm.fit_iterations, sigma_bounds=bounds)
-        idx = torch.nonzero(~ok).flatten()
-        p[idx], err[idx], base[idx] = q, e, b
+    def _first_fit(self, peaks: torch.Tensor):
+        """A Gaussian fitted at every candidate (a second start for the failed ones); returns the
+        valid fits, their errors and their peaks."""
+        prm, vol_flat, shape = self.prm, self.vol_flat, self.shape
+        p0 = initial_params(self.vol, peaks, prm.sigma_range)
+        p, err, base = _fit(vol_flat, shape, p0, prm.fit_radius, prm.fit_iterations, sigma_bounds=self.bounds)
         ok = _valid(p, err, base, prm, shape)
-    n_fit_failed = int((~ok).sum())
-    p, err, peaks_ok = p[ok], err[ok], peaks[ok]
-    t0 = lap("fit_s", t0)
-    n_weak = n_merged = 0
+        if bool(ok.any()) and not bool(ok.all()):
+            # a second start for the failed ones: the typical width of the good fits, the peak's amplitude
+            retry = p0[~ok].clone()
+            s_med = p[ok, 4].median()
+            retry[:, 3] = retry[:, 3] * torch.exp(-0.5 * ((retry[:, :3] - torch.round(retry[:, :3])) ** 2).sum(-1)
+                                                  / retry[:, 4] ** 2)
+            retry[:, 4] = s_med
+            q, e, b = _fit(vol_flat, shape, retry, prm.fit_radius, prm.fit_iterations, sigma_bounds=self.bounds)
+            idx = torch.nonzero(~ok).flatten()
+            p[idx], err[idx], base[idx] = q, e, b
+            ok = _valid(p, err, base, prm, shape)
+        self.n["fit_failed"] = int((~ok).sum())
+        return p[ok], err[ok], peaks[ok]
 
-    noise = 0.0
-    n_noise = 0
+    def _noise_level_of(self, p: torch.Tensor, peak_vals: torch.Tensor) -> None:
+        """The noise level (robust spread of what the fitted candidates leave unexplained) and,
+        through the smoothing kernel, that of the smoothed volume: a candidate must stand min_snr
+        of it tall. Twice: on a noisy volume a low threshold admits thousands of noise maxima whose
+        fits absorb part of the noise (10 % noise, threshold 0.1: 7 % low), so the estimate is
+        redone from the residual of the candidates that pass the first one."""
+        prm = self.prm
+        self.noise = self.noise_level(p)
+        if prm.min_snr > 0 and p.shape[0]:
+            first = peak_vals >= prm.min_snr * self.noise * self.snr_factor
+            if bool(first.any()) and not bool(first.all()):
+                self.noise = self.noise_level(p[first])
+        self.sm_noise = self.noise * self.snr_factor
 
-    def noise_level(p):
+    def noise_level(self, p: torch.Tensor) -> float:
         if p.shape[0] == 0:
             return 0.0
-        resid = vol_flat - model_of(p)
+        resid = self.vol_flat - self.model_of(p)
         sample = resid[:: max(1, resid.numel() // 4_000_000)]
         return float(1.4826 * (sample - sample.median()).abs().median())
 
-    def clean(p, err, weak: bool = False):
-        """The weak test (final stage only: the intensity of a free-width fit is too noisy to
-        judge by) and duplicate merging."""
-        nonlocal n_weak, n_merged
-        if weak:
-            strong = _reject_weak(intensity_of(p), prm)
-            n_weak += int((~strong).sum())
-            p, err = p[strong], err[strong]
-        keep = greedy_suppress(p[:, :3], p[:, 3], min_sep_vox)
-        n_merged += int((~keep).sum())
-        return p[keep], err[keep]
-
-    def model_of(p):
+    def model_of(self, p: torch.Tensor) -> torch.Tensor:
+        prm = self.prm
         rr = max(prm.fit_radius, int(math.ceil(4.0 * float(p[:, 4].max()))))
-        return render(shape, p[:, :3], p[:, 3], p[:, 4], radius=min(rr, prm.fit_radius + 6)).reshape(-1)
+        return render(self.shape, p[:, :3], p[:, 3], p[:, 4], radius=min(rr, prm.fit_radius + 6)).reshape(-1)
 
-    # the noise level (robust spread of what the fitted candidates leave unexplained) and, through
-    # the smoothing kernel, that of the smoothed volume: a candidate must stand min_snr of it tall.
-    # Twice: on a noisy volume a low threshold admits thousands of noise maxima whose fits absorb
-    # part of the noise (10 % noise, threshold 0.1: 7 % low), so the estimate is redone from the
-    # residual of the candidates that pass the first one.
-    peak_vals = sm[peaks_ok[:, 0], peaks_ok[:, 1], peaks_ok[:, 2]]
-    noise = noise_level(p)
-    if prm.min_snr > 0 and p.shape[0]:
-        first = peak_vals >= prm.min_snr * noise * snr_factor
-        if bool(first.any()) and not bool(first.all()):
-            noise = noise_level(p[first])
-    sm_noise = noise * snr_factor
-
-    def significant(p, peak_vals):
-        nonlocal n_noise
-        keep = peak_vals >= prm.min_snr * sm_noise
-        n_noise += int((~keep).sum())
+    def significant(self, peak_vals: torch.Tensor) -> torch.Tensor:
+        keep = peak_vals >= self.prm.min_snr * self.sm_noise
+        self.n["noise"] += int((~keep).sum())
         return keep
 
-    keep = significant(p, peak_vals)
-    p, err = p[keep], err[keep]
-    p, err = clean(p, err)
-    t0 = lap("reject_merge_s", t0)
-    n_refit_failed = 0
+    def clean(self, p: torch.Tensor, err: torch.Tensor, weak: bool = False):
+        """The weak test (final stage only: the intensity of a free-width fit is too noisy to
+        judge by) and duplicate merging."""
+        if weak:
+            strong = _reject_weak(intensity_of(p), self.prm)
+            self.n["weak"] += int((~strong).sum())
+            p, err = p[strong], err[strong]
+        keep = greedy_suppress(p[:, :3], p[:, 3], self.min_sep_vox)
+        self.n["merged"] += int((~keep).sum())
+        return p[keep], err[keep]
 
-    def refine(p, err, rounds, t0):
-        nonlocal n_refit_failed
+    def refine(self, p: torch.Tensor, err: torch.Tensor, rounds: int, t0: float):
+        """Refits of every atom against the model of all the others, then cleaning; ``rounds`` times."""
+        prm = self.prm
         for _ in range(rounds):
             if p.shape[0] == 0:
                 break
-            p_new, err_new, base = _fit(vol_flat, shape, p, prm.fit_radius, max(4, prm.fit_iterations // 2),
-                                        model_of(p), sigma_bounds=bounds)
-            ok = _valid(p_new, err_new, base, prm, shape)
-            n_refit_failed += int((~ok).sum())
+            p_new, err_new, base = _fit(self.vol_flat, self.shape, p, prm.fit_radius, max(4, prm.fit_iterations // 2),
+                                        self.model_of(p), sigma_bounds=self.bounds)
+            ok = _valid(p_new, err_new, base, prm, self.shape)
+            self.n["refit_failed"] += int((~ok).sum())
             p, err = p_new[ok], err_new[ok]
-            t0 = lap("refine_s", t0)
-            p, err = clean(p, err)
-            t0 = lap("reject_merge_s", t0)
+            t0 = self.lap("refine_s", t0)
+            p, err = self.clean(p, err)
+            t0 = self.lap("reject_merge_s", t0)
         return p, err, t0
 
-    p, err, t0 = refine(p, err, int(prm.refine_rounds), t0)
-    n_residual = 0
-    for _ in range(int(prm.residual_rounds)):
-        # atoms hidden on the shoulder of a stronger neighbour make no maximum of their own: look for
-        # maxima of what the fitted atoms leave unexplained, farther than min_separation from every atom
-        if p.shape[0] == 0:
-            break
-        resid = (vol_flat - model_of(p)).view(shape)
-        sm_resid = gaussian_smooth(resid, float(prm.smooth))
-        cand = find_peaks(sm_resid, thr)
-        cand = cand[significant(None, sm_resid[cand[:, 0], cand[:, 1], cand[:, 2]])]
-        if cand.shape[0]:
-            near, _, _ = pairs_within(cand.to(p.dtype), p[:, :3], min_sep_vox)
-            far = torch.ones(cand.shape[0], dtype=torch.bool, device=dev)
-            far[near] = False
-            cand = cand[far]
-        t0 = lap("residual_s", t0)
-        if cand.shape[0] == 0:
-            break
-        n_residual += int(cand.shape[0])
-        p = torch.cat([p, initial_params(resid, cand, prm.sigma_range)])
-        err = torch.cat([err, torch.zeros(cand.shape[0], dtype=err.dtype, device=dev)])
-        p, err, t0 = refine(p, err, max(1, int(prm.refine_rounds)), t0)
-    # Final fit with every atom's width held at the median width: the amplitude is then a linear,
-    # low-noise measure of the atom's weight (a free width makes A sigma^3 noisy), and the noise
-    # level of the volume (the robust spread of what the atoms leave unexplained) rejects atoms
-    # whose amplitude it could explain.
-    if p.shape[0]:
-        s_med = p[:, 4].median()
-        p[:, 4] = s_med
-        p, err, base = _fit(vol_flat, shape, p, prm.fit_radius, max(4, prm.fit_iterations // 2), model_of(p),
-                            sigma_bounds=bounds, fix_sigma=True)
-        ok = _valid(p, err, base, prm, shape)
-        n_refit_failed += int((~ok).sum())
-        p, err = p[ok], err[ok]
+    def _residual_rounds(self, p: torch.Tensor, err: torch.Tensor, t0: float):
+        """Atoms hidden on the shoulder of a stronger neighbour make no maximum of their own: look
+        for maxima of what the fitted atoms leave unexplained, farther than min_separation from
+        every atom, and refine with them."""
+        prm, shape, dev = self.prm, self.shape, self.dev
+        for _ in range(int(prm.residual_rounds)):
+            if p.shape[0] == 0:
+                break
+            resid = (self.vol_flat - self.model_of(p)).view(shape)
+            sm_resid = gaussian_smooth(resid, float(prm.smooth))
+            cand = find_peaks(sm_resid, self.thr)
+            cand = cand[self.significant(sm_resid[cand[:, 0], cand[:, 1], cand[:, 2]])]
+            if cand.shape[0]:
+                near, _, _ = pairs_within(cand.to(p.dtype), p[:, :3], self.min_sep_vox)
+                far = torch.ones(cand.shape[0], dtype=torch.bool, device=dev)
+                far[near] = False
+                cand = cand[far]
+            t0 = self.lap("residual_s", t0)
+            if cand.shape[0] == 0:
+                break
+            self.n["residual"] += int(cand.shape[0])
+            p = torch.cat([p, initial_params(resid, cand, prm.sigma_range)])
+            err = torch.cat([err, torch.zeros(cand.shape[0], dtype=err.dtype, device=dev)])
+            p, err, t0 = self.refine(p, err, max(1, int(prm.refine_rounds)), t0)
+        return p, err, t0
+
+    def _final_fit(self, p: torch.Tensor, err: torch.Tensor):
+        """Final fit with every atom's width held at the median width: the amplitude is then a
+        linear, low-noise measure of the atom's weight (a free width makes A sigma^3 noisy), and
+        the noise level of the volume (the robust spread of what the atoms leave unexplained)
+        rejects atoms whose amplitude it could explain."""
+        prm = self.prm
         if p.shape[0]:
-            p, err = clean(p, err, weak=True)
-    t0 = lap("final_fit_s", t0)
-    inten = intensity_of(p)
-    centres = None
-    if prm.classes >= 2:
+            s_med = p[:, 4].median()
+            p[:, 4] = s_med
+            p, err, base = _fit(self.vol_flat, self.shape, p, prm.fit_radius, max(4, prm.fit_iterations // 2),
+                                self.model_of(p), sigma_bounds=self.bounds, fix_sigma=True)
+            ok = _valid(p, err, base, prm, self.shape)
+            self.n["refit_failed"] += int((~ok).sum())
+            p, err = p[ok], err[ok]
+            if p.shape[0]:
+                p, err = self.clean(p, err, weak=True)
+        return p, err
+
+    def _classes(self, p: torch.Tensor, inten: torch.Tensor):
+        """(species 1..classes, class centres or None) by k-means on the intensities."""
+        prm = self.prm
+        if prm.classes < 2:
+            return torch.ones(p.shape[0], dtype=torch.long, device=self.dev), None
         if p.shape[0] < prm.classes:
             raise TraceError(f"classes={prm.classes} species asked for but only {p.shape[0]} atoms were traced; lower "
                              "classes or check the threshold.")
         lab, centres = kmeans_1d(inten, prm.classes)
-        species = lab + 1
-    else:
-        species = torch.ones(p.shape[0], dtype=torch.long, device=dev)
-    t0 = lap("classify_s", t0)
-    total = time.perf_counter() - t_start
-    stats = {
-        "n_atoms": int(p.shape[0]), "n_candidates": n_cand, "threshold": thr,
-        "threshold_source": "threshold_abs" if prm.threshold_abs is not None else f"{prm.threshold} x smoothed max",
-        "smoothed_max": vmax, "rejected_fit": n_fit_failed + n_refit_failed, "rejected_weak": n_weak,
-        "merged_duplicates": n_merged, "residual_candidates": n_residual, "rejected_noise": n_noise,
-        "screened_before_fit": n_screened,
-        "noise_level": noise, "min_separation_voxels": min_sep_vox, "device": str(dev),
-        "seconds": total, "seconds_by_step": times,
-    }
-    if centres is not None:
-        stats["class_centres_intensity"] = centres.cpu().tolist()
-        stats["class_counts"] = torch.bincount(species - 1, minlength=prm.classes).cpu().tolist()
-    if p.shape[0]:
-        stats["sigma_voxels_median"] = float(p[:, 4].median())
-        stats["fit_error_median"] = float(err.median())
-    order = torch.argsort(p[:, 0] * shape[1] * shape[2] + p[:, 1] * shape[2] + p[:, 2])  # a stable, readable order
-    p, err, inten, species = p[order], err[order], inten[order], species[order]
-    cpu = lambda t: t.detach().double().cpu().numpy()  # noqa: E731
-    return TraceResult(zyx=cpu(p[:, :3]), amplitude=cpu(p[:, 3]), sigma=cpu(p[:, 4]), background=cpu(p[:, 5]),
-                       intensity=cpu(inten), fit_error=cpu(err), species=species.cpu().numpy().astype(np.int64),
-                       voxel_size_A=float(voxel_size_A), stats=stats)
+        return lab + 1, centres
+
+    def _result(self, p, err, inten, species, centres) -> TraceResult:
+        prm, n, shape = self.prm, self.n, self.shape
+        stats = {
+            "n_atoms": int(p.shape[0]), "n_candidates": self.n_cand, "threshold": self.thr,
+            "threshold_source": "threshold_abs" if prm.threshold_abs is not None else f"{prm.threshold} x smoothed max",
+            "smoothed_max": self.vmax, "rejected_fit": n["fit_failed"] + n["refit_failed"], "rejected_weak": n["weak"],
+            "merged_duplicates": n["merged"], "residual_candidates": n["residual"], "rejected_noise": n["noise"],
+            "screened_before_fit": n["screened"],
+            "noise_level": self.noise, "min_separation_voxels": self.min_sep_vox, "device": str(self.dev),
+            "seconds": time.perf_counter() - self.t_start, "seconds_by_step": self.times,
+        }
+        if centres is not None:
+            stats["class_centres_intensity"] = centres.cpu().tolist()
+            stats["class_counts"] = torch.bincount(species - 1, minlength=prm.classes).cpu().tolist()
+        if p.shape[0]:
+            stats["sigma_voxels_median"] = float(p[:, 4].median())
+            stats["fit_error_median"] = float(err.median())
+        order = torch.argsort(p[:, 0] * shape[1] * shape[2] + p[:, 1] * shape[2] + p[:, 2])  # a stable, readable order
+        p, err, inten, species = p[order], err[order], inten[order], species[order]
+        cpu = lambda t: t.detach().double().cpu().numpy()  # noqa: E731
+        return TraceResult(zyx=cpu(p[:, :3]), amplitude=cpu(p[:, 3]), sigma=cpu(p[:, 4]), background=cpu(p[:, 5]),
+                           intensity=cpu(inten), fit_error=cpu(err), species=species.cpu().numpy().astype(np.int64),
+                           voxel_size_A=float(self.voxel_size_A), stats=stats)
