@@ -280,7 +280,8 @@ class _Plot:
         self.show_legend = bool(self.ser) and spec.legend != "none"
         self.sample = d(28)
         self.row_h = _text_size(draw, "Ag", self.f_leg)[1] + d(8)
-        self.bw = pad + self.sample + pad + max([_text_size(draw, s.label, self.f_leg)[0] for s in self.ser] + [0]) + pad
+        label_w = max([_text_size(draw, s.label, self.f_leg)[0] for s in self.ser] + [0])
+        self.bw = pad + self.sample + pad + label_w + pad
         self.bh = pad + self.row_h * len(self.ser) + pad // 2
         self.below = self.bh + pad if self.show_legend and spec.legend == "below" else 0
         left = pad + (self.label_h + pad if spec.ylabel else 0) + self.ytw + d(3) + tl + hair
@@ -426,7 +427,8 @@ class _Plot:
         from PIL import Image, ImageDraw
 
         spec, draw, d = self.spec, self.draw, self.d
-        left, top, right, bottom, hair, tl, pad = self.left, self.top, self.right, self.bottom, self.hair, self.tl, self.pad
+        left, top, right, bottom = self.left, self.top, self.right, self.bottom
+        hair, tl, pad = self.hair, self.tl, self.pad
         draw.rectangle([left - hair, top - hair, right + hair, bottom + hair], outline=AXIS_COLOR, width=hair)
         for t, lab in zip(self.xticks, self.xlabels):
             xx = left + self.gx(t)
@@ -446,7 +448,8 @@ class _Plot:
             draw.text((left - hair - tl - d(3), yy), lab, fill=TEXT_COLOR, font=self.f_tick, anchor="rm")
         cxp = (left + right) // 2
         if spec.xlabel:
-            draw.text((cxp, self.height - pad - self.below), spec.xlabel, fill=TEXT_COLOR, font=self.f_label, anchor="md")
+            draw.text((cxp, self.height - pad - self.below), spec.xlabel, fill=TEXT_COLOR, font=self.f_label,
+                      anchor="md")
         if spec.title:
             draw.text((self.width // 2, pad), spec.title, fill=TEXT_COLOR, font=self.f_title, anchor="mt")
         if spec.top_ticks is not None and spec.top_label:

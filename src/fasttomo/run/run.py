@@ -29,7 +29,8 @@ from fasttomo.run.folder import OutputExistsError, OutputFolderError, RunFolder
 from fasttomo.run.methods import make_method
 from fasttomo.run.place import Place
 from fasttomo.run.stop import RunInterrupted, StopRequests, signal_name
-from fasttomo.train.distributed import broadcast_object, destroy_distributed, dist_info, init_distributed, is_distributed
+from fasttomo.train.distributed import (broadcast_object, destroy_distributed, dist_info, init_distributed,
+                                        is_distributed)
 
 log = logging.getLogger("fasttomo")
 
