@@ -51,6 +51,7 @@ class Run:
         self.out_dir = out_dir
         self.resume_cmd = f"fasttomo-reconstruct resume={out_dir} hydra.run.dir={out_dir}"
         self.stop = StopRequests(world_size=world)
+        self.resume_path = None
         self.folder: RunFolder | None = None
         self.handler: logging.Handler | None = None
         self.method = None
@@ -63,6 +64,7 @@ class Run:
         self.failed: dict = {}
         self.metrics: dict = {}
         self.state: dict | None = None
+        self.half_curves: dict | None = None
 
     # ------------------------------------------------------------------------------ the whole run
     def execute(self) -> dict:
@@ -155,6 +157,7 @@ class Run:
             self.handler = add_file_log(path, overwrite=True, append=self.folder.continuing)
         except OSError as exc:
             self.folder.finish("failed", error=f"cannot write the log: {exc}")
+            self.folder = None  # closed: the error goes to the console only
             raise OutputFolderError(f"cannot write {path} ({exc.strerror or exc}); choose a folder you can "
                                     "write to.") from None
         if buffer is not None:
@@ -191,7 +194,6 @@ class Run:
             self.metrics = self.method.summary(self.volume)
             self.metrics["status"] = ("interrupted" if self.interrupted else "finished") if self.finite else "diverged"
             self.method.scores(self.metrics, self.exported_step)
-        self.half_curves = None
         if self.finite and not self.interrupted and self.cfg.evaluation.half_sets:
             halves, self.half_curves = results.half_sets(self)
             if self.main:
