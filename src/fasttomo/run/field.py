@@ -12,9 +12,17 @@ import numpy as np
 import torch
 
 from fasttomo.config import Config, ConfigError
+from fasttomo.data.io.poses import read_poses_json
+from fasttomo.geometry.alignment import pose_errors
+from fasttomo.methods.field.projector import predict_views
+from fasttomo.quality.metrics import volume_metrics
 from fasttomo.quality.report import number_text
+from fasttomo.quality.scoring import holdout_scores, view_residuals
 from fasttomo.run.build import build, make_trainer
+from fasttomo.run.outputs import save_checkpoint_file
 from fasttomo.run.place import Place
+from fasttomo.run.preflight import check_free_space
+from fasttomo.train.guard import DivergenceError
 
 log = logging.getLogger("fasttomo")
 
@@ -47,13 +55,9 @@ class FieldMethod:
         log.info("resumed from %s at step %d of %d", source, self.trainer.step, self.cfg.optim.steps)
 
     def check_space(self, out_dir) -> None:
-        from fasttomo.run.preflight import check_free_space
-
         check_free_space(out_dir, self.cfg, self.comps, self.trainer.step)
 
     def fit(self) -> None:
-        from fasttomo.train.guard import DivergenceError
-
         trainer, stop = self.trainer, self.stop
         self.steps_before, self.seconds_before = trainer.step, trainer.train_seconds
         if stop is None:
@@ -72,7 +76,6 @@ class FieldMethod:
 
     def _divergence_hint(self) -> str:
         """Saves the last good state when it is newer than the start; says how to continue."""
-        from fasttomo.run.outputs import save_checkpoint_file
 
         good = self.trainer.guard.rolled_back_to
         hint = " Nothing was learned before the divergence: run again with lower learning rates."
@@ -127,9 +130,6 @@ class FieldMethod:
             metrics["view_residuals"] = self._view_residuals()
 
     def _holdout(self) -> dict:
-        from fasttomo.methods.field.projector import predict_views
-        from fasttomo.quality.scoring import holdout_scores
-
         comps, hold = self.comps, self.hold
         with self.trainer.exported_field():
             pred = predict_views(comps.projector, hold.angles)
@@ -140,8 +140,6 @@ class FieldMethod:
         return scores
 
     def _view_residuals(self) -> dict:
-        from fasttomo.quality.scoring import view_residuals
-
         with self.trainer.exported_field():
             vr = view_residuals(self.comps.projector, self.ts, self.comps.sampler.scale)
         worst = ", ".join(f"{v} ({number_text(vr['pearson'][vr['view_numbers'].index(v)])})"
@@ -154,7 +152,6 @@ class FieldMethod:
 def truth_probe(ts):
     """The Trainer's probe: the current field against the ground truth (Pearson only; collective
     under DDP, scores on rank 0)."""
-    from fasttomo.quality.metrics import volume_metrics
 
     def probe(trainer) -> dict:
         volume = trainer.export_volume()
@@ -166,8 +163,6 @@ def truth_probe(ts):
 
 def _pose_errors(learned: dict, path: str, ts) -> dict:
     """Learned poses against a poses file, matched by 1-based view number."""
-    from fasttomo.data.io.poses import read_poses_json
-    from fasttomo.geometry.alignment import pose_errors
 
     true = read_poses_json(path)
     n_file = len(true["tilt_deg"])

@@ -16,10 +16,16 @@ from fasttomo import timeline
 from fasttomo.config import Config, ConfigError
 from fasttomo.data.io.atomic import atomic_write
 from fasttomo.data.tiltseries import TiltSeries
-from fasttomo.quality.report import number_text
+from fasttomo.quality.plots import fsc_plot, line_plot
+from fasttomo.quality.report import (add_to_tensorboard, loss_series, number_text, report_image, save_png, slice_panel,
+                                     summary_lines)
+from fasttomo.quality.scoring import pair_fsc, truth_scores
 from fasttomo.run.folder import OutputExistsError, OutputFolderError
+from fasttomo.run.methods import make_method
 from fasttomo.run.outputs import (OutputWriteError, VolumeFiles, dumps, rescue, save_checkpoint_file, volume_names,
                                   write_failure_message, write_volumes)
+from fasttomo.run.stop import RunInterrupted
+from fasttomo.train.guard import DivergenceError
 
 log = logging.getLogger("fasttomo")
 
@@ -46,7 +52,6 @@ def write_text(path: Path, text: str, overwrite: bool = True) -> None:
 def slices_png(path: Path, volume: np.ndarray, pixel_size: float, truth: np.ndarray | None, overwrite: bool):
     """slices.png: the central slices in three planes with a scale bar and a colour bar; a second
     row shows the ground truth (report.slice_panel). Returns the image."""
-    from fasttomo.quality.report import save_png, slice_panel
 
     img = slice_panel(volume, pixel_size, truth)
     save_png(path, img, overwrite=overwrite)
@@ -68,9 +73,6 @@ def half_sets(run) -> tuple[dict | None, dict | None]:
     by the run's method, their volumes written as volume_even.* / volume_odd.*, and their FSC
     (rank 0; None elsewhere). Each half gets its own seed, so the two share no initial noise that
     the data does not overwrite. Collective under DDP."""
-    from fasttomo.quality.plots import fsc_plot
-    from fasttomo.quality.scoring import pair_fsc
-    from fasttomo.run.methods import make_method
 
     cfg, ts, place = run.cfg, run.ts, run.place
     vols = {}
@@ -142,8 +144,6 @@ def _pictures(run) -> None:
     report.png, which holds them all (and the half-set FSC, the quality curve and the learned
     poses when they exist) and goes into TensorBoard too (rank 0); a picture that cannot be
     written is recorded in ``run.failed``."""
-    from fasttomo.quality.plots import fsc_plot
-    from fasttomo.quality.scoring import truth_scores
 
     cfg, out_dir, volume, ts, metrics = run.cfg, run.out_dir, run.volume, run.ts, run.metrics
     curves = None
@@ -169,7 +169,6 @@ def _pictures(run) -> None:
 
 def _report_png(run, title: str, truth, curves) -> None:
     """report.png, and the same picture into TensorBoard."""
-    from fasttomo.quality.report import add_to_tensorboard, report_image, save_png
 
     ts, metrics = run.ts, run.metrics
     try:
@@ -198,8 +197,6 @@ def _shown_path(path: Path) -> str:
 
 def _loss_plot(path: Path, metrics: dict, overwrite: bool) -> None:
     """loss.png: the training loss and the validation loss (held-out pixels) against the step."""
-    from fasttomo.quality.plots import line_plot
-    from fasttomo.quality.report import loss_series
 
     series = loss_series(metrics)
     if series:
@@ -210,7 +207,6 @@ def write_problem(run):
     """(error class, message) when results are missing (rank 0), else None: a non-finite volume is a
     divergence; failed writes are rescued where possible and reported with what was saved where (a
     method without a checkpoint: what was written)."""
-    from fasttomo.train.guard import DivergenceError
 
     written, failed, out_dir = run.written, run.failed, run.out_dir
     if not run.finite:
@@ -235,7 +231,6 @@ def write_problem(run):
 
 def closing_summary(cfg: Config, out_dir: Path, metrics: dict) -> None:
     """The last lines of a finished run: folder, files and sizes, time, speed, quality, how to look."""
-    from fasttomo.quality.report import summary_lines
 
     try:
         lines = summary_lines(out_dir, metrics, cfg.logging.tensorboard)
@@ -265,8 +260,6 @@ def log_failure(exc: BaseException, handler: logging.Handler | None) -> None:
     """The run's error into reconstruct.log (and the console): one line for the errors fasttomo
     explains (the entry point then does not repeat it), the traceback -- into the file only, the
     entry point prints it -- for anything else."""
-    from fasttomo.run.stop import RunInterrupted
-    from fasttomo.train.guard import DivergenceError
 
     known = (*user_errors(), DivergenceError, OutputWriteError, RunInterrupted)
     if isinstance(exc, known):

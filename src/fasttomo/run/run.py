@@ -23,14 +23,19 @@ import torch
 import yaml
 
 from fasttomo.config import Config, ConfigError, to_dict, upgrade
+from fasttomo.data.load import load_tiltseries
 from fasttomo.logging import add_file_log, quiet_other_ranks, restore_ranks
+from fasttomo.quality.scoring import attach_truth, split_holdout
 from fasttomo.run import results
 from fasttomo.run.folder import OutputExistsError, OutputFolderError, RunFolder
 from fasttomo.run.methods import make_method
 from fasttomo.run.place import Place
+from fasttomo.run.resume import refuse_immutable, warn_changes
 from fasttomo.run.stop import RunInterrupted, StopRequests, signal_name
+from fasttomo.train.checkpoint import find_checkpoint, load_checkpoint
 from fasttomo.train.distributed import (broadcast_object, destroy_distributed, dist_info, init_distributed,
                                         is_distributed)
+from fasttomo.train.guard import DivergenceError
 
 log = logging.getLogger("fasttomo")
 
@@ -97,7 +102,6 @@ class Run:
     def _failed(self, exc: BaseException) -> None:
         if not (self.main and self.folder is not None):
             return  # refused before the folder was opened: nothing was written, the entry point says why
-        from fasttomo.train.guard import DivergenceError
 
         status = ("interrupted" if isinstance(exc, (RunInterrupted, KeyboardInterrupt))
                   else "diverged" if isinstance(exc, DivergenceError) else "failed")
@@ -110,8 +114,6 @@ class Run:
         """Every input check, before anything is written: the resume checkpoint read and verified
         (every rank reads it, to the CPU), the data read, validated and split (truth attached,
         held-out views set aside), the method made and the checkpoint loaded into it."""
-        from fasttomo.data.load import load_tiltseries
-        from fasttomo.quality.scoring import attach_truth, split_holdout
 
         cfg = self.cfg
         resume_path, resume_state = _read_resume(cfg)
@@ -244,8 +246,6 @@ def _runtime_settings(cfg: Config) -> bool:
 def _read_resume(cfg: Config):
     """(checkpoint path, its state) of ``resume=``, refusing what a continuation cannot change
     and warning about the settings that differ; (None, None) without a resume."""
-    from fasttomo.run.resume import refuse_immutable, warn_changes
-    from fasttomo.train.checkpoint import find_checkpoint, load_checkpoint
 
     if not cfg.resume:
         return None, None
