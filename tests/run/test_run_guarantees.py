@@ -219,18 +219,24 @@ def test_two_runs_started_at_once_into_one_folder_one_is_refused_even_with_overw
 
 
 # ----------------------------------------------------------------------------------- case 5
-def test_failed_run_logs_its_error_and_does_not_block_the_rerun(tmp_path):
+def test_failed_run_logs_its_error_and_does_not_block_the_rerun(tmp_path, monkeypatch):
+    """A run that fails after its folder was opened (here: too little free space; refused input
+    leaves no folder at all) logs the error, and a rerun into the folder is not blocked."""
+    import fasttomo.run.preflight as pf
+
+    usage = namedtuple("usage", "total used free")
     out = tmp_path / "run"
-    res = cli([*TINY_RUN, "optim.steps=2", "data=mrc", f"data.path={tmp_path / 'missing.mrc'}", f"hydra.run.dir={out}"],
-              tmp_path)
-    assert res.returncode == 2
+    with monkeypatch.context() as m:
+        m.setattr(pf.shutil, "disk_usage", lambda p: usage(10 ** 9, 10 ** 9 - 5000, 5000))
+        with pytest.raises(OutputFolderError):
+            run(compose_config([*TINY, "optim.steps=2", f"output.dir={out}"]))
     logged = (out / "reconstruct.log").read_text()
-    assert "[ERROR]" in logged and "missing.mrc: file not found" in logged
+    assert "[ERROR]" in logged and "has 5 kB free" in logged
     assert strict_json(out / "manifest.json")["status"] == "failed"
     again = cli([*TINY, "optim.steps=2", f"hydra.run.dir={out}"], tmp_path)
     assert again.returncode == 0, again.stdout + again.stderr
     log_text = (out / "reconstruct.log").read_text()
-    assert "held a failed run without results (its error:" in log_text and "missing.mrc" in log_text
+    assert "held a failed run without results (its error:" in log_text and "has 5 kB free" in log_text
 
 
 def test_killed_run_without_results_does_not_block_and_its_lock_is_taken_over(tmp_path):
