@@ -1,4 +1,4 @@
-"""``model.kind`` -> the reconstruction method a run fits, the one table that tells them apart:
+"""``model.kind`` -> the reconstruction method a run fits (the table that picks it):
 SIRT (``model=sirt``, fasttomo.methods.sirt.method.SirtMethod), otherwise a neural field
 (fasttomo.run.field.FieldMethod). The dry run picks its estimate the same way
 (fasttomo.run.preflight.dry_run)."""
