@@ -1,6 +1,6 @@
 """Analytic ellipsoid phantoms: exact projections, anti-aliased ground truth, a default specimen.
 
-Geometry (DESIGN.md, "Conventions that must not drift"):
+Geometry (README "Geometry conventions"):
   * Physical coordinates are centred and in voxel units (voxel = pixel size). A phantom box of
     shape (Z, Y, X) spans |x| <= X/2, |y| <= Y/2, |z| <= Z/2; voxel (k, i, j) has its centre at
     x = j - (X-1)/2, y = i - (Y-1)/2, z = k - (Z-1)/2.
