@@ -19,9 +19,11 @@ tilts the whole specimen: one value for every view only turns the volume about X
 comes out as IMOD's, un-tilted about X: level it with IMOD's rotatevol if needed); values that
 differ between views are refused.
 
-Binning: the files are in pixels of the raw stack; with ``data.binning = b`` a raw shift s
-becomes (s + c) / b in binned pixels, c = ((W - b floor(W/b)) / 2, (H - b floor(H/b)) / 2) (the
-binning drops trailing rows and columns). ``data.crop`` and ``data.tilt_axis_angle`` change the
+Binning: the files are in pixels of the raw stack; with ``data.binning = b`` the volume is the
+one of the aligned stack binned the same way (its centre at the binned image's centre), and a raw
+shift s becomes (s + (I - Rz(z3)) c) / b in binned pixels, where c = ((W - b floor(W/b)) / 2,
+(H - b floor(H/b)) / 2) is the offset of the binned image's centre (the binning drops trailing
+rows and columns): a raw position r is b r_b - c. ``data.crop`` and ``data.tilt_axis_angle`` change the
 image frame and are refused with these files (the alignment already holds the tilt-axis
 rotation).
 
@@ -91,9 +93,15 @@ def aln_to_xf(rot_deg: np.ndarray, gmag: np.ndarray, shifts: np.ndarray) -> np.n
 
 
 def bin_offset(width: int, height: int, binning: int) -> np.ndarray:
-    """c of the module docstring: (2,) raw pixels from the raw centre to the binned image's."""
+    """c of the module docstring: (2,) raw pixels from the binned image's centre to the raw one's."""
     b = int(binning)
     return np.array([(width - b * (width // b)) / 2.0, (height - b * (height // b)) / 2.0])
+
+
+def _centre_term(z3_deg: np.ndarray, width: int, height: int, binning: int) -> np.ndarray:
+    """(n, 2) raw pixels (I - Rz(z3)) c of the binning (module docstring); zero without binning."""
+    c = bin_offset(width, height, binning)
+    return c - (rot2(z3_deg) @ c[:, None])[..., 0]
 
 
 def _check_count(k: int, n: int, path: str, what: str) -> None:
@@ -200,7 +208,7 @@ def view_poses(metadata: dict, view_numbers=None) -> dict | None:
         raise DataFileError(f"{fa['source']}: no alignment for view(s) {missing} (1-based; left out by the alignment "
                             f"program); add them to data.exclude_views, e.g. data.exclude_views={missing}.")
     b = int(fa["binning"])
-    shifts = (raw + bin_offset(fa["raw_width"], fa["raw_height"], b)) / b
+    shifts = (raw + _centre_term(z3, fa["raw_width"], fa["raw_height"], b)) / b
     return {"z1_deg": np.zeros(len(numbers)).tolist(), "z3_deg": z3.tolist(), "shift_u_px": shifts[:, 0].tolist(),
             "shift_v_px": shifts[:, 1].tolist()}
 
@@ -235,7 +243,7 @@ def file_alignment_of(poses: dict, metadata: dict, height: int, width: int) -> d
     idx = np.asarray(metadata.get("view_numbers") or range(1, n_views + 1), dtype=int) - 1
     learned = np.stack((np.asarray(poses["shift_u_px"]), np.asarray(poses["shift_v_px"])), -1).astype(np.float64)
     z3[idx] = np.asarray(poses["z3_deg"], dtype=np.float64)
-    shifts[idx] = learned * b - bin_offset(rf["width"], rf["height"], b)
+    shifts[idx] = learned * b - _centre_term(z3[idx], rf["width"], rf["height"], b)
     tilt[idx] = np.asarray(poses["tilt_deg"], dtype=np.float64)
     z1 = np.abs(np.asarray(poses.get("z1_deg", [0.0]), dtype=np.float64))
     if z1.max() > 0.01:
