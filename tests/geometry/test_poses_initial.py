@@ -35,6 +35,7 @@ def test_every_view_starts_at_its_initial_pose_the_reference_included():
     d = poses.describe()
     assert d["z3_deg"] == pytest.approx(INITIAL["z3_deg"], abs=1e-5)
     assert d["shift_u_px"] == pytest.approx(INITIAL["shift_u_px"]) and d["shift_v_px"][2] == pytest.approx(-1.5)
+    assert d["max_abs_inplane_deg"] == pytest.approx(0.0, abs=1e-4) and d["max_abs_shift_px"] == pytest.approx(0.0)
 
 
 def test_refinement_learns_a_correction_and_reports_the_sum():
@@ -50,6 +51,7 @@ def test_refinement_learns_a_correction_and_reports_the_sum():
     d = poses.describe()
     assert d["shift_u_px"][2] == pytest.approx(0.5) and d["shift_v_px"][2] == pytest.approx(-1.5)
     assert d["z3_deg"][0] == pytest.approx(11.0, abs=1e-4)
+    assert d["max_abs_inplane_deg"] == pytest.approx(1.0, abs=1e-4)  # how far it moved, not where it is
     # the volume translation t of the gauge undoes the reference's correction alone
     t = poses.gauge_translation()
     r_ref = _rz(math.radians(12.0)) @ _ry(0.0)

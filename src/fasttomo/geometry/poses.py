@@ -198,8 +198,10 @@ class Poses(torch.nn.Module):
             "z3_deg": (z3 * deg).tolist(),
             "shift_u_px": shifts[:, 0].tolist(),
             "shift_v_px": shifts[:, 1].tolist(),
-            "max_abs_inplane_deg": float(((z1.abs() + z3.abs()) * deg).max()),
-            "max_abs_shift_px": float(shifts.abs().max()),
+            # how far the poses moved from where they started (the initial poses, or zero)
+            "max_abs_inplane_deg": float((((z1 - self.base_z1.double().cpu()).abs()
+                                           + (z3 - self.base_z3.double().cpu()).abs()) * deg).max()),
+            "max_abs_shift_px": float((shifts - self.base_shifts.double().cpu()).abs().max()),
             "tilt_axis_deg": float(self.axis.detach().double().cpu()) * deg,
         }
 
