@@ -141,3 +141,15 @@ def test_written_back_files_list_every_section(stack):
     np.testing.assert_allclose(back, np.stack((poses["shift_u_px"], poses["shift_v_px"]), -1), atol=2e-3)
     with pytest.raises(Exception, match="exists"):
         write_alignment_files(stack / "out", poses, ts.metadata, ts.height, ts.width)  # never overwrites
+
+
+@pytest.mark.slow
+def test_cli_names_a_bad_alignment_file_in_one_line_and_exits_2(stack):
+    from cli_helpers import cli
+
+    bad = _xf(stack, mats=[1.03 * rot(0.0)] * N)
+    proc = cli(["data=mrc", f"data.path={stack / 's.mrc'}", f"data.angles={stack / 's.tlt'}", f"data.xf={bad}",
+                "model=sirt", "runtime=cpu", f"hydra.run.dir={stack / 'run'}"], stack, timeout=300)
+    assert proc.returncode == 2
+    lines = [ln for ln in proc.stderr.splitlines() if "tolerance 0.5%" in ln]
+    assert len(lines) == 1 and bad in lines[0] and "MagOption 0" in lines[0]

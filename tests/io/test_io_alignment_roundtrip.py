@@ -6,7 +6,8 @@ following each format's definition (align_helpers), and
  * SIRT of the raw stack with the file gives the volume SIRT gives of the stack aligned first
    (newstack -xf applied to the images), also binned;
  * a fit that refines the poses from the file writes them back as poses.xf / .tlt / .aln, which
-   read back to the poses of metrics.json and reconstruct the same volume again."""
+   read back to the poses of metrics.json and reconstruct the same volume again (a refined
+   phantom run writes them too)."""
 
 from __future__ import annotations
 
@@ -16,11 +17,12 @@ import mrcfile
 import numpy as np
 import pytest
 from align_helpers import newstack_xf, rot, write_aln, write_xf
-from cli_helpers import TINY_RUN
+from cli_helpers import TINY, TINY_RUN
 from io_helpers import write_raw_mrc, write_tlt
 
 from fasttomo.cli.reconstruct import compose_config, run
 from fasttomo.data.io.alignment import xf_to_poses
+from fasttomo.data.io.aretomo import read_aln
 from fasttomo.data.io.imod import read_xf
 from fasttomo.data.phantom import default_phantom, project, random_pose_errors
 
@@ -102,3 +104,16 @@ def test_learned_poses_written_back_read_and_applied_again(series, tmp_path):
     again_aln = _sirt(d, "again_aln", "raw.mrc", f"data.aln={out / 'poses.aln'}")
     assert _pearson(again, first) > 0.97
     assert _pearson(again_aln, again) > 0.999
+
+
+def test_a_refined_phantom_run_writes_its_poses_for_imod_and_aretomo(tmp_path):
+    out = tmp_path / "run"
+    metrics = run(compose_config([*TINY, "optim.steps=8", "pose=refine", "pose.start_step=0", "output.formats=[mrc]",
+                                  f"output.dir={out}"]))
+    z3, shifts = xf_to_poses(read_xf(out / "poses.xf"), "poses.xf")
+    np.testing.assert_allclose(z3, metrics["poses"]["z3_deg"], atol=1e-4)
+    np.testing.assert_allclose(shifts, np.stack((metrics["poses"]["shift_u_px"], metrics["poses"]["shift_v_px"]), -1),
+                               atol=2e-3)
+    aln = read_aln(out / "poses.aln")
+    assert aln.raw_size == (24, 20, 15)
+    np.testing.assert_allclose(aln.column("TILT"), np.linspace(-60.0, 60.0, 15), atol=1e-3)

@@ -48,3 +48,4 @@ def test_half_volumes_are_mrc_even_when_the_formats_are_not(tmp_path):
                         "output.half_volumes=true", "output.formats=[h5]", f"output.dir={out}"]))
     assert sorted(p.name for p in out.glob("volume*")) == ["volume.h5", "volume_even.h5", "volume_even.mrc",
                                                          "volume_odd.h5", "volume_odd.mrc"]
+
