@@ -127,7 +127,7 @@ def test_written_back_files_list_every_section(stack):
     ts = _load(stack, xf=_xf(stack), exclude_views=[5], binning=3)
     poses = {"tilt_deg": ts.angles.tolist(), "z1_deg": [0.0] * 4, "z3_deg": [1.0, 2.0, 3.0, 4.0],
              "shift_u_px": [0.5, 0.0, -0.5, 1.0], "shift_v_px": [0.0, 0.25, 0.0, -1.0], "reference_index": 2}
-    paths = write_alignment_files(stack / "out", poses, ts.metadata, ts.height, ts.width)
+    paths = write_alignment_files(stack / "out", poses, ts.metadata, (ts.height, ts.width))
     assert [p.rsplit(".", 1)[1] for p in paths] == ["xf", "tlt", "aln"]
     z3, shifts = xf_to_poses(read_xf(stack / "out.xf"), "out.xf")
     assert z3.shape == (N,) and read_aln(stack / "out.aln").raw_size == (W, H, N)
@@ -140,7 +140,7 @@ def test_written_back_files_list_every_section(stack):
     back = (shifts[:4] + _centre_term(z3[:4], W, H, 3)) / 3
     np.testing.assert_allclose(back, np.stack((poses["shift_u_px"], poses["shift_v_px"]), -1), atol=2e-3)
     with pytest.raises(Exception, match="exists"):
-        write_alignment_files(stack / "out", poses, ts.metadata, ts.height, ts.width)  # never overwrites
+        write_alignment_files(stack / "out", poses, ts.metadata, (ts.height, ts.width))  # never overwrites
 
 
 @pytest.mark.slow

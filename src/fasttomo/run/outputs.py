@@ -187,7 +187,8 @@ def write_pose_files(out_dir: Path, poses: dict, ts, written: dict, failed: dict
     from fasttomo.data.io.alignment import write_alignment_files
 
     try:
-        paths = write_alignment_files(out_dir / "poses", poses, ts.metadata, ts.height, ts.width, overwrite=True)
+        paths = write_alignment_files(out_dir / "poses", poses, ts.metadata, (ts.height, ts.width),
+                                      overwrite=True)
     except ValueError as exc:
         log.info("poses: no .xf/.tlt/.aln written: %s.", exc)
         return

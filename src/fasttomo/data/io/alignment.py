@@ -222,14 +222,14 @@ def raw_frame(cfg, n: int, height: int, width: int, angles: np.ndarray) -> dict:
             "tilt_axis_angle": float(cfg.tilt_axis_angle)}
 
 
-def file_alignment_of(poses: dict, metadata: dict, height: int, width: int) -> dict:
+def file_alignment_of(poses: dict, metadata: dict, shape_hw: tuple[int, int]) -> dict:
     """Per section of the stack file, in file order: ``z3_deg`` (N,), ``shifts`` (N, 2) raw pixels,
     ``tilt_deg`` (N,) and ``raw_size`` (W, H, N), from a run's pose dict (``Poses.describe()``,
     the series' views in prepared pixels). Sections the run did not use keep the input file's
     alignment (none: identity) and the file's tilt angle. Raises ValueError with the reason when
     the prepared frame is not the file's up to binning (data.crop, data.tilt_axis_angle)."""
     n_views = len(poses["tilt_deg"])
-    rf = metadata.get("raw_frame") or {"width": width, "height": height, "n": n_views, "binning": 1,
+    rf = metadata.get("raw_frame") or {"width": shape_hw[1], "height": shape_hw[0], "n": n_views, "binning": 1,
                                        "tilt_deg": list(poses["tilt_deg"])}
     if rf.get("crop") or rf.get("tilt_axis_angle"):
         raise ValueError("the images were cropped or rotated (data.crop, data.tilt_axis_angle), so the poses do not "
@@ -252,16 +252,16 @@ def file_alignment_of(poses: dict, metadata: dict, height: int, width: int) -> d
     return {"z3_deg": z3, "shifts": shifts, "tilt_deg": tilt, "raw_size": (int(rf["width"]), int(rf["height"]), n)}
 
 
-def write_alignment_files(base: str | os.PathLike, poses: dict, metadata: dict, height: int, width: int,
+def write_alignment_files(base: str | os.PathLike, poses: dict, metadata: dict, shape_hw: tuple[int, int],
                           overwrite: bool = False) -> list[str]:
     """Write ``<base>.xf``, ``<base>.tlt`` and ``<base>.aln`` for the stack file (see
     :func:`file_alignment_of`; each atomically). Returns the paths."""
     from fasttomo.data.io.aretomo import write_aln
     from fasttomo.data.io.imod import write_tilt_file, write_xf
 
-    fa = file_alignment_of(poses, metadata, height, width)
+    fa = file_alignment_of(poses, metadata, shape_hw)
     base = os.fspath(base)
     return [write_xf(base + ".xf", poses_to_xf(fa["z3_deg"], fa["shifts"]), overwrite=overwrite),
             write_tilt_file(base + ".tlt", fa["tilt_deg"], overwrite=overwrite),
-            write_aln(base + ".aln", -fa["z3_deg"], fa["shifts"], fa["tilt_deg"], fa["raw_size"],
+            write_aln(base + ".aln", np.column_stack((-fa["z3_deg"], fa["shifts"], fa["tilt_deg"])), fa["raw_size"],
                       overwrite=overwrite)]

@@ -97,12 +97,13 @@ def read_aln(path: str | os.PathLike) -> AlnFile:
                    alpha, beta, patches)
 
 
-def write_aln(path: str | os.PathLike, rot_deg: np.ndarray, shifts: np.ndarray, tilt_deg: np.ndarray,
-              raw_size: tuple[int, int, int], overwrite: bool = False) -> str:
-    """Write a global-only .aln for every section of a raw stack of ``raw_size`` (W, H, N): ROT,
-    TX, TY ((N, 2) pixels) and TILT per section, GMAG 1, SEC numbered from 1."""
-    rot_deg, tilt_deg = np.asarray(rot_deg, dtype=np.float64), np.asarray(tilt_deg, dtype=np.float64)
-    shifts = np.asarray(shifts, dtype=np.float64).reshape(-1, 2)
+def write_aln(path: str | os.PathLike, table: np.ndarray, raw_size: tuple[int, int, int],
+              overwrite: bool = False) -> str:
+    """Write a global-only .aln for every section of a raw stack of ``raw_size`` (W, H, N):
+    ``table`` (N, 4) holds ROT (degrees), TX, TY (pixels) and TILT (degrees) per section; GMAG 1,
+    SEC numbered from 1."""
+    table = np.asarray(table, dtype=np.float64).reshape(-1, 4)
+    rot_deg, shifts, tilt_deg = table[:, 0], table[:, 1:3], table[:, 3]
     lines = ["# AreTomo Alignment / Priims bprmMn (written by fasttomo)",
              f"# RawSize = {raw_size[0]} {raw_size[1]} {raw_size[2]}", "# NumPatches = 0",
              "# AlphaOffset =     0.00", "# BetaOffset =     0.00",
