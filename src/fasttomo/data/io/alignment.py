@@ -173,10 +173,9 @@ def read_file_alignment(cfg, n: int, height: int, width: int) -> tuple[dict, np.
         path = os.fspath(cfg.aln)
         xf, tilts, xtilt = _read_aln(path, n, width, height)
         fmt = "aretomo"
-    ok = np.isfinite(xf).all(axis=1)
-    z3 = np.full(n, np.nan)
-    shifts = np.full((n, 2), np.nan)
-    z3[ok], shifts[ok] = xf_to_poses(xf[ok], path)
+    ok = np.isfinite(xf).all(axis=1)  # NaN: a section AreTomo left out (checked with the views used)
+    z3, shifts = xf_to_poses(np.where(ok[:, None], xf, [1.0, 0.0, 0.0, 1.0, 0.0, 0.0]), path)
+    z3[~ok], shifts[~ok] = np.nan, np.nan
     _check_shifts(shifts, width, height, path)
     if cfg.xtilt:
         xtilt = _read_xtilt(os.fspath(cfg.xtilt), n)
