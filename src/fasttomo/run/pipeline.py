@@ -6,8 +6,9 @@ can be used, remove an earlier run's files when allowed, manifest; see runfolder
 read/simulate the tilt series (evaluation.truth attached, evaluation.holdout_views set aside) ->
 build -> check the free disk space -> train (SIGINT/SIGTERM stop after the current step, see
 stop.py) -> export the volume (the best-validation field with optim.keep_best; sharded over ranks,
-gathered on rank 0) -> volume files -> checkpoint -> (evaluation.half_sets: the even and the odd
-views fitted apart, their volumes and FSC) -> slices.png, loss.png, fsc_*.png -> metrics.json,
+gathered on rank 0) -> volume files -> checkpoint -> (pose=refine: poses.xf/.tlt/.aln) ->
+(evaluation.half_sets or output.half_volumes: the even and the odd views fitted apart, their
+volumes and FSC) -> slices.png, loss.png, fsc_*.png -> metrics.json,
 last (rank 0 only; the other ranks write nothing). model=sirt replaces build/train/checkpoint by
 the SIRT baseline (conventional/baseline.py). Every file is written atomically. A failure to write one result keeps the others
 and the error says what was saved where (outputs.py). An error at any point goes into
