@@ -246,6 +246,17 @@ class FileDataConfig(DataConfig):
     angles: Optional[str] = None
     """Angle file (.rawtlt/.tlt one angle per line in degrees, or SerialEM .mdoc). None: take the
     angles from the stack file itself (MRC extended header, HDF5 dataset); TIFF needs one."""
+    xf: Optional[str] = None
+    """IMOD .xf (or .prexg) alignment of the raw stack (one A11 A12 A21 A22 DX DY line per section):
+    read as each view's initial in-plane rotation and shift, applied as newstack -xf would; with
+    pose=refine, refined from there (fasttomo.data.io.alignment; docs/alignment.md). Give the
+    refined tilts (.tlt) as data.angles. None: no file alignment."""
+    aln: Optional[str] = None
+    """AreTomo .aln alignment of the raw stack (ROT, TX, TY per section; its TILT column gives the
+    angles unless data.angles is set): like data.xf. None: no file alignment."""
+    xtilt: Optional[str] = None
+    """IMOD .xtilt (X-axis tilt per section) going with data.xf: one value for the whole series is
+    accepted (the volume comes out un-tilted about X), values that differ are refused."""
     exclude_views: list = dataclasses.field(default_factory=list)
     """1-based view numbers to drop before anything else (as IMOD's -EXCLUDELIST)."""
     binning: int = 1
@@ -291,6 +302,7 @@ class FileDataConfig(DataConfig):
         _choice(self.nonfinite, ("reject", "mask"), "data.nonfinite")
         _require(isinstance(self.check_angle_units, bool), "data.check_angle_units",
                  f"must be true or false, got {self.check_angle_units!r}.")
+        self._check_alignment_files()
         if self.crop is not None:
             _require(len(self.crop) == 4 and all(isinstance(v, int) and v >= 0 for v in self.crop), "data.crop",
                      f"must be [y0, y1, x0, x1] of integers >= 0, got {self.crop!r}.")
@@ -303,6 +315,18 @@ class FileDataConfig(DataConfig):
         if self.intensity_offset is not None:
             _require(math.isfinite(self.intensity_offset), "data.intensity_offset",
                      f"must be a finite number, got {self.intensity_offset!r}.")
+
+
+    def _check_alignment_files(self) -> None:
+        _require(not (self.xf and self.aln), "data.xf/data.aln",
+                 "give one alignment of the raw stack: an IMOD .xf or an AreTomo .aln, not both.")
+        _require(not self.xtilt or bool(self.xf), "data.xtilt",
+                 "is IMOD's X-axis tilt of an .xf alignment: set data.xf too (or leave data.xtilt unset).")
+        if self.xf or self.aln:
+            _require(not self.tilt_axis_angle, "data.tilt_axis_angle",
+                     "must be 0 with data.xf/data.aln: the alignment already turns the tilt axis onto Y.")
+            _require(self.crop is None, "data.crop",
+                     "must be null with data.xf/data.aln: they align the whole raw image (crop the volume after).")
 
 
 @dataclasses.dataclass
@@ -943,6 +967,11 @@ class OutputConfig:
     """Volume files to write: any of mrc, h5, tiff."""
     imod_xzy: bool = False
     """Also write the volume in IMOD's un-rotated XZY orientation (as before trimvol -rx)."""
+    half_volumes: bool = False
+    """Fit the even and the odd views apart and write the two half tomograms volume_even.mrc and
+    volume_odd.mrc (the full volume's header and orientation; also in the other output.formats)
+    for denoisers (cryoCARE, IsoNet, DeepDeWedge); their FSC goes into report.png and
+    metrics.json half_sets, as with evaluation.half_sets=true."""
     overwrite: bool = False
     """Replace the results of an earlier run in the folder: every file that run wrote (listed in
     its manifest.json) is removed before anything is written. Other files are kept."""

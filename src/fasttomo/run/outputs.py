@@ -150,3 +150,51 @@ def write_failure_message(out_dir: Path, failed: dict[str, str], kept: dict[str,
     if resume_hint:
         fix += f", then write the results again without training: {resume_hint}"
     return "; ".join(parts) + f". {fix[0].upper()}{fix[1:]}."
+
+
+def half_volume_names(cfg, stem: str) -> list[str]:
+    """The files of one half tomogram: those of output.formats, plus MRC with output.half_volumes
+    (what denoisers read); never the XZY copy."""
+    names = volume_names(cfg, stem, xzy=False)
+    if cfg.output.half_volumes and f"{stem}.mrc" not in names:
+        names.append(f"{stem}.mrc")
+    return names
+
+
+def write_half_volume(out_dir: Path, volume: np.ndarray, cfg, pixel_size: float,
+                      half: str) -> tuple[dict[str, str], dict[str, str]]:
+    """Write the ``half`` (even or odd) tomogram as ``volume_<half>.*`` (:func:`half_volume_names`)
+    with the full volume's header: its voxel size, label and orientation. Returns ({name: path},
+    {name: error})."""
+    from fasttomo.data.io.volume import write_volume
+
+    written, failed = {}, {}
+    for name in half_volume_names(cfg, f"volume_{half}"):
+        fmt = {v: k for k, v in VOLUME_SUFFIX.items()}[name.rsplit(".", 1)[1]]
+        try:
+            written[name] = write_volume(out_dir / name, volume, pixel_size, label=f"fasttomo run {cfg.name}",
+                                         attrs={"run": cfg.name, "half_set": half}, fmt=fmt, overwrite=True)
+        except OSError as exc:
+            failed[name] = _reason(exc)
+            log.error("could not write %s (%s)", out_dir / name, failed[name])
+    return written, failed
+
+
+def write_pose_files(out_dir: Path, poses: dict, ts, written: dict, failed: dict) -> None:
+    """The run's poses as IMOD and AreTomo files for the stack file (poses.xf, poses.tlt, poses.aln;
+    fasttomo.data.io.alignment), recorded in ``written`` / ``failed``; a series whose images were
+    cropped or rotated is skipped with a log line."""
+    from fasttomo.data.io.alignment import write_alignment_files
+
+    try:
+        paths = write_alignment_files(out_dir / "poses", poses, ts.metadata, (ts.height, ts.width),
+                                      overwrite=True)
+    except ValueError as exc:
+        log.info("poses: no .xf/.tlt/.aln written: %s.", exc)
+        return
+    except OSError as exc:
+        failed["poses.xf"] = _reason(exc)
+        log.error("could not write the pose files in %s (%s)", out_dir, failed["poses.xf"])
+        return
+    written.update({os.path.basename(p): p for p in paths})
+    log.info("poses written for IMOD and AreTomo: %s", ", ".join(paths))

@@ -6,8 +6,9 @@ can be used, remove an earlier run's files when allowed, manifest; see runfolder
 read/simulate the tilt series (evaluation.truth attached, evaluation.holdout_views set aside) ->
 build -> check the free disk space -> train (SIGINT/SIGTERM stop after the current step, see
 stop.py) -> export the volume (the best-validation field with optim.keep_best; sharded over ranks,
-gathered on rank 0) -> volume files -> checkpoint -> (evaluation.half_sets: the even and the odd
-views fitted apart, their volumes and FSC) -> slices.png, loss.png, fsc_*.png -> metrics.json,
+gathered on rank 0) -> volume files -> checkpoint -> (pose=refine: poses.xf/.tlt/.aln) ->
+(evaluation.half_sets or output.half_volumes: the even and the odd views fitted apart, their
+volumes and FSC) -> slices.png, loss.png, fsc_*.png -> metrics.json,
 last (rank 0 only; the other ranks write nothing). model=sirt replaces build/train/checkpoint by
 the SIRT baseline (conventional/baseline.py). Every file is written atomically. A failure to write one result keeps the others
 and the error says what was saved where (outputs.py). An error at any point goes into
@@ -47,13 +48,14 @@ log = logging.getLogger("fasttomo")
 def planned_outputs(cfg: Config) -> list[str]:
     """What a run of ``cfg`` may write into its folder (names or glob patterns), recorded in the
     manifest before anything is written."""
-    from fasttomo.run.outputs import volume_names
+    from fasttomo.run.outputs import half_volume_names, volume_names
 
     names = ["reconstruct.log", "config.yaml", *volume_names(cfg), "checkpoints/last.pt", "checkpoints/step*.pt",
              "slices.png", "loss.png", "fsc_truth.png", "report.png", "metrics.json"]
-    if cfg.evaluation.half_sets:
-        names += [*volume_names(cfg, "volume_even", xzy=False), *volume_names(cfg, "volume_odd", xzy=False),
-                  "fsc_halfsets.png"]
+    if cfg.evaluation.half_sets or cfg.output.half_volumes:
+        names += [*half_volume_names(cfg, "volume_even"), *half_volume_names(cfg, "volume_odd"), "fsc_halfsets.png"]
+    if cfg.pose.learn:
+        names += ["poses.xf", "poses.tlt", "poses.aln"]
     if cfg.logging.tensorboard:
         names.append("tb/events.out.tfevents.*")
     return names
@@ -78,7 +80,7 @@ def _write_text(path: Path, text: str, overwrite: bool) -> None:
 def run_reconstruction(cfg: Config) -> dict:
     """Run one reconstruction described by ``cfg`` (cfg.output.dir must be set); returns metrics."""
     from fasttomo.data.load import load_tiltseries
-    from fasttomo.run.outputs import save_checkpoint_file, write_volumes
+    from fasttomo.run.outputs import save_checkpoint_file, write_pose_files, write_volumes
     from fasttomo.quality.scoring import attach_truth, split_holdout
     from fasttomo.run.preflight import check_free_space
     from fasttomo.run.resume import refuse_immutable, warn_changes
@@ -218,6 +220,8 @@ def run_reconstruction(cfg: Config) -> dict:
                 if cfg.resume:
                     metrics["resumed_from"] = {"checkpoint": str(resume_path), "step": steps_before}
                 _field_scores(cfg, comps, trainer, ts, hold, exported_step, metrics)
+                if "poses" in metrics:
+                    write_pose_files(out_dir, metrics["poses"], ts, written, failed)
             _finish(cfg, ts, out_dir, volume, metrics, written, failed, t0, rank, world, local_rank,
                     half_sets=finite and not interrupted, pictures=finite)
             problem = broadcast_object(_write_problem(out_dir, cfg, failed, written, volume, state, ts, finite,
@@ -337,6 +341,7 @@ def _truth_probe(trainer, ts):
 def _field_scores(cfg: Config, comps, trainer, ts, hold, exported_step: int, metrics: dict) -> None:
     """The field's evaluation entries of metrics.json (rank 0): exported step, best validation,
     early stop, the quality curve, learned poses against a truth file, held-out views."""
+    from fasttomo.data.io.alignment import view_poses
     from fasttomo.methods.field.projector import predict_views
     from fasttomo.quality.scoring import holdout_scores, view_residuals
 
@@ -354,7 +359,7 @@ def _field_scores(cfg: Config, comps, trainer, ts, hold, exported_step: int, met
                  metrics["pose_errors"]["shift_rms_px_gauge_free"], metrics["pose_errors"]["rotation_rms_deg"])
     if hold is not None:
         with trainer.exported_field():
-            pred = predict_views(comps.projector, hold.angles)
+            pred = predict_views(comps.projector, hold.angles, initial=view_poses(ts.metadata, hold.view_numbers))
         bg = comps.projector.intensity.describe(comps.sampler.scale)["background"] if comps.projector.intensity else 0.0
         metrics["holdout"] = holdout_scores(hold, pred * comps.sampler.scale + bg)
         log.info("held-out views %s: reprojection Pearson %s", hold.view_numbers,
@@ -394,7 +399,7 @@ def _finish(cfg: Config, ts, out_dir: Path, volume, metrics: dict, written: dict
     from fasttomo.run.outputs import dumps
 
     half_curves = None
-    if half_sets and cfg.evaluation.half_sets:
+    if half_sets and (cfg.evaluation.half_sets or cfg.output.half_volumes):
         halves, half_curves = _half_sets(cfg, ts, out_dir, rank, world, local_rank, written, failed)
         if rank == 0:
             metrics["half_sets"] = halves
@@ -532,7 +537,7 @@ def _half_sets(cfg: Config, ts, out_dir: Path, rank: int, world: int, local_rank
     import dataclasses as dc
 
     from fasttomo.quality.plots import fsc_plot
-    from fasttomo.run.outputs import write_volumes
+    from fasttomo.run.outputs import write_half_volume
     from fasttomo.quality.scoring import pair_fsc
 
     vols = {}
@@ -556,8 +561,7 @@ def _half_sets(cfg: Config, ts, out_dir: Path, rank: int, world: int, local_rank
             with trainer.exported_field():
                 vols[name] = trainer.export_volume(cfg.output.volume_shape)  # collective
         if rank == 0:
-            w, f = write_volumes(out_dir, vols[name], cfg, ts.pixel_size, {"run": cfg.name, "half_set": name},
-                                 stem=f"volume_{name}", xzy=False)
+            w, f = write_half_volume(out_dir, vols[name], cfg, ts.pixel_size, name)
             written.update(w)
             failed.update(f)
     if rank != 0:
@@ -585,8 +589,10 @@ def _subset(ts, keep: np.ndarray):
     from fasttomo.data.tiltseries import TiltSeries
 
     sub = lambda a: None if a is None else np.ascontiguousarray(a[keep])  # noqa: E731
+    numbers = list(ts.metadata.get("view_numbers") or range(1, ts.n_tilts + 1))
+    meta = {**ts.metadata, "view_numbers": [numbers[i] for i in keep]}  # a file alignment follows its views
     return TiltSeries(stack=sub(ts.stack), angles=ts.angles[keep], pixel_size=ts.pixel_size, source=ts.source,
-                      metadata=dict(ts.metadata), ground_truth=ts.ground_truth, valid=sub(ts.valid))
+                      metadata=meta, ground_truth=ts.ground_truth, valid=sub(ts.valid))
 
 
 def _timeline(t0: float, t_fit: float, trainer) -> dict:

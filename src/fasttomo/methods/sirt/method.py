@@ -52,6 +52,7 @@ def run_sirt(cfg: Config, ts, box, device: torch.device, hold=None) -> tuple[dic
     """SIRT on ``ts`` in ``box``; returns (metrics, volume (Z, Y, X) float32 in stack units)."""
     from fasttomo.methods.sirt.projectors import back_project, forward_project
     from fasttomo.methods.sirt.solver import sirt
+    from fasttomo.data.io.alignment import view_poses
     from fasttomo.geometry.poses import Poses
     from fasttomo.kernels import dispatch
     from fasttomo.quality.metrics import foreground_mask
@@ -66,7 +67,7 @@ def run_sirt(cfg: Config, ts, box, device: torch.device, hold=None) -> tuple[dic
     bg, bg_desc = background_of(cfg, ts)
     stack = torch.from_numpy((ts.stack - bg[:, None, None]).astype(np.float32)).to(device)
     valid = None if ts.valid is None else torch.from_numpy(ts.valid).to(device)
-    poses = Poses(ts.angles, ts.reference_index()).to(device)
+    poses = Poses(ts.angles, ts.reference_index(), initial=view_poses(ts.metadata)).to(device)
     truth = fg = None
     every = cfg.evaluation.curve_every
     if ts.ground_truth is not None and every and ts.ground_truth.shape == box.shape_zyx:
@@ -126,7 +127,8 @@ def run_sirt(cfg: Config, ts, box, device: torch.device, hold=None) -> tuple[dic
     if hold is not None:
         from fasttomo.quality.scoring import holdout_scores
 
-        hposes = Poses(hold.angles, int(np.argmin(np.abs(hold.angles)))).to(device)
+        hposes = Poses(hold.angles, int(np.argmin(np.abs(hold.angles))),
+                       initial=view_poses(ts.metadata, hold.view_numbers)).to(device)
         pred = forward_project(x.float(), hposes, box, (ts.height, ts.width)).cpu().numpy()
         metrics["holdout"] = holdout_scores(hold, pred + float(np.mean(bg)))
     return metrics, volume
