@@ -31,9 +31,26 @@ import numpy as np
 
 from fasttomo.config import ConfigError, _require, tool_device
 from fasttomo.quality.plots import fsc_plot  # noqa: F401 - the FSC picture (shared with the runs)
-from fasttomo.quality.scoring import EvaluateError, score_against_truth  # noqa: F401 - shared with the runs
 
 log = logging.getLogger("fasttomo")
+
+def __getattr__(name: str):
+    """``EvaluateError`` and ``score_against_truth`` (shared with the runs) come from
+    fasttomo.quality.scoring, which imports torch: loaded when first asked for, so --help and a
+    command-line error start without torch."""
+    if name in ("EvaluateError", "score_against_truth"):
+        from fasttomo.quality import scoring
+
+        return getattr(scoring, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def _error(message: str) -> Exception:
+    """An ``EvaluateError`` (one line, exit code 2)."""
+    from fasttomo.quality.scoring import EvaluateError
+
+    return EvaluateError(message)
+
 
 RESULT_NAMES = ("metrics.json", "fsc.png", "views_pearson.png", "views_residual.png")
 """Files an evaluation writes; an output folder holding any of them is refused unless overwrite."""
@@ -107,10 +124,10 @@ def default_out_dir(volume: str | os.PathLike) -> Path:
 def check_out_dir(out: Path, overwrite: bool) -> None:
     """Refuse a folder holding results of an earlier evaluation (unless ``overwrite``)."""
     if out.exists() and not out.is_dir():
-        raise EvaluateError(f"out={out}: exists and is not a folder; choose a folder name with out=<folder>.")
+        raise _error(f"out={out}: exists and is not a folder; choose a folder name with out=<folder>.")
     found = [n for n in RESULT_NAMES if (out / n).exists()]
     if found and not overwrite:
-        raise EvaluateError(f"out={out}: already holds results of an earlier evaluation ({', '.join(found)}); choose "
+        raise _error(f"out={out}: already holds results of an earlier evaluation ({', '.join(found)}); choose "
                             "another folder with out=<folder>, or set overwrite=true to replace them.")
 
 
@@ -142,7 +159,7 @@ def _read_volume(path: str, what: str):
     from fasttomo.data.io.volume import read_volume
 
     if not os.path.exists(path):
-        raise EvaluateError(f"{what}={path}: file not found; check the path.")
+        raise _error(f"{what}={path}: file not found; check the path.")
     vol, vx, attrs = read_volume(path)
     return vol, vx, bool(attrs.get("voxel_size_assumed", False))
 
@@ -153,7 +170,7 @@ def _pick_voxel_size(cfg: EvaluateConfig, vx: float, assumed: bool, truth_vx: fl
         return float(cfg.voxel_size), "voxel_size="
     if not assumed:
         if truth_vx is not None and not truth_assumed and not math.isclose(vx, truth_vx, rel_tol=1e-3):
-            raise EvaluateError(f"volume={cfg.volume} has a voxel size of {vx:.6g} A but truth={cfg.truth} has "
+            raise _error(f"volume={cfg.volume} has a voxel size of {vx:.6g} A but truth={cfg.truth} has "
                                 f"{truth_vx:.6g} A; they must describe the same grid. Resample one of them, or set "
                                 "voxel_size=<A> if a header is wrong.")
         return vx, f"the header of {cfg.volume}"
@@ -171,11 +188,11 @@ def read_tiltseries(stack: str, angles: str | None):
     from fasttomo.data.load import read_raw
 
     if not os.path.exists(stack):
-        raise EvaluateError(f"tiltseries={stack}: file not found; check the path.")
+        raise _error(f"tiltseries={stack}: file not found; check the path.")
     try:
         return read_raw(DataConfig(source=source_from_suffix(stack), path=stack, angles=angles, normalize="none"))
     except DataFileError as exc:  # name this command's keys, not fasttomo-reconstruct's
-        raise EvaluateError(str(exc).replace("data.angles", "angles").replace("data.path", "tiltseries")) from None
+        raise _error(str(exc).replace("data.angles", "angles").replace("data.path", "tiltseries")) from None
 
 
 def check_stack(vol_shape, stack_shape, held_out_views=()) -> list[int]:
@@ -183,13 +200,13 @@ def check_stack(vol_shape, stack_shape, held_out_views=()) -> list[int]:
     numbers (1-based) must exist. Returns the sorted held-out view numbers."""
     n, h, w = stack_shape
     if (h, w) != tuple(vol_shape[1:]):
-        raise EvaluateError(f"the tilt series has images of (H, W) = ({h}, {w}) (stack shape {tuple(stack_shape)}) but "
+        raise _error(f"the tilt series has images of (H, W) = ({h}, {w}) (stack shape {tuple(stack_shape)}) but "
                             f"the volume has (Z, Y, X) = {tuple(vol_shape)}, so its projections are (Y, X) = "
                             f"{tuple(vol_shape[1:])}; give the stack as the reconstruction saw it (same binning and "
                             "crop, tilt axis along Y).")
     held = sorted(set(int(v) for v in held_out_views))
     if held and held[-1] > n:
-        raise EvaluateError(f"held_out_views={held}: the tilt series has only {n} views (numbered 1..{n}).")
+        raise _error(f"held_out_views={held}: the tilt series has only {n} views (numbered 1..{n}).")
     return held
 
 
@@ -198,7 +215,7 @@ def load_projector() -> Callable:
     try:
         from fasttomo.methods.sirt.projectors import forward_project
     except ImportError as exc:
-        raise EvaluateError(
+        raise _error(
             "tiltseries=: forward-projecting the volume needs fasttomo.methods.sirt.projectors.forward_project, "
             f"which this fasttomo cannot import ({exc}); it comes with fasttomo's conventional projectors. Update "
             "fasttomo, or score against truth= only.") from None
@@ -223,6 +240,7 @@ def score_against_tiltseries(vol: np.ndarray, stack: np.ndarray, angles_deg: np.
     from fasttomo.geometry.poses import Poses
     from fasttomo.geometry.rays import Box
     from fasttomo.quality.metrics import projection_metrics
+    from fasttomo.quality.scoring import EvaluateError
 
     n, h, w = stack.shape
     held = check_stack(vol.shape, stack.shape, held_out_views)
@@ -236,7 +254,7 @@ def score_against_tiltseries(vol: np.ndarray, stack: np.ndarray, angles_deg: np.
                          Box(vol.shape), (h, w), step=step)
     pred = pred.detach().float().cpu().numpy()
     if pred.shape != stack.shape:
-        raise EvaluateError(f"the projector returned shape {pred.shape} for a stack of {stack.shape}.")
+        raise _error(f"the projector returned shape {pred.shape} for a stack of {stack.shape}.")
     pm = projection_metrics(stack, pred, valid, fit=fit)
     out: dict = {"n_views": n, "angles_deg": per_view.tolist(), **pm.to_json()}
 
@@ -293,6 +311,7 @@ def evaluate(cfg: EvaluateConfig, projector: Callable | None = None) -> dict:
     """
     from fasttomo import __version__
     from fasttomo.data.io.atomic import atomic_write
+    from fasttomo.quality.scoring import score_against_truth
 
     if not cfg.volume:
         raise ConfigError("volume: give the volume to score, e.g. fasttomo-evaluate volume=run/volume.mrc "
@@ -315,7 +334,7 @@ def evaluate(cfg: EvaluateConfig, projector: Callable | None = None) -> dict:
     if cfg.truth:
         truth, truth_vx, truth_assumed = _read_volume(cfg.truth, "truth")
         if truth.shape != vol.shape:
-            raise EvaluateError(f"volume={cfg.volume} has shape (Z, Y, X) = {vol.shape} but truth={cfg.truth} has "
+            raise _error(f"volume={cfg.volume} has shape (Z, Y, X) = {vol.shape} but truth={cfg.truth} has "
                                 f"{truth.shape}; they must match voxel for voxel. Crop or resample one of them.")
     voxel, voxel_source = _pick_voxel_size(cfg, vx, vx_assumed, truth_vx, truth_assumed)
     mask = None
@@ -324,7 +343,7 @@ def evaluate(cfg: EvaluateConfig, projector: Callable | None = None) -> dict:
             raise ConfigError("mask: the FSC mask needs truth=<volume file>.")
         mask, _, _ = _read_volume(cfg.mask, "mask")
         if mask.shape != vol.shape:
-            raise EvaluateError(f"mask={cfg.mask} has shape {mask.shape} but volume={cfg.volume} has {vol.shape}.")
+            raise _error(f"mask={cfg.mask} has shape {mask.shape} but volume={cfg.volume} has {vol.shape}.")
 
     metrics: dict = {"fasttomo_version": __version__, "volume": str(cfg.volume), "shape_zyx": list(vol.shape),
                      "voxel_size_A": voxel, "voxel_size_source": voxel_source}
@@ -437,6 +456,8 @@ def main() -> None:
 
     @hydra.main(version_base="1.3", config_path=config_dir(), config_name="evaluate")
     def _app(cfg: DictConfig) -> None:
+        from fasttomo.quality.scoring import EvaluateError
+
         try:
             ev = from_dict(EvaluateConfig, OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True))
             evaluate(ev)

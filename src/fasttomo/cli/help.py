@@ -186,7 +186,7 @@ def first_sentence(text: str) -> str:
         i = text.find(". ", start)
         if i < 0 or i > 200:
             break
-        if not text[:i].endswith(("e.g", "i.e", "etc", "vs")):
+        if not text[:i].endswith(("e.g", "i.e", "etc", "vs", ".")):  # "." : an ellipsis, "1 .. n"
             return text[: i + 1]
         start = i + 1
     return text if len(text) <= 200 else text[:197].rstrip() + "..."

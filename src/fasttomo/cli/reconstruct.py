@@ -158,6 +158,8 @@ def run(cfg: Config) -> dict:
 
 def exit_code(exc: BaseException) -> int | None:
     """The process exit code for ``exc`` (README "What a run guarantees"); None: a bug (traceback)."""
+    if isinstance(exc, ConfigError):  # before the imports below, which load torch
+        return EXIT_USER_ERROR
     from fasttomo.run.outputs import OutputWriteError
     from fasttomo.run.stop import RunInterrupted
     from fasttomo.train.guard import DivergenceError
@@ -223,6 +225,9 @@ def _app(cfg: DictConfig) -> float | None:
     try:
         # the override strings as typed (iterating the ListConfig would resolve a ${...} in them)
         config = to_config(cfg, OmegaConf.to_container(HydraConfig.get().overrides.task, resolve=False))
+        from fasttomo.kernels import prewarm
+
+        prewarm.start()  # a GPU run: load the fused kernels while the run folder, data and model are prepared
         if not config.output.dir:
             config.output.dir = hydra_dir
         metrics = run(config)
@@ -273,9 +278,7 @@ def program():
 
 def main() -> None:
     from fasttomo.cli.errors import run_checked
-    from fasttomo.kernels import prewarm
 
-    prewarm.start()  # a GPU run: load the fused kernels while the config, data and model are prepared
     _note_existing_folders(sys.argv[1:])
     run_checked(program(), sys.argv[1:], _app)
 
