@@ -433,7 +433,7 @@ and residual, no ground truth needed). Results go to <volume stem>_eval/ (metric
 def program():
     """What ``--help`` and the command-line checks know of this command (fasttomo.cli.help)."""
     from fasttomo.cli.help import Program
-    from fasttomo.cli.reconstruct import config_dir
+    from fasttomo.config import config_dir
 
     return Program("fasttomo-evaluate", DESCRIPTION, EvaluateConfig, config_dir(), "evaluate",
                    ("volume", "truth", "tiltseries", "angles", "tilt_range", "held_out_views", "out", "overwrite"),

@@ -228,16 +228,29 @@ def _merge(base: dict, over: dict) -> dict:
     return out
 
 
-def option_values(config_dir: str, group: str, option: str) -> dict[str, Any]:
-    """The keys an option's file sets, flattened and prefixed (``@package _global_`` files at the
-    top level)."""
+def option_file(config_dir: str, group: str, option: str) -> dict:
+    """The values a group option's file sets, as written (nested), over those of the options its
+    defaults list extends (``model/kplanes.yaml`` extends ``kplanes_tilted``); {} when there is no
+    such file. The one reader of option files (help, the command-line checks, resume)."""
     path = Path(config_dir) / group / f"{option}.yaml"
     if not path.is_file():
         return {}
     data = _load_yaml(path)
-    data.pop("defaults", None)
+    out: dict = {}
+    for entry in data.pop("defaults", None) or []:
+        if isinstance(entry, str) and entry != "_self_":  # dict entries (override /group: x) are no values
+            out = _merge(out, option_file(config_dir, group, entry))
+    return _merge(out, data)
+
+
+def option_values(config_dir: str, group: str, option: str) -> dict[str, Any]:
+    """The keys an option sets (:func:`option_file`), flattened and prefixed (``@package _global_``
+    files at the top level)."""
+    path = Path(config_dir) / group / f"{option}.yaml"
+    if not path.is_file():
+        return {}
     glob = "@package _global_" in path.read_text(encoding="utf-8").split("\n", 1)[0]
-    return flatten(data) if glob else flatten(data, f"{group}.")
+    return flatten(option_file(config_dir, group, option), "" if glob else f"{group}.")
 
 
 def composed_defaults(root: type, config_dir: str, primary: str) -> dict[str, tuple[Any, str]]:
@@ -430,8 +443,6 @@ def topic_help(p: Program, topic: str) -> str:
 def handle_help(p: Program, argv: list[str]) -> int | None:
     """When ``argv`` asks for help (--help / -h, optionally followed by a topic): print it and return
     the exit code (0, or 2 for an unknown topic); None when it does not ask."""
-    import sys
-
     idx = next((i for i, a in enumerate(argv) if a in HELP_FLAGS or a.startswith("--help=")), None)
     if idx is None:
         return None

@@ -25,7 +25,6 @@ import time
 from pathlib import Path
 
 import hydra
-import yaml
 from hydra.core.config_store import ConfigStore
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
@@ -47,21 +46,6 @@ EXIT_DIVERGED = 3     # training diverged and could not be recovered
 EXIT_WRITE_FAILED = 1  # results could not be written (the line says what was saved where)
 
 
-def _option_file(root: Path, group: str, option: str) -> dict:
-    """The values a group option's file sets, with those of the files its defaults list extends
-    (``model/kplanes.yaml`` extends ``kplanes_tilted``)."""
-    path = root / group / f"{option}.yaml"
-    if not path.is_file():
-        return {}
-    data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    out: dict = {}
-    for d in data.pop("defaults", None) or []:
-        if group != "experiment" and isinstance(d, str) and d != "_self_":
-            out.update(_option_file(root, group, d))
-    out.update(data)
-    return out
-
-
 def _option_values(group: str, option: str) -> dict | None:
     """The flattened, fully prefixed values a group option sets (resume.named_keys): its file's,
     over the defaults of the option's schema (``data=mrc`` means the mrc schema's defaults too,
@@ -70,15 +54,15 @@ def _option_values(group: str, option: str) -> dict | None:
     import dataclasses
     import typing
 
-    from fasttomo.config import group_option_classes
-    from fasttomo.run.resume import flatten
+    from fasttomo.cli.help import option_file
+    from fasttomo.config import flatten, group_option_classes
 
-    root = Path(config_dir())
-    if group == "hydra" or not (root / group).is_dir():
+    root = config_dir()
+    if group == "hydra" or not (Path(root) / group).is_dir():
         return None
     if option in ("null", "None", ""):
         return {}
-    data = _option_file(root, group, option)
+    data = option_file(root, group, option)
     if group == "experiment":
         return flatten(data)
     tp = typing.get_type_hints(Config).get(group)

@@ -134,7 +134,7 @@ Every data.* key of the phantom works here as in fasttomo-reconstruct (--help da
 def program():
     """What ``--help`` and the command-line checks know of this command (fasttomo.cli.help)."""
     from fasttomo.cli.help import Program
-    from fasttomo.cli.reconstruct import config_dir
+    from fasttomo.config import config_dir
 
     return Program("fasttomo-simulate", DESCRIPTION, SimulateConfig, config_dir(), "simulate",
                    ("out", "format", "overwrite", "data.width", "data.height", "data.n_tilts", "data.noise",
