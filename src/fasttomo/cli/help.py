@@ -44,12 +44,15 @@ class KeyInfo:
 
     key: str
     """Dotted name, e.g. optim.steps."""
-    type_text: str
-    """The type in words: int, float, str, bool, list, with "or null" when optional."""
+    tp: Any
+    """The declared type."""
     default: Any
     doc: str
-    owner: type
-    """The dataclass that defines it."""
+
+    @property
+    def type_text(self) -> str:
+        """The type in words: int, float, str, bool, list, with "or null" when optional."""
+        return type_text(self.tp)
 
 
 @functools.lru_cache(maxsize=None)
@@ -114,6 +117,7 @@ def _default_of(f: dataclasses.Field) -> Any:
     return "???"
 
 
+@functools.lru_cache(maxsize=None)
 def schema_keys(root: type, prefix: str = "") -> dict[str, KeyInfo]:
     """Every settable (leaf) key under ``root``, dotted. A field whose type is a Union of several
     schemas (one per group option) holds the keys of all of them."""
@@ -128,8 +132,7 @@ def schema_keys(root: type, prefix: str = "") -> dict[str, KeyInfo]:
                 for k, v in schema_keys(sub, f"{prefix}{f.name}.").items():
                     out.setdefault(k, v)
             continue
-        out[f"{prefix}{f.name}"] = KeyInfo(f"{prefix}{f.name}", type_text(tp), _default_of(f), docs.get(f.name, ""),
-                                           root)
+        out[f"{prefix}{f.name}"] = KeyInfo(f"{prefix}{f.name}", tp, _default_of(f), docs.get(f.name, ""))
     return out
 
 
@@ -142,19 +145,8 @@ def sections(root: type) -> list[str]:
 def field_type(root: type, key: str) -> Any | None:
     """The declared type of dotted ``key`` under ``root`` (the first schema of a Union that has
     it); None when no schema has it."""
-    cands = [root]
-    tp = None
-    for part in key.split("."):
-        found = None
-        for cls in cands:
-            if dataclasses.is_dataclass(cls) and part in {f.name for f in dataclasses.fields(cls)}:
-                found = typing.get_type_hints(cls)[part]
-                break
-        if found is None:
-            return None
-        tp = found
-        cands = dataclasses_in(found)
-    return tp
+    info = schema_keys(root).get(key)
+    return None if info is None else info.tp
 
 
 # --------------------------------------------------------------------------------------- config folders
