@@ -56,6 +56,17 @@ class KeyInfo:
 
 
 @functools.lru_cache(maxsize=None)
+def _class_nodes(module: str) -> dict[str, ast.ClassDef]:
+    """The class definitions of a module's source by name (outermost first), parsed once: reading
+    each class with ``inspect.getsource`` parses its whole module again (most of --help's time)."""
+    try:
+        tree = ast.parse(Path(inspect.getsourcefile(sys.modules[module])).read_text(encoding="utf-8"))
+    except (KeyError, OSError, TypeError, SyntaxError):
+        return {}
+    return {n.name: n for n in reversed(list(ast.walk(tree))) if isinstance(n, ast.ClassDef)}
+
+
+@functools.lru_cache(maxsize=None)
 def field_docs(cls: type) -> dict[str, str]:
     """Attribute docstrings of a dataclass (the string literal right under a field), with those
     of its bases; {} when the source cannot be read."""
@@ -63,11 +74,8 @@ def field_docs(cls: type) -> dict[str, str]:
     for klass in reversed(cls.__mro__):
         if klass is object or not dataclasses.is_dataclass(klass):
             continue
-        try:
-            tree = ast.parse(textwrap.dedent(inspect.getsource(klass)))
-        except (OSError, TypeError, SyntaxError):
-            continue
-        body = tree.body[0].body if tree.body and isinstance(tree.body[0], ast.ClassDef) else []
+        node = _class_nodes(klass.__module__).get(klass.__name__)
+        body = node.body if node is not None else []
         for node, nxt in zip(body, body[1:] + [None]):
             if (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and isinstance(nxt, ast.Expr)
                     and isinstance(nxt.value, ast.Constant) and isinstance(nxt.value.value, str)):
