@@ -442,12 +442,12 @@ def program():
                    groups=())
 
 
-def main() -> None:
+def _start() -> None:
+    """Compose configs/evaluate.yaml with the command line (Hydra) and run the evaluation."""
     import hydra
     from hydra.core.config_store import ConfigStore
-    from omegaconf import DictConfig, OmegaConf
+    from omegaconf import OmegaConf
 
-    from fasttomo.cli.errors import run_checked
     from fasttomo.config import config_dir, from_dict
     from fasttomo.data.tiltseries import TiltSeriesError
 
@@ -455,7 +455,7 @@ def main() -> None:
     ConfigStore.instance().store(name="fasttomo_evaluate_schema", node=EvaluateConfig)
 
     @hydra.main(version_base="1.3", config_path=config_dir(), config_name="evaluate")
-    def _app(cfg: DictConfig) -> None:
+    def _app(cfg) -> None:
         from fasttomo.quality.scoring import EvaluateError
 
         try:
@@ -465,7 +465,13 @@ def main() -> None:
             log.error("%s", exc)
             sys.exit(2)
 
-    run_checked(program(), sys.argv[1:], _app)
+    _app()
+
+
+def main() -> None:
+    from fasttomo.cli.errors import run_checked
+
+    run_checked(program(), sys.argv[1:], _start)
 
 
 if __name__ == "__main__":

@@ -22,10 +22,7 @@ import logging
 import sys
 from pathlib import Path
 
-import hydra
 import numpy as np
-from hydra.core.config_store import ConfigStore
-from omegaconf import DictConfig, OmegaConf
 
 from fasttomo.config import ConfigError, DataConfig, from_dict, hydra_schema, strip_unset
 
@@ -45,9 +42,6 @@ class SimulateConfig:
     """mrc or h5."""
     overwrite: bool = False
     """Replace existing files (otherwise an existing file is an error)."""
-
-
-ConfigStore.instance().store(name="fasttomo_simulate_schema", node=hydra_schema(SimulateConfig))
 
 
 def simulate(data_cfg: DataConfig, out: str, fmt: str, overwrite: bool = False) -> list[Path]:
@@ -146,13 +140,20 @@ def program():
                    groups=())
 
 
-def main() -> None:
-    from fasttomo.cli.errors import run_checked
-    from fasttomo.data.tiltseries import TiltSeriesError
+def _start() -> None:
+    """Compose configs/simulate.yaml with the command line (Hydra) and write the files."""
+    import hydra
+    from hydra.core.config_store import ConfigStore
+    from omegaconf import OmegaConf
+
     from fasttomo.config import config_dir
+    from fasttomo.data.tiltseries import TiltSeriesError
+
+    # the typed schema (first in configs/simulate.yaml's defaults): a misspelled key is refused
+    ConfigStore.instance().store(name="fasttomo_simulate_schema", node=hydra_schema(SimulateConfig))
 
     @hydra.main(version_base="1.3", config_path=config_dir(), config_name="simulate")
-    def _app(cfg: DictConfig) -> None:
+    def _app(cfg) -> None:
         try:
             sim = from_dict(SimulateConfig, strip_unset(OmegaConf.to_container(cfg, resolve=True, throw_on_missing=False)))
             simulate(sim.data, sim.out, sim.format, sim.overwrite)
@@ -160,7 +161,13 @@ def main() -> None:
             log.error("%s", exc)
             sys.exit(2)
 
-    run_checked(program(), sys.argv[1:], _app)
+    _app()
+
+
+def main() -> None:
+    from fasttomo.cli.errors import run_checked
+
+    run_checked(program(), sys.argv[1:], _start)
 
 
 if __name__ == "__main__":

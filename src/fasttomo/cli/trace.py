@@ -318,20 +318,21 @@ def program():
                    groups=())
 
 
-def main() -> None:
+def _start() -> None:
+    """Compose configs/trace.yaml with the command line (Hydra) and trace."""
     import hydra
     from hydra.core.config_store import ConfigStore
     from hydra.core.hydra_config import HydraConfig
-    from omegaconf import DictConfig, OmegaConf
+    from omegaconf import OmegaConf
 
-    from fasttomo.cli.errors import EXIT_USER_ERROR, run_checked
     from fasttomo.config import config_dir, from_dict
 
     started = time.time()
+    # the typed schema (first in configs/trace.yaml's defaults): a misspelled key is refused
     ConfigStore.instance().store(name="fasttomo_trace_schema", node=TraceConfig)
 
     @hydra.main(version_base="1.3", config_path=config_dir(), config_name="trace")
-    def _app(cfg: DictConfig) -> None:
+    def _app(cfg) -> None:
         from fasttomo.data.tiltseries import TiltSeriesError
         from fasttomo.run.folder import OutputExistsError, OutputFolderError
         from fasttomo.trace.core import TraceError
@@ -349,11 +350,17 @@ def main() -> None:
                 FileExistsError) as exc:
             _prune_new_empty(hydra_dir, started)
             log.error("%s", exc)
-            sys.exit(EXIT_USER_ERROR)
+            sys.exit(2)
         if Path(tc.output.dir).resolve() != Path(hydra_dir).resolve():
             _prune_new_empty(hydra_dir, started)
 
-    run_checked(program(), sys.argv[1:], _app)
+    _app()
+
+
+def main() -> None:
+    from fasttomo.cli.errors import run_checked
+
+    run_checked(program(), sys.argv[1:], _start)
 
 
 if __name__ == "__main__":
