@@ -99,6 +99,11 @@ def test_trace_of_the_phantom_truth_finds_every_atom_in_the_csv_frame(tmp_path):
                    "hydra.run.dir=run"], tmp_path)
     assert r.returncode == 0, r.stdout + r.stderr
     m = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    # the closing summary, in fasttomo-reconstruct's style
+    tail = r.stdout[r.stdout.index("finished."):]
+    assert f"run folder: {tmp_path / 'run'}\n" in tail and "\n  atoms.csv " in tail and "\n  atoms.json " in tail
+    assert f"{m['n_atoms']} atoms from " in tail and "quality: precision 1.0000, recall 1.0000" in tail
+    assert f"look at it: {tmp_path / 'run' / 'slabs.png'}" in tail
     assert m["n_atoms"] == len(truth["species"])
     t = m["truth"]
     assert t["precision"] == 1.0 and t["recall"] == 1.0 and t["species_accuracy"] == 1.0

@@ -249,8 +249,28 @@ def _trace_into(out_dir: Path, cfg: TraceConfig, dev, truth: dict | None) -> dic
         metrics["truth"] = _score(cfg, res, truth, vx)
     atomic_write(out_dir / "metrics.json", lambda tmp: Path(tmp).write_text(dumps(metrics), encoding="utf-8"),
                  overwrite=True)
-    log.info("wrote %s (atoms.csv, atoms.json, atoms.xyz, slabs.png, metrics.json)", out_dir)
     return metrics
+
+
+def summary_lines(out_dir: Path, m: dict) -> list[str]:
+    """The closing summary, in fasttomo-reconstruct's style: the run folder, its files with their
+    sizes, what was traced in how long, the quality against the truth, what to look at."""
+    from fasttomo.logging import duration_text, size_text
+
+    files = sorted((p.name, p.stat().st_size) for p in out_dir.iterdir() if p.is_file() and not p.name.startswith("."))
+    w = max((len(n) for n, _ in files), default=0)
+    lines = [f"run folder: {out_dir}"] + [f"  {n.ljust(w)}  {size_text(s):>10}" for n, s in files]
+    lines.append(f"{m['n_atoms']} atoms from {m['n_candidates']} candidates in {duration_text(m['seconds'])} on "
+                 f"{m['device']}")
+    t = m.get("truth")
+    if t:
+        acc = t.get("species_accuracy")
+        lines.append(f"quality: precision {t['precision']:.4f}, recall {t['recall']:.4f}, RMSD {t['rmsd_A']:.4g} A"
+                     + ("" if acc is None else f", species accuracy {acc:.4f}"))
+    else:
+        lines.append("quality: no true atoms (truth=<atoms.csv> scores the trace)")
+    lines.append(f"look at it: {out_dir / 'slabs.png'}")
+    return lines
 
 
 def run_trace(cfg: TraceConfig) -> dict:
@@ -268,6 +288,7 @@ def run_trace(cfg: TraceConfig) -> dict:
             log.info("%s", note)
         metrics = _trace_into(out_dir, cfg, dev, truth)
         folder.finish("finished")
+        log.info("finished.\n%s", "\n".join(summary_lines(out_dir, metrics)))
         return metrics
     except BaseException as exc:
         folder.finish("failed", error=" ".join(str(exc).split())[:300] or type(exc).__name__)
