@@ -128,7 +128,7 @@ def check_out_dir(out: Path, overwrite: bool) -> None:
     found = [n for n in RESULT_NAMES if (out / n).exists()]
     if found and not overwrite:
         raise _error(f"out={out}: already holds results of an earlier evaluation ({', '.join(found)}); choose "
-                            "another folder with out=<folder>, or set overwrite=true to replace them.")
+                     "another folder with out=<folder>, or set overwrite=true to replace them.")
 
 
 def _jsonable(obj):
@@ -171,8 +171,8 @@ def _pick_voxel_size(cfg: EvaluateConfig, vx: float, assumed: bool, truth_vx: fl
     if not assumed:
         if truth_vx is not None and not truth_assumed and not math.isclose(vx, truth_vx, rel_tol=1e-3):
             raise _error(f"volume={cfg.volume} has a voxel size of {vx:.6g} A but truth={cfg.truth} has "
-                                f"{truth_vx:.6g} A; they must describe the same grid. Resample one of them, or set "
-                                "voxel_size=<A> if a header is wrong.")
+                         f"{truth_vx:.6g} A; they must describe the same grid. Resample one of them, or set "
+                         "voxel_size=<A> if a header is wrong.")
         return vx, f"the header of {cfg.volume}"
     if truth_vx is not None and not truth_assumed:
         return truth_vx, f"the header of {cfg.truth}"
@@ -201,9 +201,9 @@ def check_stack(vol_shape, stack_shape, held_out_views=()) -> list[int]:
     n, h, w = stack_shape
     if (h, w) != tuple(vol_shape[1:]):
         raise _error(f"the tilt series has images of (H, W) = ({h}, {w}) (stack shape {tuple(stack_shape)}) but "
-                            f"the volume has (Z, Y, X) = {tuple(vol_shape)}, so its projections are (Y, X) = "
-                            f"{tuple(vol_shape[1:])}; give the stack as the reconstruction saw it (same binning and "
-                            "crop, tilt axis along Y).")
+                     f"the volume has (Z, Y, X) = {tuple(vol_shape)}, so its projections are (Y, X) = "
+                     f"{tuple(vol_shape[1:])}; give the stack as the reconstruction saw it (same binning and "
+                     "crop, tilt axis along Y).")
     held = sorted(set(int(v) for v in held_out_views))
     if held and held[-1] > n:
         raise _error(f"held_out_views={held}: the tilt series has only {n} views (numbered 1..{n}).")
@@ -304,15 +304,9 @@ def view_plots(out_dir: Path, angles: list, pm, held: list, overwrite: bool) -> 
 
 
 # --------------------------------------------------------------------------------------- command
-def evaluate(cfg: EvaluateConfig, projector: Callable | None = None) -> dict:
-    """Run one evaluation as ``cfg`` says; writes metrics.json and the plots, returns the metrics.
-
-    ``projector`` replaces ``fasttomo.methods.sirt.projectors.forward_project`` (same signature).
-    """
-    from fasttomo import __version__
-    from fasttomo.data.io.atomic import atomic_write
-    from fasttomo.quality.scoring import score_against_truth
-
+def _check_request(cfg: EvaluateConfig) -> None:
+    """Refuse a request without a volume or anything to score it against, or with parts that need
+    a tilt series given without one."""
     if not cfg.volume:
         raise ConfigError("volume: give the volume to score, e.g. fasttomo-evaluate volume=run/volume.mrc "
                           "truth=phantom_truth.mrc (and/or tiltseries=<stack> angles=<file>).")
@@ -323,6 +317,18 @@ def evaluate(cfg: EvaluateConfig, projector: Callable | None = None) -> dict:
         raise ConfigError("angles: given without tiltseries=<stack>; give the stack too, or drop angles=.")
     if cfg.held_out_views and not cfg.tiltseries:
         raise ConfigError("held_out_views: needs tiltseries=<stack>.")
+
+
+def evaluate(cfg: EvaluateConfig, projector: Callable | None = None) -> dict:
+    """Run one evaluation as ``cfg`` says; writes metrics.json and the plots, returns the metrics.
+
+    ``projector`` replaces ``fasttomo.methods.sirt.projectors.forward_project`` (same signature).
+    """
+    from fasttomo import __version__
+    from fasttomo.data.io.atomic import atomic_write
+    from fasttomo.quality.scoring import score_against_truth
+
+    _check_request(cfg)
     out_dir = Path(cfg.out) if cfg.out else default_out_dir(cfg.volume)
     check_out_dir(out_dir, cfg.overwrite)  # before any heavy work
     if cfg.tiltseries and projector is None:
@@ -335,7 +341,7 @@ def evaluate(cfg: EvaluateConfig, projector: Callable | None = None) -> dict:
         truth, truth_vx, truth_assumed = _read_volume(cfg.truth, "truth")
         if truth.shape != vol.shape:
             raise _error(f"volume={cfg.volume} has shape (Z, Y, X) = {vol.shape} but truth={cfg.truth} has "
-                                f"{truth.shape}; they must match voxel for voxel. Crop or resample one of them.")
+                         f"{truth.shape}; they must match voxel for voxel. Crop or resample one of them.")
     voxel, voxel_source = _pick_voxel_size(cfg, vx, vx_assumed, truth_vx, truth_assumed)
     mask = None
     if cfg.mask:
