@@ -19,6 +19,7 @@ run that wrote nothing (a config error, a dry run, output.dir elsewhere) is remo
 from __future__ import annotations
 
 import datetime
+import functools
 import logging
 import sys
 import time
@@ -28,13 +29,16 @@ from fasttomo.config import Config, ConfigError, config_dir, from_dict, hydra_sc
 
 log = logging.getLogger("fasttomo")
 
+
+@functools.lru_cache(maxsize=None)
 def register_schema() -> None:
     """Register the typed schema, the first entry of configs/reconstruct.yaml's defaults list:
     every key of every option of every group exists (typed, left unset) whichever group option is
     chosen, so any value can be overridden from the command line and a misspelled key is rejected
     by Hydra at once. The keys nothing set are dropped before from_dict, which takes their
     defaults from the chosen option's dataclass and refuses a key that option does not read.
-    Called before Hydra composes (not at import: --help and the command-line checks need no Hydra)."""
+    Called (once) before Hydra composes, not at import: --help and the command-line checks need
+    no Hydra."""
     from hydra.core.config_store import ConfigStore
 
     ConfigStore.instance().store(name="fasttomo_schema", node=hydra_schema(Config))
