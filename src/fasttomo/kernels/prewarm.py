@@ -6,9 +6,10 @@ computed once per process (about 0.4 s, ``triton.runtime.cache.triton_key``). ``
 that work, and the import of Triton's gluon package (otherwise paid at the first launch), in a
 daemon thread from the command's entry point once the config is composed and valid (--help and
 config errors never import torch), while the main thread opens the run folder and reads the data;
-the hashing and file reading release the GIL, so they overlap. ``wait()`` joins the thread at the start of ``build`` (before the model and the kernels are used),
-so nothing runs beside it from then on. With a warm cache this brings the default run's first step
-on an H200 from about 1.9 s to about 0.8 s (benchmarks/README.md).
+the hashing and file reading release the GIL, so they overlap. ``wait()`` joins the thread at
+the start of ``build`` (before the model and the kernels are used), so nothing runs beside it from
+then on. With a warm cache this brings the default run's first step on an H200 from about 1.9 s
+to about 0.8 s (benchmarks/README.md).
 
 ``warm_device`` (called by the pipeline once the run's device is known, before it reads the data)
 creates the device's context and loads cuBLAS (otherwise loaded by the first matrix product) in a
