@@ -564,74 +564,79 @@ def random_pose_errors(angles_deg: np.ndarray, shift: float, rotation: float, se
 
 
 # --------------------------------------------------------------------------------------- tilt series
+def _build_specimen(cfg: Any, kind: str, seed: int) -> tuple[Any, int, float]:
+    """(specimen, thickness, pixel size in A) of ``cfg.phantom`` (see :func:`make_tiltseries`)."""
+    pix = DEFAULT_PIXEL_SIZE if cfg.pixel_size is None else float(cfg.pixel_size)
+    if kind in ("default", "cell"):
+        thickness = default_thickness(cfg.width) if cfg.thickness is None else int(cfg.thickness)
+    else:
+        thickness = int(cfg.width) if cfg.thickness is None else int(cfg.thickness)
+    shape = (thickness, cfg.height, cfg.width)
+    if kind == "default":
+        return default_phantom(cfg.width, cfg.height, thickness), thickness, pix
+    if kind == "ellipsoids":
+        return random_ellipsoids(shape, int(cfg.n_ellipsoids), seed), thickness, pix
+    if kind == "nanoparticle":
+        from fasttomo.data.atoms import DEFAULT_ATOM_PIXEL_SIZE, nanoparticle
+
+        pix = DEFAULT_ATOM_PIXEL_SIZE if cfg.pixel_size is None else pix
+        return nanoparticle(shape, pix, cfg.particle, seed), thickness, pix
+    if kind in ("cell", "catalyst"):
+        from fasttomo.data import specimens
+
+        default = specimens.CELL_PIXEL_SIZE if kind == "cell" else specimens.CATALYST_PIXEL_SIZE
+        pix = default if cfg.pixel_size is None else pix
+        return getattr(specimens, kind)(shape, pix, seed), thickness, pix
+    raise PhantomError(f"data.phantom: unknown specimen {kind!r}; use default, ellipsoids, nanoparticle, cell or catalyst.")
+
+
 def make_tiltseries(cfg: Any) -> TiltSeries:
     """The built-in synthetic tilt series of a :class:`fasttomo.config.DataConfig`.
 
     Specimen: ``cfg.phantom`` = default (:func:`default_phantom`; thickness None: about W/2, see
     :func:`default_thickness`), ellipsoids (:func:`random_ellipsoids` with ``cfg.n_ellipsoids``
-    and ``cfg.phantom_seed``; thickness None: W, a cube for square images) or nanoparticle
+    and ``cfg.phantom_seed``; thickness None: W, a cube for square images), nanoparticle
     (:func:`fasttomo.data.atoms.nanoparticle` of ``cfg.particle``; thickness None: W; pixel size
     None: 0.75 A; ``metadata["true_atoms"]`` holds the true atoms in atoms.csv's frame; the ground
-    truth is the density at the voxel centres). Views: cfg.n_tilts
-    angles evenly spaced over [tilt_min, tilt_max]. Pose errors (``cfg.pose_error_shift`` px,
-    ``cfg.pose_error_rotation`` degrees, :func:`random_pose_errors`): when either is > 0 the views
-    are projected with those poses and ``metadata["true_poses"]`` holds them (absent otherwise).
-    Noise: Gaussian, std = cfg.noise times the std (``noise_relative_to=std``) or the maximum
-    (``max``) of the clean projections, drawn from numpy's default_rng(cfg.phantom_seed).
+    truth is the density at the voxel centres), cell or catalyst (:mod:`fasttomo.data.specimens`;
+    thickness None: W/2 for the cell section, W for the catalyst; pixel size None: 10 A and
+    2.5 A). Views: cfg.n_tilts angles evenly spaced over [tilt_min, tilt_max]. Pose errors
+    (``cfg.pose_error_shift`` px, ``cfg.pose_error_rotation`` degrees, :func:`random_pose_errors`):
+    when either is > 0 the views are projected with those poses and ``metadata["true_poses"]``
+    holds them (absent otherwise). Detector (:mod:`fasttomo.data.dose`): the exact line integrals,
+    or with ``cfg.dose`` the Poisson counts of a linear bright-field image (inverted unless
+    ``cfg.invert=false``); Gaussian noise of std cfg.noise times the std (``noise_relative_to=std``)
+    or the maximum (``max``) of the clean image, drawn from numpy's default_rng(cfg.phantom_seed).
     Pixel size: cfg.pixel_size (None: 10 A). The ground truth is :func:`voxelize` of the specimen
-    at (thickness, height, width); poses move the views, not the specimen. The options that
-    prepare real data (binning, crop, normalize, ...) do not apply.
+    at (thickness, height, width) (the specimens' own volume for nanoparticle, cell, catalyst);
+    poses move the views, not the specimen. The options that prepare real data (binning, crop,
+    normalize, ...) do not apply.
     """
+    from fasttomo.data.dose import detect
+
     kind = getattr(cfg, "phantom", "default")
     seed = int(cfg.phantom_seed)
-    if kind == "default":
-        thickness = default_thickness(cfg.width) if cfg.thickness is None else int(cfg.thickness)
-        phantom = default_phantom(cfg.width, cfg.height, thickness)
-    elif kind == "ellipsoids":
-        thickness = int(cfg.width) if cfg.thickness is None else int(cfg.thickness)
-        phantom = random_ellipsoids((thickness, cfg.height, cfg.width), int(cfg.n_ellipsoids), seed)
-    elif kind == "nanoparticle":
-        from fasttomo.data.atoms import DEFAULT_ATOM_PIXEL_SIZE, nanoparticle
-
-        thickness = int(cfg.width) if cfg.thickness is None else int(cfg.thickness)
-        pix = DEFAULT_ATOM_PIXEL_SIZE if cfg.pixel_size is None else float(cfg.pixel_size)
-        phantom = nanoparticle((thickness, cfg.height, cfg.width), pix, cfg.particle, seed)
-    else:
-        raise PhantomError(f"data.phantom: unknown specimen {kind!r}; use default, ellipsoids or nanoparticle.")
+    specimen, thickness, pixel_size = _build_specimen(cfg, kind, seed)
     angles = np.linspace(float(cfg.tilt_min), float(cfg.tilt_max), int(cfg.n_tilts))
     shift_err = float(getattr(cfg, "pose_error_shift", 0.0))
     rot_err = float(getattr(cfg, "pose_error_rotation", 0.0))
     axis_err = float(getattr(cfg, "tilt_axis_error", 0.0))
     true_poses = (random_pose_errors(angles, shift_err, rot_err, seed, axis=axis_err)
                   if (shift_err > 0 or rot_err > 0 or axis_err != 0) else None)
-    if kind == "nanoparticle":
-        stack = phantom.project(angles, cfg.height, cfg.width, poses=true_poses)
-    else:
-        stack = project(phantom, angles, cfg.height, cfg.width, poses=true_poses)
-    relative_to = getattr(cfg, "noise_relative_to", "std")
-    clean_std, clean_max = float(stack.std()), float(stack.max())
-    if relative_to == "std":
-        noise_std = float(cfg.noise) * clean_std
-    elif relative_to == "max":
-        noise_std = float(cfg.noise) * clean_max
-    else:
-        raise PhantomError(f"data.noise_relative_to: must be std or max, got {relative_to!r}.")
-    if noise_std > 0:
-        rng = np.random.default_rng(seed)
-        stack = (stack + rng.normal(0.0, noise_std, size=stack.shape)).astype(np.float32)
-    if kind == "nanoparticle":
-        pixel_size = pix
-    else:
-        pixel_size = DEFAULT_PIXEL_SIZE if cfg.pixel_size is None else float(cfg.pixel_size)
+    analytic = isinstance(specimen, Phantom)
+    clean = (project(specimen, angles, cfg.height, cfg.width, poses=true_poses) if analytic
+             else specimen.project(angles, cfg.height, cfg.width, poses=true_poses))
+    stack, detector = detect(clean, cfg, seed)
     metadata = {
-        "phantom": phantom.describe(),
+        "phantom": specimen.describe(),
         "phantom_kind": kind,
         "thickness": thickness,
         "noise": float(cfg.noise),
-        "noise_relative_to": relative_to,
-        "noise_std": noise_std,
-        "clean_projection_std": clean_std,
-        "clean_projection_max": clean_max,
+        "noise_relative_to": getattr(cfg, "noise_relative_to", "std"),
+        "noise_std": detector["noise_std"],
+        "clean_projection_std": float(clean.std()),
+        "clean_projection_max": float(clean.max()),
+        "detector": detector,
         "phantom_seed": seed,
         "tilt_range_deg": [float(cfg.tilt_min), float(cfg.tilt_max)],
         "pose_error_shift_px": shift_err,
@@ -640,11 +645,9 @@ def make_tiltseries(cfg: Any) -> TiltSeries:
         "geometry": "u = x cos(theta) + z sin(theta), v = y (IMOD reoriented frame); exact line integrals",
     }
     if kind == "nanoparticle":
-        metadata["true_atoms"] = phantom.table(pixel_size)  # atoms.csv's frame (fasttomo-simulate writes it)
+        metadata["true_atoms"] = specimen.table(pixel_size)  # atoms.csv's frame (fasttomo-simulate writes it)
         metadata["geometry"] += "; Gaussian atoms project to 2-D Gaussians (fasttomo.data.atoms)"
-        truth = phantom.volume()
-    else:
-        truth = voxelize(phantom, (thickness, cfg.height, cfg.width))
+    truth = voxelize(specimen, (thickness, cfg.height, cfg.width)) if analytic else specimen.volume()
     if true_poses is not None:
         metadata["true_poses"] = true_poses
         metadata["geometry"] += ("; view n posed as (u, v, w) = Rz(z3) Ry(theta) Rz(z1) p + (su, sv, 0) with "
