@@ -50,17 +50,17 @@ _CELL_STREAM, _CATALYST_STREAM = 5, 6
 CELL = dict(
     cytoplasm_density=0.15,
     texture_sigma=(15.0, 30.0), texture_amplitude=(0.04, 0.12), texture_per_A3=1.0 / 60.0 ** 3,
-    vesicle_radius=(150.0, 350.0), vesicle_fraction=0.3, leaflet_thickness=15.0, leaflet_spacing=40.0,
+    vesicle_radius=(150.0, 300.0), vesicle_fraction=0.25, leaflet_thickness=15.0, leaflet_spacing=40.0,
     leaflet_density=0.6, lumen_density=-0.05,
     filament_per_A3=1.0 / 450.0 ** 3, filament_length=(600.0, 1500.0), actin_bead_radius=22.0,
     actin_rise=27.5, actin_twist_deg=-166.7, actin_radius=10.0, actin_density=0.5,
-    ribosome_per_A3=1.0 / 400.0 ** 3, ribosome_large=100.0, ribosome_small=(80.0, 50.0, 50.0),
+    ribosome_per_A3=1.0 / 600.0 ** 3, ribosome_large=100.0, ribosome_small=(80.0, 50.0, 50.0),
     ribosome_density=0.45, rna_radius=(25.0, 40.0), rna_count=(3, 6), rna_density=0.35,
     gold_radius=50.0, gold_density=5.0, gold_per_A2=1.0 / 1000.0 ** 2,
 )
 """The cell section's parts (Angstrom, densities per voxel length; see docs/specimens.md)."""
 CATALYST = dict(
-    support_density=0.2, pore_radius=(20.0, 80.0), pore_fraction=0.3,
+    support_density=0.2, pore_radius=(15.0, 50.0), pore_fraction=0.35,
     texture_sigma=(8.0, 15.0), texture_amplitude=(0.02, 0.06), texture_per_A3=1.0 / 30.0 ** 3,
     particle_size=(10.0, 100.0), particle_per_A2=1.0 / 60.0 ** 2, particle_density=2.0, h100_over_h111=1.15,
 )
@@ -317,15 +317,17 @@ def _texture(rng: np.random.Generator, room: _Room, spec: dict, pixel_size: floa
 def _vesicles(rng: np.random.Generator, room: _Room, pixel_size: float) -> tuple[list, list]:
     """Spherical vesicles with a lipid bilayer: two leaflets (shells leaflet_thickness thick whose
     centres lie leaflet_spacing apart) around a lighter lumen, until they fill vesicle_fraction of
-    the body (or no more fit). Returns (ellipsoids, radii in A)."""
+    the body (or no more fit); radii uniform in vesicle_radius, capped by the body's thinnest half
+    size. Returns (ellipsoids, radii in A)."""
     from fasttomo.data.phantom import Ellipsoid
 
     c = CELL
     t, s, rho = c["leaflet_thickness"] / pixel_size, c["leaflet_spacing"] / pixel_size, c["leaflet_density"]
     target = c["vesicle_fraction"] * _ellipsoid_volume_A3(room.body, pixel_size)
     filled, misses, out, radii = 0.0, 0, [], []
-    while filled < target and misses < 20:
-        r_a = float(rng.uniform(*c["vesicle_radius"]))
+    while filled < target and misses < 50:
+        lo, hi = c["vesicle_radius"]
+        r_a = float(rng.uniform(lo, max(lo, min(hi, (float(room.body.min()) - 2.0) * pixel_size))))
         r = r_a / pixel_size
         centre = room.place(rng, r + 1.0)
         if centre is None:
@@ -359,6 +361,8 @@ def _filaments(rng: np.random.Generator, room: _Room, pixel_size: float) -> tupl
         e1 /= np.linalg.norm(e1)
         e2 = np.cross(d, e1)
         mid = rng.uniform(-1.0, 1.0, size=3) * room.body
+        while not room.inside(mid, 0.0):
+            mid = rng.uniform(-1.0, 1.0, size=3) * room.body
         n_sub = int(length / c["actin_rise"])
         start = mid - 0.5 * n_sub * c["actin_rise"] * d / pixel_size
         for i in range(n_sub):
