@@ -143,6 +143,7 @@ def program():
 
 def main() -> None:
     from fasttomo.cli.errors import run_checked
+    from fasttomo.data.specimen import PhantomError
     from fasttomo.data.tiltseries import TiltSeriesError
     from fasttomo.config import config_dir
 
@@ -151,7 +152,7 @@ def main() -> None:
         try:
             sim = from_dict(SimulateConfig, strip_unset(OmegaConf.to_container(cfg, resolve=True, throw_on_missing=False)))
             simulate(sim.data, sim.out, sim.format, sim.overwrite)
-        except (ConfigError, TiltSeriesError, FileExistsError) as exc:
+        except (ConfigError, TiltSeriesError, PhantomError, FileExistsError) as exc:
             log.error("%s", exc)
             sys.exit(2)
 

@@ -6,7 +6,7 @@ exact line integrals at the pixel centres, as for the ellipsoid phantoms (geomet
 :mod:`fasttomo.data.phantom`: centred voxel units, voxel = pixel, (u, v) = first two rows of
 R p + (su, sv) for a view with pose R):
 
-* solid ellipsoids (:class:`fasttomo.data.phantom.Phantom`; a shell is an ellipsoid minus a
+* solid ellipsoids (:class:`fasttomo.data.ellipsoids.Phantom`; a shell is an ellipsoid minus a
   smaller one, a hole a negative density): exact chord lengths;
 * isotropic Gaussian blobs (the crowded texture): a 3-D Gaussian of peak A and width s projects
   along any direction to A sqrt(2 pi) s exp(-d^2 / 2 s^2) (a row factor times a column factor,
@@ -15,7 +15,7 @@ R p + (su, sv) for a view with pose R):
   half-spaces n.p <= h, exact.
 
 The ground truth (:meth:`Specimen.volume`) is the ellipsoids and polyhedra averaged over 2^3
-points per voxel (partial volume, as :func:`fasttomo.data.phantom.voxelize`) plus the Gaussians
+points per voxel (partial volume, as :func:`fasttomo.data.ellipsoids.voxelize`) plus the Gaussians
 sampled at the voxel centres (each blob is at least one voxel wide, so sampling it is faithful).
 
 Sizes are physical, in Angstrom; the pixel size (``data.pixel_size``) turns them into voxels,
@@ -36,6 +36,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from fasttomo.data.ellipsoids import Ellipsoid, Phantom, _uniform_rotation, project, voxelize
 from fasttomo.data.specimen import PhantomError, _pose_arrays, _stream, pose_rotations
 
 CELL_PIXEL_SIZE = 10.0
@@ -219,7 +220,6 @@ class Specimen:
     def project(self, angles_deg: np.ndarray, height: int, width: int,
                 poses: Mapping[str, Any] | None = None) -> np.ndarray:
         """Exact line integrals at the pixel centres, (N, H, W) float32 (see the module doc)."""
-        from fasttomo.data.phantom import project
 
         ang = np.asarray(angles_deg, dtype=np.float64)
         if ang.ndim != 1:
@@ -241,7 +241,6 @@ class Specimen:
 
     def volume(self) -> np.ndarray:
         """Ground truth (Z, Y, X) float32 (see the module doc)."""
-        from fasttomo.data.phantom import voxelize
 
         vol = voxelize(self.phantom, self.shape_zyx, SUPERSAMPLE).astype(np.float64)
         vol += self.blobs.render(self.shape_zyx)
@@ -319,7 +318,6 @@ def _vesicles(rng: np.random.Generator, room: _Room, pixel_size: float) -> tuple
     centres lie leaflet_spacing apart) around a lighter lumen, until they fill vesicle_fraction of
     the body (or no more fit); radii uniform in vesicle_radius, capped by the body's thinnest half
     size. Returns (ellipsoids, radii in A)."""
-    from fasttomo.data.phantom import Ellipsoid
 
     c = CELL
     t, s, rho = c["leaflet_thickness"] / pixel_size, c["leaflet_spacing"] / pixel_size, c["leaflet_density"]
@@ -347,7 +345,6 @@ def _filaments(rng: np.random.Generator, room: _Room, pixel_size: float) -> tupl
     actin_bead_radius) follow the genetic helix of F-actin (rise actin_rise, twist actin_twist_deg,
     actin_radius off the axis); subunits outside the body or inside another object are left out.
     Returns (ellipsoids, number of filaments)."""
-    from fasttomo.data.phantom import Ellipsoid
 
     c = CELL
     n = _count(c["filament_per_A3"], _ellipsoid_volume_A3(room.body, pixel_size), rng)
@@ -377,7 +374,6 @@ def _ribosomes(rng: np.random.Generator, room: _Room, pixel_size: float) -> tupl
     """Ribosome-sized particles (~250 A): a large subunit (sphere of ribosome_large radius) with
     rna_count dense RNA-like cores inside it, and a small subunit (ellipsoid ribosome_small)
     against it. Returns (ellipsoids, number placed)."""
-    from fasttomo.data.phantom import Ellipsoid, _uniform_rotation
 
     c = CELL
     n = _count(c["ribosome_per_A3"], _ellipsoid_volume_A3(room.body, pixel_size), rng)
@@ -402,7 +398,6 @@ def _ribosomes(rng: np.random.Generator, room: _Room, pixel_size: float) -> tupl
 def _gold(rng: np.random.Generator, room: _Room, shape_zyx, pixel_size: float) -> tuple[list, int]:
     """Gold fiducials (spheres of gold_radius, gold_density) on the two faces of the section: a
     Poisson number of mean gold_per_A2 x the section's area, at least one when it fits."""
-    from fasttomo.data.phantom import Ellipsoid
 
     c = CELL
     half = np.array(shape_zyx[::-1], dtype=np.float64) / 2.0
@@ -421,10 +416,16 @@ def _gold(rng: np.random.Generator, room: _Room, shape_zyx, pixel_size: float) -
     return out, len(out)
 
 
+def cell_thickness(width: int, pixel_size: float) -> int:
+    """Default thickness (voxels) of the cell section: about W/2 (an even number), but at least
+    what holds the smallest vesicle."""
+    need = 2 * int(math.ceil(CELL["vesicle_radius"][0] / pixel_size + 3.0))
+    return max(2 * int(round(width / 4.0)), need)
+
+
 def cell(shape_zyx, pixel_size: float, seed: int) -> Specimen:
     """A vesicle-rich cytoplasm section in a box of ``shape_zyx`` voxels of ``pixel_size`` A
     (sizes and densities: :data:`CELL`; see docs/specimens.md)."""
-    from fasttomo.data.phantom import Ellipsoid, Phantom
 
     shape = tuple(int(s) for s in shape_zyx)
     half = np.array(shape[::-1], dtype=np.float64) / 2.0
@@ -473,7 +474,6 @@ def _particles(rng: np.random.Generator, body: np.ndarray, half: np.ndarray, pix
     particle_size (A, across the {111} faces), randomly turned, centred half a {111} distance
     outside the surface (so they sit partly embedded); a Poisson number of mean particle_per_A2 x
     the support's area. Particles that would leave the box or touch another are left out."""
-    from fasttomo.data.phantom import _uniform_rotation
 
     c = CATALYST
     p_axes = body ** 1.6
@@ -505,7 +505,6 @@ def catalyst(shape_zyx, pixel_size: float, seed: int) -> Specimen:
     """A porous, low-density support grain carrying heavy crystalline particles, in a box of
     ``shape_zyx`` voxels of ``pixel_size`` A (sizes and densities: :data:`CATALYST`; see
     docs/specimens.md)."""
-    from fasttomo.data.phantom import Ellipsoid, Phantom
 
     shape = tuple(int(s) for s in shape_zyx)
     half = np.array(shape[::-1], dtype=np.float64) / 2.0
