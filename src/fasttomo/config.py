@@ -253,7 +253,6 @@ class PhantomDataConfig(DataConfig):
                  and self.phantom_seed >= 0, "data.phantom_seed",
                  f"must be an integer >= 0, got {self.phantom_seed!r}; set data.phantom_seed=0 for example.")
 
-
     def _check_detector(self) -> None:
         if self.dose is not None:
             _positive(self.dose, "data.dose")
