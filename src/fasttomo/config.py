@@ -661,9 +661,9 @@ class OptimConfig:
     steps: int = 1500
     """Number of optimizer steps."""
     lr_grids: float = 3e-2
-    """Adam learning rate of the plane / voxel parameters (3e-2 with plane TV 1e-2 since e9a7674:
-    bench_quality found the pair better than 2e-2 and 3e-3 on every case it ran, at the same fit
-    time; benchmarks/README.md)."""
+    """Adam learning rate of the plane / voxel parameters (3e-2 with plane TV 1e-2: bench_quality
+    found the pair better than 2e-2 and 3e-3 on every case it ran, at the same fit time;
+    benchmarks/README.md)."""
     lr_decoder: float = 5e-3
     """Adam learning rate of the decoder MLP."""
     lr_rotations: float = 1e-3
@@ -1166,7 +1166,7 @@ def upgrade(saved: dict) -> dict:
     pose = out.get("pose")
     if isinstance(pose, dict) and pose.get("learn") is True:
         if "learn_z1" not in pose:
-            pose["learn_z1"] = True  # before learn_z1 existed (b3ab128), refined rotations always included z1
+            pose["learn_z1"] = True  # a checkpoint without learn_z1 refined z1 with every rotation
         if "learn_tilt_axis" not in pose:
             pose["learn_tilt_axis"] = False  # no common rotation was learned then
     hints = typing.get_type_hints(Config)

@@ -3,7 +3,7 @@ and the synthetic tilt series of every specimen (:func:`make_tiltseries`). The e
 themselves (:class:`Ellipsoid`, :class:`Phantom`, :func:`project`, :func:`voxelize`) live in
 :mod:`fasttomo.data.ellipsoids` and are re-exported here.
 
-Geometry (DESIGN.md, "Conventions that must not drift"):
+Geometry (README "Geometry conventions"):
   * Physical coordinates are centred and in voxel units (voxel = pixel size). A phantom box of
     shape (Z, Y, X) spans |x| <= X/2, |y| <= Y/2, |z| <= Z/2; voxel (k, i, j) has its centre at
     x = j - (X-1)/2, y = i - (Y-1)/2, z = k - (Z-1)/2.
