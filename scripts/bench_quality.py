@@ -37,8 +37,8 @@ fraction of the clean projections' maximum):
 The specimen cases (a dose) always add the half-set run (``--eval``) and are scored by the FSC
 to the truth (0.5 and 0.143 crossings in A and ``fsc_mean``, the mean FSC to Nyquist), the
 half-set FSC (crossings and mean) and Pearson. ``--size N`` rescales every case to N x N pixels
-(thickness and pixel size scaled with it, so the specimen keeps its physical size) for a quick
-end-to-end check; ``--overrides`` adds overrides to every field run (e.g. ``optim.steps=50``).
+and its thickness alike (the specimen cases scale their pixel size too, so they keep their
+physical size) for a quick end-to-end check; ``--overrides`` adds overrides to every field run (e.g. ``optim.steps=50``).
 
 Methods (``--methods``):
 
@@ -116,8 +116,8 @@ POSE_OVERRIDES = ["pose=refine"]
 
 
 def case_spec(name: str, size: int | None = None) -> dict:
-    """The case's specimen; ``size`` rescales it to size x size pixels, the thickness and the pixel
-    size scaled by the same factor (the specimen keeps its physical size)."""
+    """The case's specimen; ``size`` rescales it to size x size pixels, the thickness (and, for the
+    specimen cases, the pixel size) by the same factor."""
     spec = dict(CASES[name])
     if size:
         f = spec["width"] / float(size)
@@ -273,7 +273,8 @@ def parse_args() -> argparse.Namespace:
                     help="cases that also get the half-set FSC and held-out-view runs (field-default and sirt); "
                          "the specimen cases (with a dose) always do")
     ap.add_argument("--size", type=int, default=None,
-                    help="rescale every case to SIZE x SIZE pixels (thickness and pixel size scaled alike): a quick check")
+                    help="rescale every case to SIZE x SIZE pixels and its thickness alike (the specimen cases their pixel "
+                         "size too): a quick end-to-end check")
     ap.add_argument("--overrides", default="", help="\"override override ...\" added to every field run")
     ap.add_argument("--work", default=None, help="folder for case files and runs (default: a temp folder)")
     ap.add_argument("--out-dir", default=None, help="where the JSON record goes (default benchmarks/results)")

@@ -40,6 +40,18 @@ def test_flat_field_mean_and_variance_are_poisson():
     assert meta["dose_e_per_px"] == 50.0 and meta["inverted"] is False
 
 
+def test_read_noise_adds_its_variance_to_the_shot_noise():
+    """dose + Gaussian noise (relative to the clean image's maximum): variance gain^2 dose + noise_std^2."""
+    flat = np.zeros((8, 64, 64), dtype=np.float32)
+    det = _Det(noise=0.1, noise_relative_to="max")
+    img, meta = detect(flat, det, seed=5)
+    noise_std = 0.1 * (det.offset + det.gain * det.dose)
+    assert meta["noise_std"] == pytest.approx(noise_std)
+    want = det.gain ** 2 * det.dose + noise_std ** 2
+    assert abs(float(img.var()) / want - 1.0) < 4.0 * np.sqrt(2.0 / img.size)
+    assert abs(float(img.mean()) - (det.offset + det.gain * det.dose)) < 4.0 * np.sqrt(want / img.size)
+
+
 def test_mean_image_is_linear_in_the_line_integral():
     p = np.linspace(0.0, 7.0, 4096, dtype=np.float32).reshape(1, 64, 64)
     lam = expected_counts(p, 200.0, 0.3)

@@ -47,6 +47,13 @@ def test_cell_holds_every_part(cell):
     assert p["vesicles"] >= 1 and p["ribosomes"] >= 1 and p["gold_fiducials"] >= 1
     assert p["actin_subunits"] >= 1 and p["texture_blobs"] > 100
     assert all(150.0 <= r <= 300.0 for r in p["vesicle_radii_A"])
+    # the filaments' subunits follow the F-actin helix: consecutive ones rise 27.5 A and turn -166.7 degrees
+    c = S.CELL
+    step = math.hypot(c["actin_rise"], 2.0 * c["actin_radius"] * math.sin(math.radians(c["actin_twist_deg"]) / 2.0))
+    subs = {e.name: e.center_xyz for e in _named(sp, "filament ")}
+    pairs = [(subs[n], subs[n.rsplit(" ", 1)[0] + f" {int(n.rsplit(' ', 1)[1]) + 1}"]) for n in subs
+             if n.rsplit(" ", 1)[0] + f" {int(n.rsplit(' ', 1)[1]) + 1}" in subs]
+    assert pairs and all(abs(np.linalg.norm(a - b) * 10.0 - step) < 1e-6 for a, b in pairs)
     assert vol.shape == CELL_BOX and vol.dtype == np.float32 and float(vol.min()) >= 0.0
 
 
