@@ -10,7 +10,7 @@ R p + (su, sv) for a view with pose R):
   smaller one, a hole a negative density): exact chord lengths;
 * isotropic Gaussian blobs (the crowded texture): a 3-D Gaussian of peak A and width s projects
   along any direction to A sqrt(2 pi) s exp(-d^2 / 2 s^2) (a row factor times a column factor,
-  summed over blobs by matrix products; left out only where below exp(-18) of the peak);
+  summed over blobs by one matrix product per view);
 * convex polyhedra (the crystalline particles): the chord through the intersection of the
   half-spaces n.p <= h, exact.
 
@@ -23,9 +23,12 @@ and the number of objects follows the box's physical volume (or, for the catalys
 the support's surface). An object that cannot fit in the box is left out; a box too small for the
 specimen's main body is an error that names the fix.
 
-Seeds: part k of a specimen (vesicles, filaments, ...) draws from
-``SeedSequence(phantom_seed, spawn_key=(stream, k))``, so adding or changing one part leaves the
-others' draws as they were.
+Seeds: part k of a specimen draws from its own stream, ``SeedSequence(phantom_seed,
+spawn_key=(5, k))`` for the cell (k = 0 vesicles, 1 filaments, 2 ribosomes, 3 texture, 4 gold)
+and ``(6, k)`` for the catalyst (0 support, 1 pores, 2 particles, 3 texture). Objects are placed
+in turn (cell: gold, ribosomes, vesicles, filaments; catalyst: pores, particles), each apart from
+those placed before it, so a part's draws never change with another's, though where a later part
+fits does.
 """
 
 from __future__ import annotations
@@ -89,9 +92,8 @@ class Blobs:
     def render(self, shape_zyx) -> np.ndarray:
         """(Z, Y, X) float64: the Gaussians sampled at the voxel centres."""
         z, y, x = (int(s) for s in shape_zyx)
-        out = _separable(_Factors(self.xyz[:, 2] + (z - 1) / 2.0, self.sigma, self.amplitude),
-                         [self.xyz[:, 1] + (y - 1) / 2.0, self.xyz[:, 0] + (x - 1) / 2.0], (z, y, x))
-        return out
+        return _separable(_Factors(self.xyz[:, 2] + (z - 1) / 2.0, self.sigma, self.amplitude),
+                          [self.xyz[:, 1] + (y - 1) / 2.0, self.xyz[:, 0] + (x - 1) / 2.0], (z, y, x))
 
 
 @dataclasses.dataclass
@@ -116,7 +118,8 @@ def _separable(first: _Factors, others: list, shape: tuple) -> np.ndarray:
     sig = torch.from_numpy(np.asarray(first.sigma, dtype=np.float64))[:, None]
 
     def g(centre: np.ndarray, n: int) -> torch.Tensor:                         # (N, n)
-        d = torch.arange(n, dtype=torch.float64)[None, :] - torch.from_numpy(np.asarray(centre, dtype=np.float64))[:, None]
+        c = torch.from_numpy(np.asarray(centre, dtype=np.float64))[:, None]
+        d = torch.arange(n, dtype=torch.float64)[None, :] - c
         return torch.exp(-0.5 * (d / sig) ** 2)
 
     g0 = g(first.centre, shape[0]) * torch.from_numpy(np.asarray(first.weight, dtype=np.float64))[:, None]
@@ -147,8 +150,10 @@ class Polyhedra:
     def project_view(self, rot: np.ndarray, shift: np.ndarray, height: int, width: int) -> np.ndarray:
         """(H, W) exact chord lengths times density of one view (``rot`` (3, 3), ``shift`` (2,)).
 
-        The ray of pixel (u, v) is p(t) = R^T ((u, v, 0) - (su, sv, 0) + t e_z), so for the face
-        (n, h) of a particle at c, with m = R n: t m_z <= h + m.(R c) - m_x u' - m_y v'."""
+        The ray of pixel (u, v) is p(t) = R^T ((u - su, v - sv, 0) + t e_z). With m = R n and
+        (du, dv) the pixel's offset from the particle's projected centre, the ray lies on the inner
+        side of the face (n, h) where m_x du + m_y dv + m_z t' <= h (t' the depth from the
+        centre's): a half-line per face, and the chord is the length of their intersection."""
         out = np.zeros((height, width))
         for k in range(len(self.centres)):
             rc = rot @ self.centres[k]
@@ -180,7 +185,8 @@ class Polyhedra:
             box = []
             for ax in range(3):                                                  # z, y, x
                 n, c = shape_zyx[ax], self.centres[k][2 - ax] + (shape_zyx[ax] - 1) / 2.0
-                box.append((max(0, int(math.floor(c - self.radius[k]))), min(n, int(math.ceil(c + self.radius[k])) + 1)))
+                r = self.radius[k]
+                box.append((max(0, int(math.floor(c - r))), min(n, int(math.ceil(c + r)) + 1)))
             if any(a >= b for a, b in box):
                 continue
             axes = [(np.arange(a * ss, b * ss) + 0.5) / ss - 0.5 - (shape_zyx[ax] - 1) / 2.0 - self.centres[k][2 - ax]
@@ -364,7 +370,8 @@ def _filaments(rng: np.random.Generator, room: _Room, pixel_size: float) -> tupl
         start = mid - 0.5 * n_sub * c["actin_rise"] * d / pixel_size
         for i in range(n_sub):
             phi = math.radians(c["actin_twist_deg"]) * i
-            p = start + (i * c["actin_rise"] * d + c["actin_radius"] * (math.cos(phi) * e1 + math.sin(phi) * e2)) / pixel_size
+            off = i * c["actin_rise"] * d + c["actin_radius"] * (math.cos(phi) * e1 + math.sin(phi) * e2)
+            p = start + off / pixel_size
             if room.inside(p, bead + 1.0) and all(np.linalg.norm(p - q) >= bead + r for q, r in others):
                 out.append(Ellipsoid(p, (bead,) * 3, None, c["actin_density"], f"filament {f} subunit {i}"))
     return out, n
@@ -408,7 +415,8 @@ def _gold(rng: np.random.Generator, room: _Room, shape_zyx, pixel_size: float) -
         return out, 0
     for k in range(n):
         for _ in range(60):
-            p = np.append(rng.uniform(-1.0, 1.0, size=2) * (half[:2] - r - 1.0), rng.choice([-1.0, 1.0]) * (half[2] - r - 1.0))
+            face = rng.choice([-1.0, 1.0]) * (half[2] - r - 1.0)
+            p = np.append(rng.uniform(-1.0, 1.0, size=2) * (half[:2] - r - 1.0), face)
             if room.free(p, r):
                 room.placed.append((p, r))
                 out.append(Ellipsoid(p, (r,) * 3, None, c["gold_density"], f"gold fiducial {k}"))
