@@ -226,7 +226,6 @@ class Specimen:
     def project(self, angles_deg: np.ndarray, height: int, width: int,
                 poses: Mapping[str, Any] | None = None) -> np.ndarray:
         """Exact line integrals at the pixel centres, (N, H, W) float32 (see the module doc)."""
-
         ang = np.asarray(angles_deg, dtype=np.float64)
         if ang.ndim != 1:
             raise PhantomError(f"the {self.name} specimen takes one tilt angle per view (angles of shape (n,)).")
@@ -247,7 +246,6 @@ class Specimen:
 
     def volume(self) -> np.ndarray:
         """Ground truth (Z, Y, X) float32 (see the module doc)."""
-
         vol = voxelize(self.phantom, self.shape_zyx, SUPERSAMPLE).astype(np.float64)
         vol += self.blobs.render(self.shape_zyx)
         if self.polyhedra is not None:
@@ -324,7 +322,6 @@ def _vesicles(rng: np.random.Generator, room: _Room, pixel_size: float) -> tuple
     centres lie leaflet_spacing apart) around a lighter lumen, until they fill vesicle_fraction of
     the body (or no more fit); radii uniform in vesicle_radius, capped by the body's thinnest half
     size. Returns (ellipsoids, radii in A)."""
-
     c = CELL
     t, s, rho = c["leaflet_thickness"] / pixel_size, c["leaflet_spacing"] / pixel_size, c["leaflet_density"]
     target = c["vesicle_fraction"] * _ellipsoid_volume_A3(room.body, pixel_size)
@@ -351,7 +348,6 @@ def _filaments(rng: np.random.Generator, room: _Room, pixel_size: float) -> tupl
     actin_bead_radius) follow the genetic helix of F-actin (rise actin_rise, twist actin_twist_deg,
     actin_radius off the axis); subunits outside the body or inside another object are left out.
     Returns (ellipsoids, number of filaments)."""
-
     c = CELL
     n = _count(c["filament_per_A3"], _ellipsoid_volume_A3(room.body, pixel_size), rng)
     bead = c["actin_bead_radius"] / pixel_size
@@ -381,7 +377,6 @@ def _ribosomes(rng: np.random.Generator, room: _Room, pixel_size: float) -> tupl
     """Ribosome-sized particles (~250 A): a large subunit (sphere of ribosome_large radius) with
     rna_count dense RNA-like cores inside it, and a small subunit (ellipsoid ribosome_small)
     against it. Returns (ellipsoids, number placed)."""
-
     c = CELL
     n = _count(c["ribosome_per_A3"], _ellipsoid_volume_A3(room.body, pixel_size), rng)
     big, small = c["ribosome_large"] / pixel_size, np.array(c["ribosome_small"]) / pixel_size
@@ -405,7 +400,6 @@ def _ribosomes(rng: np.random.Generator, room: _Room, pixel_size: float) -> tupl
 def _gold(rng: np.random.Generator, room: _Room, shape_zyx, pixel_size: float) -> tuple[list, int]:
     """Gold fiducials (spheres of gold_radius, gold_density) on the two faces of the section: a
     Poisson number of mean gold_per_A2 x the section's area, at least one when it fits."""
-
     c = CELL
     half = np.array(shape_zyx[::-1], dtype=np.float64) / 2.0
     r = c["gold_radius"] / pixel_size
@@ -434,7 +428,6 @@ def cell_thickness(width: int, pixel_size: float) -> int:
 def cell(shape_zyx, pixel_size: float, seed: int) -> Specimen:
     """A vesicle-rich cytoplasm section in a box of ``shape_zyx`` voxels of ``pixel_size`` A
     (sizes and densities: :data:`CELL`; see docs/specimens.md)."""
-
     shape = tuple(int(s) for s in shape_zyx)
     half = np.array(shape[::-1], dtype=np.float64) / 2.0
     body = half - 1.0
@@ -482,9 +475,8 @@ def _particles(rng: np.random.Generator, body: np.ndarray, half: np.ndarray, pix
     particle_size (A, across the {111} faces), randomly turned, centred half a {111} distance
     outside the surface (so they sit partly embedded); a Poisson number of mean particle_per_A2 x
     the support's area. Particles that would leave the box or touch another are left out."""
-
     c = CATALYST
-    p_axes = body ** 1.6
+    p_axes = body ** 1.6                                                  # Thomsen's ellipsoid area (within ~1 %)
     area = 4.0 * math.pi * ((p_axes[0] * p_axes[1] + p_axes[0] * p_axes[2] + p_axes[1] * p_axes[2]) / 3.0) ** (1 / 1.6)
     n = _count(c["particle_per_A2"], area * pixel_size ** 2, rng)
     lo, hi = (math.log(v) for v in c["particle_size"])
@@ -513,7 +505,6 @@ def catalyst(shape_zyx, pixel_size: float, seed: int) -> Specimen:
     """A porous, low-density support grain carrying heavy crystalline particles, in a box of
     ``shape_zyx`` voxels of ``pixel_size`` A (sizes and densities: :data:`CATALYST`; see
     docs/specimens.md)."""
-
     shape = tuple(int(s) for s in shape_zyx)
     half = np.array(shape[::-1], dtype=np.float64) / 2.0
     rng = _stream(seed, _CATALYST_STREAM, 0)
