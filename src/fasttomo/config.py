@@ -144,7 +144,7 @@ class DataConfig(GroupOption):
     """Where the tilt series comes from: phantom (built-in synthetic), mrc, hdf5 or tiff."""
     pixel_size: Optional[float] = None
     """Pixel size in Angstrom; overrides the file's value. None: from the file (phantom: 10 A,
-    nanoparticle: 0.75 A)."""
+    nanoparticle: 0.75 A, catalyst: 2.5 A)."""
     thickness: Optional[int] = None
     """Z size of the reconstructed volume in voxels (beam direction at 0 degrees). None: the
     phantom's own thickness, or W/2 for real data."""
@@ -181,13 +181,31 @@ class PhantomDataConfig(DataConfig):
     """Phantom: what ``noise`` is a fraction of: std (the standard deviation of all clean
     projection pixels) or max (their maximum, the usual "5 % noise" of tomography papers; at the
     same ``noise`` it is several times stronger than std)."""
+    dose: Optional[float] = None
+    """Phantom: electrons per pixel per view; the images become Poisson counts of a linear
+    bright-field model, offset + gain x Poisson(dose x (1 - absorption x P / max P)) for the line
+    integral P (see fasttomo.data.dose). None: no shot noise (the exact line integrals)."""
+    gain: float = 1.0
+    """Phantom (with dose): detector counts per electron."""
+    offset: float = 0.0
+    """Phantom (with dose): detector offset added to every pixel (counts)."""
+    absorption: float = 0.3
+    """Phantom (with dose): the fraction of the beam that the most absorbing ray of the series
+    removes (the slope of the linear model), in (0, 1)."""
+    invert: Optional[bool] = None
+    """Phantom: invert the contrast (x -> max - x, as data.invert for file data) so that mass is
+    bright. None: true with a dose (bright-field counts are mass-dark), false otherwise."""
     phantom: str = "default"
     """Phantom: which specimen: default (the deterministic built-in phantom with a right-handed
     helix; thickness None means about W/2), ellipsoids (n_ellipsoids random ellipsoids drawn
     from phantom_seed, see fasttomo.data.phantom.random_ellipsoids; thickness None means W, a cube
-    for square images) or nanoparticle (an FCC particle of Gaussian atoms, see ``particle`` and
+    for square images), nanoparticle (an FCC particle of Gaussian atoms, see ``particle`` and
     fasttomo.data.atoms; thickness None means W; fasttomo-simulate writes the true atoms as
-    <out>_atoms.csv for fasttomo-trace truth=)."""
+    <out>_atoms.csv for fasttomo-trace truth=), cell (a vesicle-rich cytoplasm section: lipid
+    bilayers, actin-like filaments, ribosomes, a crowded texture and gold fiducials; pixel size
+    None means 10 A, thickness None about W/2) or catalyst (a porous support with heavy
+    crystalline particles of 1-10 nm; pixel size None means 2.5 A, thickness None W); both in
+    fasttomo.data.specimens, sizes in Angstrom (docs/specimens.md)."""
     n_ellipsoids: int = 8
     """Phantom: number of random ellipsoids with phantom=ellipsoids (ignored by phantom=default)."""
     particle: ParticleConfig = dataclasses.field(default_factory=ParticleConfig)
@@ -217,7 +235,8 @@ class PhantomDataConfig(DataConfig):
                  f"need -90 < tilt_min < tilt_max < 90 degrees, got {self.tilt_min}, {self.tilt_max}.")
         _nonneg(self.noise, "data.noise")
         _choice(self.noise_relative_to, ("std", "max"), "data.noise_relative_to")
-        _choice(self.phantom, ("default", "ellipsoids", "nanoparticle"), "data.phantom")
+        _choice(self.phantom, ("default", "ellipsoids", "nanoparticle", "cell", "catalyst"), "data.phantom")
+        self._check_detector()
         _require(isinstance(self.n_ellipsoids, int) and not isinstance(self.n_ellipsoids, bool)
                  and self.n_ellipsoids >= 1, "data.n_ellipsoids",
                  f"must be an integer >= 1, got {self.n_ellipsoids!r}; set data.n_ellipsoids=8 for example.")
@@ -233,6 +252,17 @@ class PhantomDataConfig(DataConfig):
         _require(isinstance(self.phantom_seed, int) and not isinstance(self.phantom_seed, bool)
                  and self.phantom_seed >= 0, "data.phantom_seed",
                  f"must be an integer >= 0, got {self.phantom_seed!r}; set data.phantom_seed=0 for example.")
+
+    def _check_detector(self) -> None:
+        if self.dose is not None:
+            _positive(self.dose, "data.dose")
+        _positive(self.gain, "data.gain")
+        _require(isinstance(self.offset, (int, float)) and not isinstance(self.offset, bool)
+                 and math.isfinite(self.offset), "data.offset", f"must be a finite number of counts, got {self.offset!r}.")
+        _require(isinstance(self.absorption, (int, float)) and 0 < self.absorption < 1, "data.absorption",
+                 f"must lie in (0, 1) (the fraction of the beam the densest ray removes), got {self.absorption!r}.")
+        _require(self.invert is None or isinstance(self.invert, bool), "data.invert",
+                 f"must be true, false or null (true with a dose), got {self.invert!r}.")
 
 
 @dataclasses.dataclass

@@ -147,6 +147,7 @@ def _start() -> None:
     from omegaconf import OmegaConf
 
     from fasttomo.config import config_dir
+    from fasttomo.data.specimen import PhantomError
     from fasttomo.data.tiltseries import TiltSeriesError
 
     # the typed schema (first in configs/simulate.yaml's defaults): a misspelled key is refused
@@ -157,7 +158,7 @@ def _start() -> None:
         try:
             sim = from_dict(SimulateConfig, strip_unset(OmegaConf.to_container(cfg, resolve=True, throw_on_missing=False)))
             simulate(sim.data, sim.out, sim.format, sim.overwrite)
-        except (ConfigError, TiltSeriesError, FileExistsError) as exc:
+        except (ConfigError, TiltSeriesError, PhantomError, FileExistsError) as exc:
             log.error("%s", exc)
             sys.exit(2)
 

@@ -258,12 +258,13 @@ def run_reconstruction(cfg: Config) -> dict:
 def user_errors() -> tuple[type[BaseException], ...]:
     """Errors caused by input, config, the output folder or a checkpoint: reported as one clear
     line (exit code 2), no traceback."""
+    from fasttomo.data.specimen import PhantomError
     from fasttomo.data.tiltseries import TiltSeriesError
     from fasttomo.kernels.dispatch import KernelUnavailableError
     from fasttomo.train.checkpoint import CheckpointError
 
     return (ConfigError, TiltSeriesError, OutputExistsError, OutputFolderError, CheckpointError,
-            KernelUnavailableError, FileNotFoundError)
+            KernelUnavailableError, FileNotFoundError, PhantomError)
 
 
 def _one_line(exc: BaseException) -> str:
