@@ -80,7 +80,7 @@ def run_reconstruction(cfg: Config) -> dict:
     from fasttomo.data.load import load_tiltseries
     from fasttomo.run.outputs import save_checkpoint_file, write_volumes
     from fasttomo.quality.scoring import attach_truth, split_holdout
-    from fasttomo.run.preflight import check_free_space
+    from fasttomo.run.preflight import check_free_space, memory_problem
     from fasttomo.run.resume import refuse_immutable, warn_changes
     from fasttomo.run.folder import RunFolder
     from fasttomo.run.stop import RunInterrupted, StopRequests, signal_name
@@ -151,6 +151,9 @@ def run_reconstruction(cfg: Config) -> dict:
             if cfg.model.kind == "sirt":
                 return _sirt_run(cfg, ts, hold, out_dir, folder, main, rank, world, local_rank, t0, joined)
             comps, trainer = _build_trainer(cfg, ts, out_dir, rank, world, local_rank)
+            problem = broadcast_object(memory_problem(cfg, comps) if main else None)  # too big: refused now
+            if problem:
+                raise ConfigError(problem)
             stop.device = comps.device
             trainer.stop = stop
             if resume_state is not None:

@@ -7,10 +7,14 @@ The estimates are arithmetic on the built run (parameter count, volume shape, ba
 * files: each volume file is Z*Y*X*4 bytes; a checkpoint is 4 bytes per parameter plus 8 per
   trainable parameter (Adam's moments); one extra checkpoint is counted for the temporary file
   of an atomic replace; TensorBoard and the small files are bounded generously;
-* memory: parameters, gradients, Adam's moments, the divergence guard's two snapshots, and the
-  activations of one step (points per step x floats kept per point, a rough figure: the pure
-  torch path keeps about four copies of each point's features for the backward, the fused
-  kernels fewer). On CUDA the dry run also measures one forward and backward pass.
+* memory: what the run holds at its peak (:func:`estimate_memory_bytes`): on the CPU the resident
+  memory of the process (Python and torch, the data and the model, measured where the estimate
+  is made) plus gradients, Adam's moments, the divergence guard's two snapshots, the largest
+  chunk of a pass that evaluates the field (a training step, a validation chunk, a chunk of
+  rendered views, an export chunk; bytes per sample point x points per chunk) and the final
+  volume; on CUDA the same from parameters and data up. On CUDA the dry run also measures one
+  forward and backward pass. A run that cannot fit in the free memory is refused before it
+  trains (:func:`check_memory`), with the fix (data.thickness that fits, fewer rays or samples).
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from fasttomo.config import Config
+from fasttomo.config import Config, ConfigError
 
 log = logging.getLogger("fasttomo")
 
@@ -83,19 +87,103 @@ def check_free_space(folder: Path, cfg: Config, comps, start_step: int = 0) -> d
     return need
 
 
-def estimate_memory_bytes(cfg: Config, comps) -> dict[str, int]:
-    """Device memory of one training step, by kind (see the module doc; activations are rough)."""
-    total, trainable = _counts(comps)
-    n_feat = int(getattr(comps.projector.field, "n_features", 1))
+def train_point_bytes(n_features: int, hidden: int) -> int:
+    """Bytes a training step keeps per sample point for the backward (measured about 1,000-1,100 B
+    at 32 features and 32 hidden units on the CPU)."""
+    return 4 * (3 * 4 + 4 * n_features + 4 * hidden + 16)
+
+
+def pass_bytes(cfg: Config, comps) -> dict[str, int]:
+    """Bytes of the largest chunk of each pass that evaluates the field: a training step, a
+    validation chunk, a rendering chunk (per-view residuals, held-out views), an export chunk."""
+    from fasttomo.quality.scoring import (VIEW_RESIDUAL_RAYS, free_memory_bytes, nograd_point_bytes,
+                                          render_chunk_rays)
+    from fasttomo.train.trainer import VAL_CHUNK_FLOATS
+
+    proj, sampler = comps.projector, comps.sampler
+    spr = int(proj.samples_per_ray)
+    feats = int(getattr(proj.field, "n_features", 1))
     hidden = cfg.model.hidden if cfg.model.kind != "voxel" else 0
-    points = comps.sampler.batch_size * comps.projector.samples_per_ray
-    per_point = 3 * 4 + 4 * n_feat + 4 * hidden + 16  # floats kept per sample point for the backward
-    out = {"parameters": 4 * total, "gradients": 4 * trainable, "optimizer": 8 * trainable,
-           "activations": points * per_point * 4,
-           "data": int(comps.ts.stack.nbytes * (2 if comps.ts.valid is not None else 1))}
+    nograd = nograd_point_bytes(feats, hidden)
+    batch = int(sampler.batch_size)
+    val_rays = min(batch * max(1, min(16, VAL_CHUNK_FLOATS // max(1, batch * spr * feats))), int(sampler.n_val))
+    ts = comps.ts
+    view_rays = min(ts.n_tilts * ts.height * ts.width, VIEW_RESIDUAL_RAYS * 2)
+    view_rays = min(view_rays, render_chunk_rays(spr, nograd, free_memory_bytes(comps.device)))
+    return {"training step": batch * spr * train_point_bytes(feats, hidden), "validation": val_rays * spr * nograd,
+            "rendering views": view_rays * spr * nograd, "export": (1 << 18) * nograd}
+
+
+def rss_bytes() -> int | None:
+    """This process's resident memory now (VmRSS), or None off Linux."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def estimate_memory_bytes(cfg: Config, comps) -> dict[str, int]:
+    """Peak memory of the run on its device, by kind. On the CPU (peak resident memory, RSS): what
+    this process holds now (Python, torch, the data and the built model, measured), the gradients,
+    Adam's moments and the guard's snapshots, a training step's activations plus the largest chunk
+    of the other passes (:func:`pass_bytes`; the allocator keeps the step's freed blocks, so the
+    two add up) and the final volume with its scores. On CUDA: parameters, gradients, optimizer,
+    data, snapshots, the two chunks and the final volume (arithmetic; the dry run also measures
+    one step)."""
+    total, trainable = _counts(comps)
+    passes = pass_bytes(cfg, comps)
+    step = passes.pop("training step")
+    largest = max(passes, key=passes.get)
+    shape = tuple(cfg.output.volume_shape) if cfg.output.volume_shape is not None else tuple(comps.box.shape_zyx)
+    voxels = math.prod(int(v) for v in shape)
+    here = rss_bytes() if comps.device.type == "cpu" else None
+    out = {"parameters": 4 * total, "data": int(comps.ts.stack.nbytes * (2 if comps.ts.valid is not None else 1))}
+    if here is not None:
+        out = {"python, torch, data and model (measured)": here}
+    out.update({"gradients": 4 * trainable, "optimizer": 8 * trainable})
     if cfg.guard.enabled:
         out["guard snapshots"] = 2 * 12 * trainable
+    out["training step"] = step  # its blocks stay with the process (the allocator keeps them) ...
+    out[f"largest other pass ({largest})"] = passes[largest]  # ... while the other passes run
+    out["final volume and scores"] = voxels * 4 * (6 if here is not None else 2)
     return out
+
+
+def memory_problem(cfg: Config, comps) -> str | None:
+    """The message of :func:`check_memory`'s refusal, or None when the run fits."""
+    try:
+        check_memory(cfg, comps)
+    except ConfigError as exc:
+        return str(exc)
+    return None
+
+
+def check_memory(cfg: Config, comps) -> dict[str, int]:
+    """Raise ConfigError when the run cannot fit in the device's free memory (the fix in the
+    message: a thinner box, fewer samples or rays); returns the estimate."""
+    from fasttomo.quality.scoring import free_memory_bytes
+
+    mem = estimate_memory_bytes(cfg, comps)
+    free = free_memory_bytes(comps.device)
+    # what the process holds already is not free any more: count it as used, not as still needed
+    held = rss_bytes() if comps.device.type == "cpu" else torch.cuda.memory_allocated(comps.device)
+    need = sum(mem.values()) - (held or 0)
+    if free is None or need <= free:
+        return mem
+    spr, batch = comps.projector.samples_per_ray, comps.sampler.batch_size
+    fixes = []
+    if cfg.data.thickness is not None:
+        # the model, its optimizer state and every pass grow about in proportion to the thickness
+        fits = max(2, int(cfg.data.thickness * 0.8 * free / max(need + (held or 0), 1)))
+        fixes.append(f"a thinner box (data.thickness={cfg.data.thickness} makes rays of {spr} samples; about "
+                     f"data.thickness={fits} or less fits)")
+    fixes.append(f"fewer rays a step (sampler.batch_size, now {batch}) or samples (projector.samples_per_ray, now {spr})")
+    raise ConfigError(f"this run needs about {human(need)} more memory on {comps.device} but {human(free)} is free "
+                      f"({', '.join(f'{k} {human(v)}' for k, v in mem.items())}); use {' or '.join(fixes)}.")
 
 
 def _measured_step_peak(comps) -> int | None:
@@ -132,7 +220,7 @@ def dry_run(cfg: Config) -> dict:
     if cfg.model.kind == "sirt":
         return _dry_run_sirt(cfg, ts)
     comps = build(cfg, ts)
-    mem = estimate_memory_bytes(cfg, comps)
+    mem = check_memory(cfg, comps)
     files = estimate_output_bytes(cfg, comps, start)
     report = {
         "device": str(comps.device),
