@@ -84,13 +84,12 @@ def _run(args: list[str], cwd: Path, folder: Path, plan: tuple[str, float] | Non
     return proc.returncode, time.monotonic() - t0, sent, trained_at
 
 
-def _paused_fault(args: list[str], cwd: Path, folder: Path, delay: float, fault, env: dict,
-                  prefix: list[str]) -> tuple[int, str]:
-    """Run once; ``delay`` s after training started pause the run, call ``fault()``, let it go on.
-    Returns (exit code, its output)."""
+def _paused_fault(cmd: list[str], cwd: Path, folder: Path, delay: float, fault) -> tuple[int, str]:
+    """Run ``cmd`` (its environment: this one, with TMPDIR=<cwd>/tmp); ``delay`` s after training
+    started pause it, call ``fault()``, let it go on. Returns (exit code, its output)."""
+    env = {**os.environ, "TMPDIR": str(cwd / "tmp"), "PYTHONUNBUFFERED": "1"}
     with open(cwd / "attempts.log", "a") as log:
-        proc = subprocess.Popen([*prefix, sys.executable, "-m", "fasttomo.cli.reconstruct", *args], cwd=cwd,
-                                stdout=log, stderr=subprocess.STDOUT, env={**env, "PYTHONUNBUFFERED": "1"})
+        proc = subprocess.Popen(cmd, cwd=cwd, stdout=log, stderr=subprocess.STDOUT, env=env)
         start = log.tell()
         while proc.poll() is None and "training from step" not in _log_text(folder):
             time.sleep(0.02)
@@ -167,8 +166,8 @@ def write_fault(args, common: list[str], out: Path, rng: random.Random) -> int:
         if args.fault == "permission":  # root ignores permissions: drop that right from the run
             prefix = ["setpriv", "--bounding-set", "-dac_override,-dac_read_search,-fowner", "--"]
         fault = (lambda: _fill(mnt)) if args.fault == "disk-full" else (lambda: _read_only(folder))
-        code, text = _paused_fault([*common, f"hydra.run.dir={folder}"], out, folder, delay, fault,
-                                   {**os.environ, "TMPDIR": str(rescue_dir)}, prefix)
+        cmd = [*prefix, sys.executable, "-m", "fasttomo.cli.reconstruct", *common, f"hydra.run.dir={folder}"]
+        code, text = _paused_fault(cmd, out, folder, delay, fault)
         lines = [ln for ln in text.splitlines() if ln.strip()]
         print(f"{args.fault} {delay:.2f} s into training: exit {code}; last line: {lines[-1] if lines else ''}")
         ok = code == 1 and "Traceback" not in text

@@ -253,8 +253,10 @@ def refuse_constant(stack: np.ndarray, valid: np.ndarray | None, where: str) -> 
                               "no signal. Check data.path (the right file? exported empty?) and re-export the stack.")
 
 
-def _exclude(stack, valid, angles, views, cfg, where: str):
-    """data.exclude_views (1-based file sections)."""
+def _exclude(parts: tuple, cfg, where: str):
+    """data.exclude_views (1-based file sections) of ``parts`` = (stack, valid, angles, views).
+    Returns the kept parts and the step's record."""
+    stack, valid, angles, views = parts
     n = len(views)
     ex = sorted({int(v) for v in cfg.exclude_views})
     out_of_range = [v for v in ex if not 1 <= v <= n]
@@ -266,9 +268,11 @@ def _exclude(stack, valid, angles, views, cfg, where: str):
     return (*_take(keep, stack, valid, angles, views), f"excluded views {ex} (1-based)")
 
 
-def _dark_views(stack, valid, angles, views, cfg, where: str):
-    """Report dark and blank views; drop them with data.drop_dark_views, else refuse blank ones.
-    Returns (stack, valid, angles, views, step or None)."""
+def _dark_views(parts: tuple, cfg, where: str):
+    """Report dark and blank views of ``parts`` = (stack, valid, angles, views); drop them with
+    data.drop_dark_views, else refuse blank ones. Returns the kept parts and the step's record
+    (or None)."""
+    stack, valid, angles, views = parts
     dark = find_dark_views(stack, valid)
     if not dark:
         return stack, valid, angles, views, None
@@ -303,7 +307,7 @@ def prepare(raw: RawSeries, cfg) -> TiltSeries:
     valid = handle_nonfinite(stack, valid, cfg.nonfinite, where)
     refuse_constant(stack, valid, where)
     if cfg.exclude_views:
-        stack, valid, angles, views, step = _exclude(stack, valid, angles, views, cfg, where)
+        stack, valid, angles, views, step = _exclude((stack, valid, angles, views), cfg, where)
         steps.append(step)
     check_angles(angles, f"{where} (angles from {raw.angle_source})", views)
     check_angle_units(angles, f"{where} (angles from {raw.angle_source})", getattr(cfg, "check_angle_units", True))
@@ -331,7 +335,7 @@ def prepare(raw: RawSeries, cfg) -> TiltSeries:
         log.info("%s: ground truth dropped (it no longer matches the rotated/binned/cropped images).", where)
         gt = None
 
-    stack, valid, angles, views, step = _dark_views(stack, valid, angles, views, cfg, where)
+    stack, valid, angles, views, step = _dark_views((stack, valid, angles, views), cfg, where)
     if step:
         steps.append(step)
     key = angles if angles.ndim == 1 else angles.mean(axis=1)
