@@ -76,14 +76,15 @@ def _estimate(text: str) -> float:
 
 
 def test_a_box_too_thick_for_memory_is_refused_with_a_thickness_that_fits(tmp_path):
-    """data.thickness sets the rays' length, so the samples of a step: a thickness the memory
-    cannot hold is refused before training, naming a thickness that fits (and that one fits)."""
+    """data.thickness sets the rays' length (and the size of a box-sized model): a thickness the
+    memory cannot hold is refused before anything is built, naming a thickness that fits (and that
+    one fits)."""
     from fasttomo.cli.reconstruct import compose_config
     from fasttomo.config import ConfigError
     from fasttomo.data.load import load_tiltseries
     from fasttomo.quality.scoring import free_memory_bytes
     from fasttomo.run.build import build
-    from fasttomo.run.preflight import check_memory
+    from fasttomo.run.preflight import check_memory, estimate_memory_bytes, rss_bytes
 
     free = free_memory_bytes(torch.device("cpu"))
     if free is None or free > 100e9:
@@ -94,15 +95,21 @@ def test_a_box_too_thick_for_memory_is_refused_with_a_thickness_that_fits(tmp_pa
         m.voxel_size = 10.0
     angles.write_text("\n".join(str(a) for a in np.linspace(-60, 60, 15)) + "\n")
 
-    def built(thickness: int):
+    def config(thickness: int):
         cfg = compose_config(["runtime=cpu", "data=mrc", f"data.path={stack}", f"data.angles={angles}",
-                              f"data.thickness={thickness}", "model.resolutions=[8,16]", "sampler.batch_size=1024"])
-        return cfg, build(cfg, load_tiltseries(cfg.data))
+                              f"data.thickness={thickness}", "sampler.batch_size=1024",
+                              "model.resolutions=[8,16]"])  # the rays grow with the thickness, not the model
+        return cfg, load_tiltseries(cfg.data)
 
+    before = rss_bytes()
     with pytest.raises(ConfigError, match=r"this run needs about .* more memory on cpu but .* is free .*training step "
                                           r".*use a thinner box \(data\.thickness=200000 makes rays of \d+ samples; "
                                           r"about data\.thickness=(\d+) or less fits\)") as info:
-        check_memory(*built(200000))
+        check_memory(*config(200000))
+    assert rss_bytes() - before < 200e6  # refused before the (box-sized) model was built
     fits = int(re.search(r"about data\.thickness=(\d+) or less fits", str(info.value)).group(1))
     assert 2 <= fits < 200000
-    check_memory(*built(fits))  # the thickness the message names is accepted
+    cfg, ts = config(fits)
+    check_memory(cfg, ts)  # the thickness the message names is accepted ...
+    comps = build(cfg, ts)
+    assert sum(estimate_memory_bytes(cfg, comps).values()) < free  # ... and its built run's estimate fits

@@ -150,10 +150,10 @@ def run_reconstruction(cfg: Config) -> dict:
             ts, hold = split_holdout(ts, cfg.evaluation.holdout_views)
             if cfg.model.kind == "sirt":
                 return _sirt_run(cfg, ts, hold, out_dir, folder, main, rank, world, local_rank, t0, joined)
-            comps, trainer = _build_trainer(cfg, ts, out_dir, rank, world, local_rank)
-            problem = broadcast_object(memory_problem(cfg, comps) if main else None)  # too big: refused now
+            problem = broadcast_object(memory_problem(cfg, ts, local_rank) if main else None)  # too big: refused
             if problem:
                 raise ConfigError(problem)
+            comps, trainer = _build_trainer(cfg, ts, out_dir, rank, world, local_rank)
             stop.device = comps.device
             trainer.stop = stop
             if resume_state is not None:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import logging
 import math
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -93,25 +94,92 @@ def train_point_bytes(n_features: int, hidden: int) -> int:
     return 4 * (3 * 4 + 4 * n_features + 4 * hidden + 16)
 
 
-def pass_bytes(cfg: Config, comps) -> dict[str, int]:
+@dataclass
+class RunShape:
+    """What a run's memory depends on: known before the model is built (:func:`planned_shape`)
+    or read from the built run (:func:`built_shape`)."""
+
+    device: torch.device
+    batch: int
+    samples_per_ray: int
+    n_features: int
+    hidden: int
+    n_val: int
+    """Validation pixels."""
+    pixels: int
+    """Pixels of the training views (n_tilts x H x W)."""
+    stack_bytes: int
+    parameters: int
+    voxels: int
+    """Voxels of the exported volume."""
+    built: bool = False
+    """The model exists already (its parameters are part of what the process holds)."""
+
+
+def _voxels(cfg: Config, box) -> int:
+    shape = tuple(cfg.output.volume_shape) if cfg.output.volume_shape is not None else tuple(box.shape_zyx)
+    return math.prod(int(v) for v in shape)
+
+
+def _planned_field(cfg: Config, box) -> tuple[int, int]:
+    """(parameters, features per point) of the field ``cfg.model`` would build on ``box``,
+    counted without building it."""
+    from fasttomo.kernels.layout import PlaneLayout
+    from fasttomo.models import auto_resolutions
+
+    m = cfg.model
+    if m.kind == "voxel":
+        shape = tuple(m.voxel_shape) if m.voxel_shape is not None else box.shape_zyx
+        return math.prod(int(v) for v in shape), 1
+    res = m.resolutions if m.resolutions is not None else auto_resolutions(box)
+    triples = tuple((r, r, r) if isinstance(r, int) else tuple(r) for r in res)
+    layout = PlaneLayout(n_rot=m.n_rotations, channels=m.channels, resolutions=triples)
+    f, h = layout.n_features, m.hidden
+    decoder = f + 1 if m.decoder == "linear" else f * h + h + h * h + h + h + 1
+    return layout.numel + decoder + 16 * m.n_rotations, f
+
+
+def planned_shape(cfg: Config, ts, local_rank: int = 0) -> RunShape:
+    """The :class:`RunShape` of the run ``cfg`` would build on ``ts`` (nothing is allocated)."""
+    from fasttomo.data.sampler import split_size
+    from fasttomo.geometry.rays import auto_samples_per_ray
+    from fasttomo.run.build import auto_batch_size, reconstruction_box, resolve_device
+
+    box = reconstruction_box(cfg, ts)
+    spr = cfg.projector.samples_per_ray or auto_samples_per_ray(box, ts.angles)
+    params, feats = _planned_field(cfg, box)
+    pixels = ts.n_tilts * ts.height * ts.width
+    return RunShape(resolve_device(cfg.runtime.device, local_rank),
+                    int(cfg.sampler.batch_size or auto_batch_size(ts, cfg.sampler.patch_size)), int(spr), feats,
+                    cfg.model.hidden if cfg.model.kind != "voxel" else 0, split_size(pixels, cfg.sampler.val_fraction),
+                    pixels, int(ts.stack.nbytes * (2 if ts.valid is not None else 1)), params, _voxels(cfg, box))
+
+
+def built_shape(cfg: Config, comps) -> RunShape:
+    """The :class:`RunShape` of a built run."""
+    ts = comps.ts
+    return RunShape(comps.device, int(comps.sampler.batch_size), int(comps.projector.samples_per_ray),
+                    int(getattr(comps.projector.field, "n_features", 1)),
+                    cfg.model.hidden if cfg.model.kind != "voxel" else 0, int(comps.sampler.n_val),
+                    ts.n_tilts * ts.height * ts.width, int(ts.stack.nbytes * (2 if ts.valid is not None else 1)),
+                    _counts(comps)[1], _voxels(cfg, comps.box), built=True)
+
+
+def pass_bytes(shape: RunShape) -> dict[str, int]:
     """Bytes of the largest chunk of each pass that evaluates the field: a training step, a
     validation chunk, a rendering chunk (per-view residuals, held-out views), an export chunk."""
     from fasttomo.quality.scoring import (VIEW_RESIDUAL_RAYS, free_memory_bytes, nograd_point_bytes,
                                           render_chunk_rays)
     from fasttomo.train.trainer import VAL_CHUNK_FLOATS
 
-    proj, sampler = comps.projector, comps.sampler
-    spr = int(proj.samples_per_ray)
-    feats = int(getattr(proj.field, "n_features", 1))
-    hidden = cfg.model.hidden if cfg.model.kind != "voxel" else 0
-    nograd = nograd_point_bytes(feats, hidden)
-    batch = int(sampler.batch_size)
-    val_rays = min(batch * max(1, min(16, VAL_CHUNK_FLOATS // max(1, batch * spr * feats))), int(sampler.n_val))
-    ts = comps.ts
-    view_rays = min(ts.n_tilts * ts.height * ts.width, VIEW_RESIDUAL_RAYS * 2)
-    view_rays = min(view_rays, render_chunk_rays(spr, nograd, free_memory_bytes(comps.device)))
-    return {"training step": batch * spr * train_point_bytes(feats, hidden), "validation": val_rays * spr * nograd,
-            "rendering views": view_rays * spr * nograd, "export": (1 << 18) * nograd}
+    spr, batch = shape.samples_per_ray, shape.batch
+    nograd = nograd_point_bytes(shape.n_features, shape.hidden)
+    val_rays = min(batch * max(1, min(16, VAL_CHUNK_FLOATS // max(1, batch * spr * shape.n_features))), shape.n_val)
+    view_rays = min(shape.pixels, VIEW_RESIDUAL_RAYS * 2,
+                    render_chunk_rays(spr, nograd, free_memory_bytes(shape.device)))
+    return {"training step": batch * spr * train_point_bytes(shape.n_features, shape.hidden),
+            "validation": val_rays * spr * nograd, "rendering views": view_rays * spr * nograd,
+            "export": (1 << 18) * nograd}
 
 
 def rss_bytes() -> int | None:
@@ -126,64 +194,93 @@ def rss_bytes() -> int | None:
     return None
 
 
-def estimate_memory_bytes(cfg: Config, comps) -> dict[str, int]:
+def memory_bytes(shape: RunShape, guard: bool) -> dict[str, int]:
     """Peak memory of the run on its device, by kind. On the CPU (peak resident memory, RSS): what
-    this process holds now (Python, torch, the data and the built model, measured), the gradients,
-    Adam's moments and the guard's snapshots, a training step's activations plus the largest chunk
-    of the other passes (:func:`pass_bytes`; the allocator keeps the step's freed blocks, so the
-    two add up) and the final volume with its scores. On CUDA: parameters, gradients, optimizer,
-    data, snapshots, the two chunks and the final volume (arithmetic; the dry run also measures
-    one step)."""
-    total, trainable = _counts(comps)
-    passes = pass_bytes(cfg, comps)
+    this process holds now (Python, torch, the data, and the model once built, measured), the
+    parameters (before the build), gradients, Adam's moments and the guard's snapshots, a training
+    step's activations plus the largest chunk of the other passes (:func:`pass_bytes`; the
+    allocator keeps the step's freed blocks, so the two add up) and the final volume with its
+    scores. On CUDA: parameters, data, gradients, optimizer, snapshots, the two chunks and the
+    final volume."""
+    passes = pass_bytes(shape)
     step = passes.pop("training step")
     largest = max(passes, key=passes.get)
-    shape = tuple(cfg.output.volume_shape) if cfg.output.volume_shape is not None else tuple(comps.box.shape_zyx)
-    voxels = math.prod(int(v) for v in shape)
-    here = rss_bytes() if comps.device.type == "cpu" else None
-    out = {"parameters": 4 * total, "data": int(comps.ts.stack.nbytes * (2 if comps.ts.valid is not None else 1))}
-    if here is not None:
+    here = rss_bytes() if shape.device.type == "cpu" else None
+    if here is None:
+        out = {"parameters": 4 * shape.parameters, "data": shape.stack_bytes}
+    elif shape.built:
         out = {"python, torch, data and model (measured)": here}
-    out.update({"gradients": 4 * trainable, "optimizer": 8 * trainable})
-    if cfg.guard.enabled:
-        out["guard snapshots"] = 2 * 12 * trainable
+    else:
+        out = {"python, torch and data (measured)": here, "parameters": 4 * shape.parameters}
+    n = shape.parameters
+    out.update({"gradients": 4 * n, "optimizer": 8 * n})
+    if guard:
+        out["guard snapshots"] = 2 * 12 * n
     out["training step"] = step  # its blocks stay with the process (the allocator keeps them) ...
     out[f"largest other pass ({largest})"] = passes[largest]  # ... while the other passes run
-    out["final volume and scores"] = voxels * 4 * (6 if here is not None else 2)
+    out["final volume and scores"] = shape.voxels * 4 * (6 if here is not None else 2)
     return out
 
 
-def memory_problem(cfg: Config, comps) -> str | None:
-    """The message of :func:`check_memory`'s refusal, or None when the run fits."""
-    try:
-        check_memory(cfg, comps)
-    except ConfigError as exc:
-        return str(exc)
-    return None
+def estimate_memory_bytes(cfg: Config, comps) -> dict[str, int]:
+    """:func:`memory_bytes` of the built run."""
+    return memory_bytes(built_shape(cfg, comps), cfg.guard.enabled)
 
 
-def check_memory(cfg: Config, comps) -> dict[str, int]:
-    """Raise ConfigError when the run cannot fit in the device's free memory (the fix in the
-    message: a thinner box, fewer samples or rays); returns the estimate."""
+def _need_and_free(shape: RunShape, guard: bool) -> tuple[int, int | None, dict[str, int]]:
+    """(bytes still to allocate, free bytes or None, the estimate): what the process holds
+    already is not free any more, so it counts as used, not as still needed."""
     from fasttomo.quality.scoring import free_memory_bytes
 
-    mem = estimate_memory_bytes(cfg, comps)
-    free = free_memory_bytes(comps.device)
-    # what the process holds already is not free any more: count it as used, not as still needed
-    held = rss_bytes() if comps.device.type == "cpu" else torch.cuda.memory_allocated(comps.device)
-    need = sum(mem.values()) - (held or 0)
+    mem = memory_bytes(shape, guard)
+    if shape.device.type == "cpu":
+        held = rss_bytes() or 0
+    else:
+        held = torch.cuda.memory_allocated(shape.device) if shape.built else 0
+    return sum(mem.values()) - held, free_memory_bytes(shape.device), mem
+
+
+def _thickness_that_fits(cfg: Config, ts, free: int) -> int | None:
+    """The largest data.thickness (>= 2) whose run needs at most 80 % of ``free``, or None."""
+    import dataclasses
+
+    def fits(t: int) -> bool:
+        c = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, thickness=t))
+        return _need_and_free(planned_shape(c, ts), cfg.guard.enabled)[0] <= 0.8 * free
+
+    lo, hi = 2, int(cfg.data.thickness)
+    if not fits(lo):
+        return None
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+    return lo
+
+
+def memory_problem(cfg: Config, ts, local_rank: int = 0) -> str | None:
+    """Why the run ``cfg`` would build on ``ts`` cannot fit in the device's free memory (the fix
+    in the message: a thinner box, fewer rays or samples a step), or None when it fits. Checked
+    before the model is built: nothing is allocated."""
+    shape = planned_shape(cfg, ts, local_rank)
+    need, free, mem = _need_and_free(shape, cfg.guard.enabled)
     if free is None or need <= free:
-        return mem
-    spr, batch = comps.projector.samples_per_ray, comps.sampler.batch_size
+        return None
     fixes = []
     if cfg.data.thickness is not None:
-        # the model, its optimizer state and every pass grow about in proportion to the thickness
-        fits = max(2, int(cfg.data.thickness * 0.8 * free / max(need + (held or 0), 1)))
-        fixes.append(f"a thinner box (data.thickness={cfg.data.thickness} makes rays of {spr} samples; about "
-                     f"data.thickness={fits} or less fits)")
-    fixes.append(f"fewer rays a step (sampler.batch_size, now {batch}) or samples (projector.samples_per_ray, now {spr})")
-    raise ConfigError(f"this run needs about {human(need)} more memory on {comps.device} but {human(free)} is free "
-                      f"({', '.join(f'{k} {human(v)}' for k, v in mem.items())}); use {' or '.join(fixes)}.")
+        t = _thickness_that_fits(cfg, ts, free)
+        fixes.append(f"a thinner box (data.thickness={cfg.data.thickness} makes rays of {shape.samples_per_ray} "
+                     "samples" + (f"; about data.thickness={t} or less fits)" if t else ")"))
+    fixes.append(f"fewer rays a step (sampler.batch_size, now {shape.batch}) or samples (projector.samples_per_ray, "
+                 f"now {shape.samples_per_ray})")
+    return (f"this run needs about {human(need)} more memory on {shape.device} but {human(free)} is free "
+            f"({', '.join(f'{k} {human(v)}' for k, v in mem.items())}); use {' or '.join(fixes)}.")
+
+
+def check_memory(cfg: Config, ts, local_rank: int = 0) -> None:
+    """Raise ConfigError with :func:`memory_problem`'s message when the run cannot fit."""
+    problem = memory_problem(cfg, ts, local_rank)
+    if problem:
+        raise ConfigError(problem)
 
 
 def _measured_step_peak(comps) -> int | None:
@@ -219,8 +316,9 @@ def dry_run(cfg: Config) -> dict:
     ts = load_tiltseries(cfg.data)
     if cfg.model.kind == "sirt":
         return _dry_run_sirt(cfg, ts)
+    check_memory(cfg, ts)  # before the build: a model too big for the memory is never allocated
     comps = build(cfg, ts)
-    mem = check_memory(cfg, comps)
+    mem = estimate_memory_bytes(cfg, comps)
     files = estimate_output_bytes(cfg, comps, start)
     report = {
         "device": str(comps.device),
