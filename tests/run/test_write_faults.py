@@ -136,3 +136,18 @@ def test_the_log_file_on_a_full_disk_warns_once_and_never_raises(small_fs, capfd
     assert handler.failed == "No space left on device"
     assert "--- Logging error ---" not in err and "Traceback" not in err
     assert (mnt / "reconstruct.log").read_text().startswith("[")  # what was written before stays
+
+
+def test_a_writer_failing_on_a_disk_with_room_keeps_its_own_reason(tmp_path):
+    """Not every failure is a full disk: a writer's own error is reported in a few words."""
+    from fasttomo.data.io.atomic import WriteFailed, atomic_write
+    from fasttomo.run.outputs import _reason
+
+    def boom(tmp):
+        raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 128 vs 0")
+
+    with pytest.raises(WriteFailed) as info:
+        atomic_write(tmp_path / "x.pt", boom)
+    assert info.value.errno == errno.EIO
+    why = _reason(info.value, tmp_path)
+    assert why == "RuntimeError: [enforce fail at inline_container.cc:672] . unexpected pos 128 vs 0"

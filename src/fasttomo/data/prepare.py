@@ -287,7 +287,8 @@ def _dark_views(parts: tuple, cfg, where: str):
             f"{where}: view{'s' if len(blank) > 1 else ''} {', '.join(map(str, blank))} (1-based) "
             f"{'are' if len(blank) > 1 else 'is'} blank (constant: no signal, a reconstruction would fit its "
             f"emptiness; {'; '.join(f'view {v}: {r}' for v, r in blank.items())}). Drop "
-            f"{'them' if len(blank) > 1 else 'it'} with data.exclude_views={list(blank)} (or data.drop_dark_views=true).")
+            f"{'them' if len(blank) > 1 else 'it'} with data.exclude_views={list(blank)} "
+            "(or data.drop_dark_views=true).")
     log.warning("%s: dark views kept: %s. Set data.drop_dark_views=true to drop them, or data.exclude_views=[...].",
                 where, listing)
     return stack, valid, angles, views, None

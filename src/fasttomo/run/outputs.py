@@ -66,10 +66,12 @@ def dumps(obj) -> str:
 def _reason(exc: BaseException, folder: Path | None = None) -> str:
     """Why a write into ``folder`` failed, in a few words ("No space left on device", "Permission
     denied"; a full file system is named as such whatever the library said)."""
-    from fasttomo.data.io.atomic import disk_full
+    from fasttomo.data.io.atomic import WriteFailed, disk_full
 
+    if isinstance(exc, WriteFailed) and exc.strerror:
+        return exc.strerror  # already in a few words
     if isinstance(exc, OSError) and exc.errno:
-        return os.strerror(exc.errno)
+        return os.strerror(exc.errno)  # h5py, for one, puts its whole error stack in strerror
     if folder is not None and disk_full(str(folder)):
         return os.strerror(errno.ENOSPC)
     text = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
