@@ -37,7 +37,8 @@ def test_a_disk_that_fills_or_turns_read_only_mid_run_loses_nothing(tmp_path, fa
     (exit 1); the checkpoint and the volume are kept (in the rescue folder the line names) and equal
     an undisturbed run's, bit for bit."""
     res = subprocess.run([sys.executable, str(SCRIPT), "--out", str(tmp_path / "fi"), "--fault", fault,
-                          "--steps", "150", "--seed", "0"], cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=900)
+                          "--steps", "150", "--seed", "0"], cwd=tmp_path, env=_env(), capture_output=True, text=True,
+                         timeout=900)
     if res.returncode == 3:
         pytest.skip(res.stderr.strip())
     log = tmp_path / "fi" / "attempts.log"

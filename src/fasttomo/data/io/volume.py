@@ -62,8 +62,8 @@ def write_volume(path: str | os.PathLike, volume_zyx: np.ndarray, voxel_size_A: 
 
     ``label`` names the run (MRC label "fasttomo <version> run <label>", HDF5/TIFF attribute; a
     label that starts with "fasttomo " describes the volume itself: "fasttomo <version> <rest>");
-    ``attrs`` (JSON-serializable, e.g. ``{"config": {...}}``) go to HDF5/TIFF attributes. An existing file is refused unless
-    ``overwrite``.
+    ``attrs`` (JSON-serializable, e.g. ``{"config": {...}}``) go to HDF5/TIFF attributes. An
+    existing file is refused unless ``overwrite``.
     """
     fmt = _fmt(path, fmt)
     vol = _check_volume(path, volume_zyx, float(voxel_size_A))
