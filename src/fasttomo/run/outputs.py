@@ -4,12 +4,17 @@ itself cannot be written (read-only, full) the checkpoint and one MRC volume go 
 folder under the system's temporary folder. The caller then raises :class:`OutputWriteError`,
 whose one line says what was saved where.
 
+Any failure of a write is a write failure, whatever the library raised (torch.save reports a
+full disk as a ``RuntimeError``): it is logged with its reason and the other files are still
+written.
+
 Nothing non-finite is written: a volume with NaN/Inf voxels is not written at all (the caller
 reports divergence), and metrics.json is strict JSON (non-finite numbers become null).
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import math
@@ -58,10 +63,19 @@ def dumps(obj) -> str:
     return json.dumps(json_safe(obj), indent=2, allow_nan=False)
 
 
-def _reason(exc: BaseException) -> str:
-    if isinstance(exc, OSError) and exc.strerror:
-        return exc.strerror
-    return " ".join(str(exc).split())[:160] or type(exc).__name__
+def _reason(exc: BaseException, folder: Path | None = None) -> str:
+    """Why a write into ``folder`` failed, in a few words ("No space left on device", "Permission
+    denied"; a full file system is named as such whatever the library said)."""
+    from fasttomo.data.io.atomic import WriteFailed, disk_full
+
+    if isinstance(exc, WriteFailed) and exc.strerror:
+        return exc.strerror  # already in a few words
+    if isinstance(exc, OSError) and exc.errno:
+        return os.strerror(exc.errno)  # h5py, for one, puts its whole error stack in strerror
+    if folder is not None and disk_full(str(folder)):
+        return os.strerror(errno.ENOSPC)
+    text = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+    return " ".join(str(text).split())[:160] or type(exc).__name__
 
 
 def write_volumes(out_dir: Path, volume: np.ndarray, cfg, pixel_size: float, attrs: dict, stem: str = "volume",
@@ -75,10 +89,10 @@ def write_volumes(out_dir: Path, volume: np.ndarray, cfg, pixel_size: float, att
         rotated = name.endswith("_xzy.mrc")
         fmt = "mrc" if rotated else {v: k for k, v in VOLUME_SUFFIX.items()}[name.rsplit(".", 1)[1]]
         try:
-            written[name] = write_volume(out_dir / name, volume, pixel_size, label=f"fasttomo run {cfg.name}",
+            written[name] = write_volume(out_dir / name, volume, pixel_size, label=cfg.name,
                                          attrs=attrs, fmt=fmt, overwrite=True, imod_xzy=rotated)
-        except OSError as exc:
-            failed[name] = _reason(exc)
+        except Exception as exc:  # noqa: BLE001 - any failure to write is a write failure
+            failed[name] = _reason(exc, out_dir)
             log.error("could not write %s (%s)", out_dir / name, failed[name])
     return written, failed
 
@@ -90,13 +104,13 @@ def rescue_folder(run_name: str) -> Path:
 
 
 def save_checkpoint_file(path: Path, state: dict) -> tuple[str | None, str | None]:
-    """(path written, None) or (None, error); never raises for an OSError."""
+    """(path written, None) or (None, error); never raises for a failed write (of any kind)."""
     from fasttomo.train.checkpoint import save_checkpoint
 
     try:
         return str(save_checkpoint(path, state)), None
-    except OSError as exc:
-        reason = _reason(exc)
+    except Exception as exc:  # noqa: BLE001 - any failure to write is a write failure
+        reason = _reason(exc, Path(path).parent)
         log.error("could not write the checkpoint %s (%s)", path, reason)
         return None, reason
 
@@ -121,9 +135,9 @@ def rescue(volume: np.ndarray | None, state: dict | None, cfg, pixel_size: float
             saved["checkpoint"] = path
     if need_volume and volume is not None:
         try:
-            saved["volume"] = write_volume(folder / "volume.mrc", volume, pixel_size, label=f"fasttomo run {cfg.name}",
+            saved["volume"] = write_volume(folder / "volume.mrc", volume, pixel_size, label=cfg.name,
                                            attrs={}, fmt="mrc", overwrite=True)
-        except OSError as exc:
+        except Exception as exc:  # noqa: BLE001 - any failure to write is a write failure
             log.error("could not write the rescue volume in %s (%s)", folder, _reason(exc))
     if saved:
         log.warning("saved to the rescue folder %s: %s", folder, ", ".join(saved))
@@ -137,8 +151,12 @@ def rescue(volume: np.ndarray | None, state: dict | None, cfg, pixel_size: float
 
 def write_failure_message(out_dir: Path, failed: dict[str, str], kept: dict[str, str], rescued: dict[str, str],
                           resume_hint: str | None) -> str:
-    """One line: what could not be written, and what was saved where."""
-    what = "; ".join(f"{name} ({why})" for name, why in failed.items())
+    """One line: what could not be written (files that failed for one reason named together), and
+    what was saved where."""
+    by_reason: dict[str, list[str]] = {}
+    for name, why in failed.items():
+        by_reason.setdefault(why, []).append(name)
+    what = "; ".join(f"{', '.join(names)} ({why})" for why, names in by_reason.items())
     parts = [f"could not write {what} in {out_dir}"]
     if kept:
         parts.append("saved: " + ", ".join(kept.values()))

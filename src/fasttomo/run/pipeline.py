@@ -82,7 +82,7 @@ def run_reconstruction(cfg: Config) -> dict:
     from fasttomo.data.load import load_tiltseries
     from fasttomo.run.outputs import save_checkpoint_file, write_pose_files, write_volumes
     from fasttomo.quality.scoring import attach_truth, split_holdout
-    from fasttomo.run.preflight import check_free_space
+    from fasttomo.run.preflight import check_free_space, memory_problem
     from fasttomo.run.resume import refuse_immutable, warn_changes
     from fasttomo.run.folder import RunFolder
     from fasttomo.run.stop import RunInterrupted, StopRequests, signal_name
@@ -152,6 +152,9 @@ def run_reconstruction(cfg: Config) -> dict:
             ts, hold = split_holdout(ts, cfg.evaluation.holdout_views)
             if cfg.model.kind == "sirt":
                 return _sirt_run(cfg, ts, hold, out_dir, folder, main, rank, world, local_rank, t0, joined)
+            problem = broadcast_object(memory_problem(cfg, ts, local_rank) if main else None)  # too big: refused
+            if problem:
+                raise ConfigError(problem)
             comps, trainer = _build_trainer(cfg, ts, out_dir, rank, world, local_rank)
             stop.device = comps.device
             trainer.stop = stop
