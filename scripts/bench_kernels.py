@@ -3,8 +3,8 @@
 
     PYTHONPATH=src python scripts/bench_kernels.py [--case flagship|small] [--out benchmarks/results]
 
-Flagship shape (issue 5): B=8192 rays x S=200 samples = 1.64 M points, T=8 rotations, C=48
-channels, 3 scales at 50/100/200 (features 1152). Points are real ray samples (random pixel of a
+Flagship shape (`experiment=flagship`): B=8192 rays x S=200 samples = 1.64 M points, T=8
+rotations, C=48 channels, 3 scales at 50/100/200 (features 1152). Points are real ray samples (random pixel of a
 random tilt of 61 over +-60 degrees, 200 samples along the beam), so consecutive points are
 neighbours as in training. Times are medians of CUDA-event timings after warm-up; 'fwd+bwd' is
 forward plus torch.autograd.grad with a fixed random output gradient. Achieved bandwidth counts the

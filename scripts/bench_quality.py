@@ -25,6 +25,20 @@ fraction of the clean projections' maximum):
                   rotated in plane (uniform +-1 degree); the true poses are scored
     axis128       pose128 plus an error of the tilt-axis angle: every view's image, the reference's
                   too, rotated by 1 degree more
+    cell128_d20   data.phantom=cell (vesicles with two-leaflet bilayers, actin-like filaments,
+                  ribosomes, a crowded texture, gold) at 10 A/px, 128 x 128 x 64, +-60 degrees,
+                  Poisson counts of 20 electrons per pixel per view (docs/specimens.md)
+    cell128_d200  the same at 200 e/px/view
+    catalyst128_d20   data.phantom=catalyst (porous support, heavy 1-10 nm Wulff particles) at
+                  2.5 A/px, 128^3, 20 e/px/view
+    catalyst128_d200  the same at 200 e/px/view
+    cell256_d20   the cell at 256 x 256 x 128, 20 e/px/view
+
+The specimen cases (a dose) always add the half-set run (``--eval``) and are scored by the FSC
+to the truth (0.5 and 0.143 crossings in A and ``fsc_mean``, the mean FSC to Nyquist), the
+half-set FSC (crossings and mean) and Pearson. ``--size N`` rescales every case to N x N pixels
+and its thickness alike (the specimen cases scale their pixel size too, so they keep their
+physical size) for a quick end-to-end check; ``--overrides`` adds overrides to every field run (e.g. ``optim.steps=50``).
 
 Methods (``--methods``):
 
@@ -37,9 +51,12 @@ Methods (``--methods``):
 held-out views (HOLDOUT), whose half-set FSC and reprojection correlation fill the rows'
 ``halfset_*`` and ``holdout_*`` columns.
 
-    python scripts/bench_quality.py                         # the whole suite
+    python scripts/bench_quality.py                         # the whole suite but the specimens
     python scripts/bench_quality.py --cases noise5_128 --methods field-default sirt
     python scripts/bench_quality.py --variant big="model.channels=16 model.n_rotations=4"
+    python scripts/bench_quality.py --cases cell128_d20 cell128_d200 catalyst128_d20 catalyst128_d200 cell256_d20
+    BENCH_QUALITY_SIRT_ITERATIONS=10 python scripts/bench_quality.py --cases cell128_d20 --size 32 \
+        --methods field-default sirt --overrides "optim.steps=50" --no-warmup   # an end-to-end check in minutes
 
 Prints a table and a time-to-quality table, writes benchmarks/results/bench_quality-<case>-<device>-<commit>.json.
 """
@@ -73,6 +90,16 @@ CASES = {
                     shift=3.0, rotation=1.0),
     "axis128": dict(phantom="ellipsoids", width=128, height=128, thickness=128, tilt=60.0, noise=0.05,
                     shift=3.0, rotation=1.0, axis=1.0),
+    "cell128_d20": dict(phantom="cell", width=128, height=128, thickness=64, tilt=60.0, noise=0.0, dose=20.0,
+                        pixel_size=10.0),
+    "cell128_d200": dict(phantom="cell", width=128, height=128, thickness=64, tilt=60.0, noise=0.0, dose=200.0,
+                         pixel_size=10.0),
+    "catalyst128_d20": dict(phantom="catalyst", width=128, height=128, thickness=128, tilt=60.0, noise=0.0,
+                            dose=20.0, pixel_size=2.5),
+    "catalyst128_d200": dict(phantom="catalyst", width=128, height=128, thickness=128, tilt=60.0, noise=0.0,
+                             dose=200.0, pixel_size=2.5),
+    "cell256_d20": dict(phantom="cell", width=256, height=256, thickness=128, tilt=60.0, noise=0.0, dose=20.0,
+                        pixel_size=10.0),
 }
 N_TILTS = 61
 SEED = 0
@@ -88,14 +115,29 @@ RECIPES = {
 POSE_OVERRIDES = ["pose=refine"]
 
 
-def make_case(name: str, work: Path) -> dict:
+def case_spec(name: str, size: int | None = None) -> dict:
+    """The case's specimen; ``size`` rescales it to size x size pixels, the thickness (and, for the
+    specimen cases, the pixel size) by the same factor."""
+    spec = dict(CASES[name])
+    if size:
+        f = spec["width"] / float(size)
+        spec.update(width=int(size), height=max(2, int(round(spec["height"] / f))),
+                    thickness=max(2, int(round(spec["thickness"] / f))))
+        if spec.get("pixel_size") or spec.get("dose"):
+            spec["pixel_size"] = spec.get("pixel_size", 10.0) * f
+        if spec.get("shift"):
+            spec["shift"] = spec["shift"] / f
+    return spec
+
+
+def make_case(name: str, work: Path, spec: dict | None = None) -> dict:
     """Write the case's stack, angles, truth (and true poses) once; returns their paths."""
     from fasttomo.config import DataConfig
     from fasttomo.data.io import write_tiltseries
     from fasttomo.data.io.volume import write_volume
     from fasttomo.data.phantom import make_tiltseries
 
-    spec = CASES[name]
+    spec = CASES[name] if spec is None else spec
     folder = work / "cases"
     folder.mkdir(parents=True, exist_ok=True)
     base = folder / name
@@ -112,6 +154,10 @@ def make_case(name: str, work: Path) -> dict:
     if spec.get("shift"):
         kw.update(pose_error_shift=spec["shift"], pose_error_rotation=spec["rotation"],
                   tilt_axis_error=spec.get("axis", 0.0))
+    if spec.get("dose"):
+        kw.update(dose=spec["dose"])  # Poisson counts, inverted so that mass is bright (fasttomo.data.dose)
+    if spec.get("pixel_size"):
+        kw.update(pixel_size=spec["pixel_size"])
     ts = make_tiltseries(DataConfig(**kw))
     write_tiltseries(files["stack"], ts, "mrc", overwrite=True)
     write_volume(files["truth"], ts.ground_truth, ts.pixel_size, label=f"bench_quality {name} truth", attrs={},
@@ -183,6 +229,8 @@ def row_of(case: str, method: str, m: dict, files: dict) -> dict:
     for k in ("fsc05_A", "fsc0143_A", "fsc05_measured_A", "fsc05_wedge_A", "psnr_db"):
         if k in m:
             row[k] = m[k]
+    if isinstance(m.get("fsc"), dict) and "fsc_mean" in m["fsc"]:
+        row["fsc_mean"] = m["fsc"]["fsc_mean"]          # the mean FSC to the truth, up to Nyquist
     row["curve"] = [{"fit_seconds": round(r["fit_seconds"], 4), "pearson": r.get("pearson_global")}
                     for r in m.get("curve", [])]
     if "pose_errors" in m:
@@ -195,6 +243,8 @@ def add_eval(row: dict, m: dict) -> None:
     for k in ("fsc05_A", "fsc0143_A"):
         if k in hs:
             row[f"halfset_{k}"] = hs[k]
+    if isinstance(hs.get("fsc"), dict) and "fsc_mean" in hs["fsc"]:
+        row["halfset_fsc_mean"] = hs["fsc"]["fsc_mean"]
     ho = m.get("holdout") or {}
     if "pearson_mean" in ho:
         row["holdout_pearson_mean"] = ho["pearson_mean"]
@@ -212,21 +262,54 @@ def fmt(v, spec=".4f") -> str:
     return "-" if v is None else format(v, spec)
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--cases", nargs="+", default=list(CASES), choices=list(CASES))
+    ap.add_argument("--cases", nargs="+", default=[c for c in CASES if not CASES[c].get("dose")], choices=list(CASES),
+                    help="cases to run (default: every case without a dose; name the specimen cases to run them)")
     ap.add_argument("--methods", nargs="+", default=["field-default", "field-best", "sirt"])
     ap.add_argument("--variant", action="append", default=[],
                     help="NAME=\"override override ...\": an extra field method (for recipe sweeps)")
     ap.add_argument("--eval", nargs="*", default=[], choices=list(CASES),
-                    help="cases that also get the half-set FSC and held-out-view runs (field-default and sirt)")
+                    help="cases that also get the half-set FSC and held-out-view runs (field-default and sirt); "
+                         "the specimen cases (with a dose) always do")
+    ap.add_argument("--size", type=int, default=None,
+                    help="rescale every case to SIZE x SIZE pixels and its thickness alike (the specimen cases their pixel "
+                         "size too): a quick end-to-end check")
+    ap.add_argument("--overrides", default="", help="\"override override ...\" added to every field run")
     ap.add_argument("--work", default=None, help="folder for case files and runs (default: a temp folder)")
     ap.add_argument("--out-dir", default=None, help="where the JSON record goes (default benchmarks/results)")
     ap.add_argument("--python", default=sys.executable)
     ap.add_argument("--no-warmup", action="store_true",
                     help="skip the short untimed run that fills the kernel compile cache before the first timed one")
-    args = ap.parse_args()
+    return ap.parse_args()
 
+
+def print_row(case: str, row: dict) -> None:
+    print(f"{case:16s} {row['method']:16s} fit {row['fit_seconds']:7.2f} s  pearson {fmt(row['pearson'])}"
+          f"  fg {fmt(row.get('pearson_fg'))}  fsc0.143 {fmt(row.get('fsc0143_A'), '.1f')} A"
+          f"  fsc mean {fmt(row.get('fsc_mean'), '.3f')}"
+          + ("" if "pose_errors" not in row else
+             f"  rotations {row['pose_errors']['rotation_rms_deg']:.3f} deg RMS, shifts "
+             f"{row['pose_errors']['shift_rms_px_gauge_free']:.3f} px gauge-free"), flush=True)
+
+
+def print_table(rows: list[dict]) -> None:
+    print("\n| case | method | fit s | Pearson | Pearson fg | FSC 0.5 (A) | FSC 0.143 (A) | FSC mean | half-set FSC 0.143 (A) "
+          "| half-set FSC mean | held-out r | t(0.95) s | t(0.98) s | t(0.99) s |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    for r in rows:
+        c = r["curve"]
+        print(f"| {r['case']} | {r['method']} | {r['fit_seconds']:.2f} | {fmt(r['pearson'])} | {fmt(r.get('pearson_fg'))} | "
+              f"{fmt(r.get('fsc05_A'), '.1f')} | {fmt(r.get('fsc0143_A'), '.1f')} | {fmt(r.get('fsc_mean'), '.3f')} | "
+              f"{fmt(r.get('halfset_fsc0143_A'), '.1f')} | {fmt(r.get('halfset_fsc_mean'), '.3f')} | "
+              f"{fmt(r.get('holdout_pearson_mean'))} | {fmt(time_to(c, 0.95), '.2f')} | {fmt(time_to(c, 0.98), '.2f')} | "
+              f"{fmt(time_to(c, 0.99), '.2f')} |")
+        if "pose_errors" in r:
+            print(f"|   poses | {json.dumps(r['pose_errors'])} |")
+
+
+def main() -> None:
+    args = parse_args()
     import tempfile
 
     work = Path(args.work or tempfile.mkdtemp(prefix="bench_quality_")).resolve()
@@ -236,10 +319,13 @@ def main() -> None:
         recipes[name] = shlex.split(ov)
         if name not in args.methods:
             args.methods.append(name)
+    extra = shlex.split(args.overrides)
+    evals = set(args.eval) | {c for c in args.cases if CASES[c].get("dose")}
+    specs = {c: case_spec(c, args.size) for c in args.cases}
     rows = []
     warm = args.no_warmup
     for case in args.cases:
-        files = make_case(case, work)
+        files = make_case(case, work, specs[case])
         if not warm:
             # A fresh machine compiles the fused kernels in the first process (seconds, inside its
             # fit time); later processes load them from Triton's on-disk cache, as a user's second
@@ -247,39 +333,24 @@ def main() -> None:
             run_method(case, files, "warmup", ["optim.steps=30", "evaluation.curve_every=0"], work, False, args.python)
             warm = True
         for method in args.methods:
-            ov = [] if method.startswith("sirt") else list(recipes[method])
+            ov = [] if method.startswith("sirt") else list(recipes[method]) + extra
             if CASES[case].get("shift") and not method.startswith("sirt") and method != "field-default":
                 ov += POSE_OVERRIDES
             m = run_method(case, files, method, ov, work, False, args.python)
             row = row_of(case, method, m, files)
-            if case in args.eval and method in ("field-default", "sirt"):
+            if case in evals and method in ("field-default", "sirt"):
                 # SIRT at its best iteration count (the main run's), as a microscopist would stop it
                 add_eval(row, run_method(case, files, method, ov, work, True, args.python,
                                          sirt_iterations=row.get("iterations", SIRT_ITERATIONS)))
             rows.append(row)
-            print(f"{case:12s} {row['method']:16s} fit {row['fit_seconds']:7.2f} s  pearson {fmt(row['pearson'])}"
-                  f"  fg {fmt(row.get('pearson_fg'))}  fsc0.143 {fmt(row.get('fsc0143_A'), '.1f')} A"
-                  + ("" if "pose_errors" not in row else
-                     f"  rotations {row['pose_errors']['rotation_rms_deg']:.3f} deg RMS, shifts "
-                     f"{row['pose_errors']['shift_rms_px_gauge_free']:.3f} px gauge-free"), flush=True)
-
-    print("\n| case | method | fit s | Pearson | Pearson fg | FSC 0.5 (A) | FSC 0.143 (A) | half-set FSC 0.143 (A) "
-          "| held-out r | t(0.95) s | t(0.98) s | t(0.99) s |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
-    for r in rows:
-        c = r["curve"]
-        print(f"| {r['case']} | {r['method']} | {r['fit_seconds']:.2f} | {fmt(r['pearson'])} | {fmt(r.get('pearson_fg'))} | "
-              f"{fmt(r.get('fsc05_A'), '.1f')} | {fmt(r.get('fsc0143_A'), '.1f')} | {fmt(r.get('halfset_fsc0143_A'), '.1f')} | "
-              f"{fmt(r.get('holdout_pearson_mean'))} | {fmt(time_to(c, 0.95), '.2f')} | {fmt(time_to(c, 0.98), '.2f')} | "
-              f"{fmt(time_to(c, 0.99), '.2f')} |")
-        if "pose_errors" in r:
-            print(f"|   poses | {json.dumps(r['pose_errors'])} |")
+            print_row(case, row)
+    print_table(rows)
     import torch
 
     device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
-    case = "-".join(args.cases)  # one record per set of cases: a later run of other cases keeps this one
+    case = "-".join(args.cases) + (f"-size{args.size}" if args.size else "")  # one record per set of cases
     path = write_result("bench_quality", case, device, rows, out_dir=Path(args.out_dir) if args.out_dir else None,
-                        cases={k: CASES[k] for k in args.cases}, n_tilts=N_TILTS, recipes=recipes,
+                        cases=specs, n_tilts=N_TILTS, recipes=recipes, overrides=extra,
                         sirt_iterations=SIRT_ITERATIONS, work=str(work))
     print(f"\nwrote {path}")
 

@@ -6,7 +6,7 @@
 Times ``next_batch()`` (batch ready on the device) after warm-up; medians over many batches.
 On CUDA the device sampler is timed with CUDA events (it issues only asynchronous kernels), the
 DataLoader path with wall time up to a synchronize (it is host-bound). Prints a table and writes
-one JSON file per run to benchmarks/results/ (schema: shared DESIGN.md "Performance discipline").
+one JSON file per run to benchmarks/results/ (schema: CONTRIBUTING.md "Benchmark records").
 """
 
 from __future__ import annotations

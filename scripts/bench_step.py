@@ -35,7 +35,7 @@ from fasttomo import timeline  # noqa: F401  (imported first: the process clock)
 
 CASES = {
     "flagship": ["experiment=flagship"],
-    # the 128^3 shape of the upstream small benchmark (issue 12)
+    # the 128^3 shape of the upstream small benchmark
     "small128": ["data.width=128", "data.height=128", "model.n_rotations=4", "model.channels=16",
                  "model.resolutions=[128]", "sampler.batch_size=4096", "projector.samples_per_ray=128"],
     "default": [],

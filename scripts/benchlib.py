@@ -3,8 +3,8 @@
 It lives beside them, not in the package: it writes into the source checkout's benchmarks/results/
 and reads its git commit, which an installed fasttomo does not have.
 
-Every record is one JSON object in benchmarks/results/ with the schema of the shared DESIGN.md
-("Performance discipline"): benchmark, case, commit, device, command, date, results (rows of a
+Every record is one JSON object in benchmarks/results/ with the schema of CONTRIBUTING.md
+("Benchmark records"): benchmark, case, commit, device, command, date, results (rows of a
 ``variant`` plus numbers whose keys carry units), and free extra context.
 """
 

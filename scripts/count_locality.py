@@ -1,6 +1,6 @@
 """count_locality: how many plane-gradient flushes a step's interpolation backward needs, by batch
-layout and by how a kernel would merge them (the counting step of DESIGN.md's performance
-discipline, before a tiled backward is built).
+layout and by how a kernel would merge them (the counting step of the performance
+discipline in CONTRIBUTING.md, before a tiled backward is built).
 
 The backward scatters, for every sample point, frame t, scale and plane kind, the output gradient
 into the 4 corner texels of the point's cell. What one "flush" (one global atomic per channel

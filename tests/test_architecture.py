@@ -182,11 +182,9 @@ MAX_LINES = 80
 """No function in src is longer than this (Triton kernel bodies, decorated ``triton.jit``, aside)."""
 MAX_RUN_PARAMS = 5
 """No function in src/fasttomo/run/ takes more parameters than this (self and cls aside)."""
-LONG_ALLOWED = {  # being split on another branch: make_tiltseries, prepare, run_trace
-    "fasttomo.data.phantom.make_tiltseries",
-    "fasttomo.data.prepare.prepare",
-    "fasttomo.cli.trace.run_trace",
-}
+LONG_ALLOWED: set[str] = set()
+"""Functions still over the limit (none: make_tiltseries, prepare and run_trace were split on
+their own branches)."""
 
 
 def _functions():
@@ -229,4 +227,4 @@ def test_the_size_checks_see_the_long_functions():
     """The walk finds methods and nested functions, and the allow-list names only real functions."""
     names = {name for name, _, _ in _functions()}
     assert "fasttomo.train.trainer.Trainer.fit" in names and "fasttomo.run.run.Run.execute" in names
-    assert LONG_ALLOWED <= names
+    assert LONG_ALLOWED <= names and "fasttomo.data.phantom.make_tiltseries" in names

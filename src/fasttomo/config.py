@@ -144,7 +144,7 @@ class DataConfig(GroupOption):
     """Where the tilt series comes from: phantom (built-in synthetic), mrc, hdf5 or tiff."""
     pixel_size: Optional[float] = None
     """Pixel size in Angstrom; overrides the file's value. None: from the file (phantom: 10 A,
-    nanoparticle: 0.75 A)."""
+    nanoparticle: 0.75 A, catalyst: 2.5 A)."""
     thickness: Optional[int] = None
     """Z size of the reconstructed volume in voxels (beam direction at 0 degrees). None: the
     phantom's own thickness, or W/2 for real data."""
@@ -181,13 +181,31 @@ class PhantomDataConfig(DataConfig):
     """Phantom: what ``noise`` is a fraction of: std (the standard deviation of all clean
     projection pixels) or max (their maximum, the usual "5 % noise" of tomography papers; at the
     same ``noise`` it is several times stronger than std)."""
+    dose: Optional[float] = None
+    """Phantom: electrons per pixel per view; the images become Poisson counts of a linear
+    bright-field model, offset + gain x Poisson(dose x (1 - absorption x P / max P)) for the line
+    integral P (see fasttomo.data.dose). None: no shot noise (the exact line integrals)."""
+    gain: float = 1.0
+    """Phantom (with dose): detector counts per electron."""
+    offset: float = 0.0
+    """Phantom (with dose): detector offset added to every pixel (counts)."""
+    absorption: float = 0.3
+    """Phantom (with dose): the fraction of the beam that the most absorbing ray of the series
+    removes (the slope of the linear model), in (0, 1)."""
+    invert: Optional[bool] = None
+    """Phantom: invert the contrast (x -> max - x, as data.invert for file data) so that mass is
+    bright. None: true with a dose (bright-field counts are mass-dark), false otherwise."""
     phantom: str = "default"
     """Phantom: which specimen: default (the deterministic built-in phantom with a right-handed
     helix; thickness None means about W/2), ellipsoids (n_ellipsoids random ellipsoids drawn
     from phantom_seed, see fasttomo.data.phantom.random_ellipsoids; thickness None means W, a cube
-    for square images) or nanoparticle (an FCC particle of Gaussian atoms, see ``particle`` and
+    for square images), nanoparticle (an FCC particle of Gaussian atoms, see ``particle`` and
     fasttomo.data.atoms; thickness None means W; fasttomo-simulate writes the true atoms as
-    <out>_atoms.csv for fasttomo-trace truth=)."""
+    <out>_atoms.csv for fasttomo-trace truth=), cell (a vesicle-rich cytoplasm section: lipid
+    bilayers, actin-like filaments, ribosomes, a crowded texture and gold fiducials; pixel size
+    None means 10 A, thickness None about W/2) or catalyst (a porous support with heavy
+    crystalline particles of 1-10 nm; pixel size None means 2.5 A, thickness None W); both in
+    fasttomo.data.specimens, sizes in Angstrom (docs/specimens.md)."""
     n_ellipsoids: int = 8
     """Phantom: number of random ellipsoids with phantom=ellipsoids (ignored by phantom=default)."""
     particle: ParticleConfig = dataclasses.field(default_factory=ParticleConfig)
@@ -217,7 +235,8 @@ class PhantomDataConfig(DataConfig):
                  f"need -90 < tilt_min < tilt_max < 90 degrees, got {self.tilt_min}, {self.tilt_max}.")
         _nonneg(self.noise, "data.noise")
         _choice(self.noise_relative_to, ("std", "max"), "data.noise_relative_to")
-        _choice(self.phantom, ("default", "ellipsoids", "nanoparticle"), "data.phantom")
+        _choice(self.phantom, ("default", "ellipsoids", "nanoparticle", "cell", "catalyst"), "data.phantom")
+        self._check_detector()
         _require(isinstance(self.n_ellipsoids, int) and not isinstance(self.n_ellipsoids, bool)
                  and self.n_ellipsoids >= 1, "data.n_ellipsoids",
                  f"must be an integer >= 1, got {self.n_ellipsoids!r}; set data.n_ellipsoids=8 for example.")
@@ -234,6 +253,17 @@ class PhantomDataConfig(DataConfig):
                  and self.phantom_seed >= 0, "data.phantom_seed",
                  f"must be an integer >= 0, got {self.phantom_seed!r}; set data.phantom_seed=0 for example.")
 
+    def _check_detector(self) -> None:
+        if self.dose is not None:
+            _positive(self.dose, "data.dose")
+        _positive(self.gain, "data.gain")
+        _require(isinstance(self.offset, (int, float)) and not isinstance(self.offset, bool)
+                 and math.isfinite(self.offset), "data.offset", f"must be a finite number of counts, got {self.offset!r}.")
+        _require(isinstance(self.absorption, (int, float)) and 0 < self.absorption < 1, "data.absorption",
+                 f"must lie in (0, 1) (the fraction of the beam the densest ray removes), got {self.absorption!r}.")
+        _require(self.invert is None or isinstance(self.invert, bool), "data.invert",
+                 f"must be true, false or null (true with a dose), got {self.invert!r}.")
+
 
 @dataclasses.dataclass
 class FileDataConfig(DataConfig):
@@ -246,6 +276,17 @@ class FileDataConfig(DataConfig):
     angles: Optional[str] = None
     """Angle file (.rawtlt/.tlt one angle per line in degrees, or SerialEM .mdoc). None: take the
     angles from the stack file itself (MRC extended header, HDF5 dataset); TIFF needs one."""
+    xf: Optional[str] = None
+    """IMOD .xf (or .prexg) alignment of the raw stack (one A11 A12 A21 A22 DX DY line per section):
+    read as each view's initial in-plane rotation and shift, applied as newstack -xf would; with
+    pose=refine, refined from there (fasttomo.data.io.alignment; docs/alignment.md). Give the
+    refined tilts (.tlt) as data.angles. None: no file alignment."""
+    aln: Optional[str] = None
+    """AreTomo .aln alignment of the raw stack (ROT, TX, TY per section; its TILT column gives the
+    angles unless data.angles is set): like data.xf. None: no file alignment."""
+    xtilt: Optional[str] = None
+    """IMOD .xtilt (X-axis tilt per section) going with data.xf: one value for the whole series is
+    accepted (the volume comes out un-tilted about X), values that differ are refused."""
     exclude_views: list = dataclasses.field(default_factory=list)
     """1-based view numbers to drop before anything else (as IMOD's -EXCLUDELIST)."""
     binning: int = 1
@@ -291,6 +332,7 @@ class FileDataConfig(DataConfig):
         _choice(self.nonfinite, ("reject", "mask"), "data.nonfinite")
         _require(isinstance(self.check_angle_units, bool), "data.check_angle_units",
                  f"must be true or false, got {self.check_angle_units!r}.")
+        self._check_alignment_files()
         if self.crop is not None:
             _require(len(self.crop) == 4 and all(isinstance(v, int) and v >= 0 for v in self.crop), "data.crop",
                      f"must be [y0, y1, x0, x1] of integers >= 0, got {self.crop!r}.")
@@ -303,6 +345,18 @@ class FileDataConfig(DataConfig):
         if self.intensity_offset is not None:
             _require(math.isfinite(self.intensity_offset), "data.intensity_offset",
                      f"must be a finite number, got {self.intensity_offset!r}.")
+
+
+    def _check_alignment_files(self) -> None:
+        _require(not (self.xf and self.aln), "data.xf/data.aln",
+                 "give one alignment of the raw stack: an IMOD .xf or an AreTomo .aln, not both.")
+        _require(not self.xtilt or bool(self.xf), "data.xtilt",
+                 "is IMOD's X-axis tilt of an .xf alignment: set data.xf too (or leave data.xtilt unset).")
+        if self.xf or self.aln:
+            _require(not self.tilt_axis_angle, "data.tilt_axis_angle",
+                     "must be 0 with data.xf/data.aln: the alignment already turns the tilt axis onto Y.")
+            _require(self.crop is None, "data.crop",
+                     "must be null with data.xf/data.aln: they align the whole raw image (crop the volume after).")
 
 
 @dataclasses.dataclass
@@ -631,9 +685,9 @@ class OptimConfig:
     steps: int = 1500
     """Number of optimizer steps."""
     lr_grids: float = 3e-2
-    """Adam learning rate of the plane / voxel parameters (3e-2 with plane TV 1e-2 since e9a7674:
-    bench_quality found the pair better than 2e-2 and 3e-3 on every case it ran, at the same fit
-    time; benchmarks/README.md)."""
+    """Adam learning rate of the plane / voxel parameters (3e-2 with plane TV 1e-2: bench_quality
+    found the pair better than 2e-2 and 3e-3 on every case it ran, at the same fit time;
+    benchmarks/README.md)."""
     lr_decoder: float = 5e-3
     """Adam learning rate of the decoder MLP."""
     lr_rotations: float = 1e-3
@@ -943,6 +997,11 @@ class OutputConfig:
     """Volume files to write: any of mrc, h5, tiff."""
     imod_xzy: bool = False
     """Also write the volume in IMOD's un-rotated XZY orientation (as before trimvol -rx)."""
+    half_volumes: bool = False
+    """Fit the even and the odd views apart and write the two half tomograms volume_even.mrc and
+    volume_odd.mrc (the full volume's header and orientation; also in the other output.formats)
+    for denoisers (cryoCARE, IsoNet, DeepDeWedge); their FSC goes into report.png and
+    metrics.json half_sets, as with evaluation.half_sets=true."""
     overwrite: bool = False
     """Replace the results of an earlier run in the folder: every file that run wrote (listed in
     its manifest.json) is removed before anything is written. Other files are kept."""
@@ -1136,7 +1195,7 @@ def upgrade(saved: dict) -> dict:
     pose = out.get("pose")
     if isinstance(pose, dict) and pose.get("learn") is True:
         if "learn_z1" not in pose:
-            pose["learn_z1"] = True  # before learn_z1 existed (b3ab128), refined rotations always included z1
+            pose["learn_z1"] = True  # a checkpoint without learn_z1 refined z1 with every rotation
         if "learn_tilt_axis" not in pose:
             pose["learn_tilt_axis"] = False  # no common rotation was learned then
     hints = typing.get_type_hints(Config)

@@ -11,12 +11,17 @@ run's log file.
   every rank logs, each line prefixed with its rank.
 
 RunLogger is a no-op on ranks other than 0, so callers never branch on the rank.
+
+Logging never ends a run: when TensorBoard's files cannot be written (a full disk, a folder turned
+read-only) RunLogger turns TensorBoard off with one warning, and when reconstruct.log cannot be
+written its handler stops with one warning on the console.
 """
 
 from __future__ import annotations
 
 import logging
 import sys
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -113,11 +118,49 @@ def size_text(n: int) -> str:
     return f"{n} B"  # pragma: no cover
 
 
+def _why(exc: BaseException) -> str:
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror
+    return " ".join(str(exc).split())[:160] or type(exc).__name__
+
+
+class RunFileHandler(logging.FileHandler):
+    """The run's log file; when a message cannot be written (full disk, read-only folder) it says
+    so once on the console and writes nothing more (no logging traceback per message)."""
+
+    failed: str | None = None
+    """Why the file stopped being written (None while it works)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if self.failed is None:
+            super().emit(record)
+
+    def flush(self) -> None:
+        try:
+            super().flush()
+        except OSError:
+            self.handleError(None)
+
+    def close(self) -> None:
+        try:
+            super().close()
+        except OSError:  # the last buffered lines cannot be written either
+            pass
+
+    def handleError(self, record: logging.LogRecord | None) -> None:  # noqa: N802 - logging's name
+        if self.failed is not None:
+            return
+        exc = sys.exc_info()[1]
+        self.failed = _why(exc) if exc is not None else "unknown error"
+        logging.getLogger("fasttomo").warning("cannot write the log file %s (%s); messages go to the console only",
+                                              self.baseFilename, self.failed)
+
+
 def add_file_log(path: Path, overwrite: bool = False, append: bool = False) -> logging.Handler:
     """Send the 'fasttomo' loggers to ``path`` too (opened after the output folder was checked;
     an existing log is replaced only when the user asked to overwrite, and appended to when a
     run continues in its own folder)."""
-    handler = logging.FileHandler(path, mode="a" if append else "w" if overwrite else "x", encoding="utf-8")
+    handler = RunFileHandler(path, mode="a" if append else "w" if overwrite else "x", encoding="utf-8")
     handler.setFormatter(logging.Formatter("[%(asctime)s][%(name)s][%(levelname)s] %(message)s"))
     logging.getLogger("fasttomo").addHandler(handler)
     logging.getLogger("fasttomo").setLevel(logging.INFO)
@@ -141,33 +184,79 @@ def _is_terminal(stream) -> bool:
         return False
 
 
+_previous_excepthook = None
+
+
+def _tensorboard_thread_hook(args) -> None:
+    """threading.excepthook: TensorBoard's writer thread dies on a failed write and the next call
+    on its writer raises the error (RunLogger turns TensorBoard off then); its traceback is not
+    printed. Other threads' errors go to the previous hook."""
+    if type(args.thread).__name__ == "_AsyncWriterThread" and isinstance(args.exc_value, Exception):
+        return
+    (_previous_excepthook or threading.__excepthook__)(args)
+
+
+def quiet_tensorboard_threads() -> None:
+    """Install :func:`_tensorboard_thread_hook` (once per process)."""
+    global _previous_excepthook
+    if threading.excepthook is not _tensorboard_thread_hook:
+        _previous_excepthook = threading.excepthook
+        threading.excepthook = _tensorboard_thread_hook
+
+
 class RunLogger:
-    """TensorBoard scalars/images and a progress bar, active on the main rank only."""
+    """TensorBoard scalars/images and a progress bar, active on the main rank only. A TensorBoard
+    write that fails turns TensorBoard off for the rest of the run, with one warning."""
 
     def __init__(self, out_dir: Path | None, *, main: bool, tensorboard: bool, progress: bool, total: int,
                  initial: int = 0):
         self.main = main
         self.writer = None
         self.bar = None
+        self.tb_dir = None if out_dir is None else Path(out_dir) / "tb"
+        self.tb_error: str | None = None
+        """Why TensorBoard logging stopped (None while it works or was never on)."""
         if main and tensorboard and out_dir is not None:
-            from torch.utils.tensorboard import SummaryWriter
+            try:
+                from torch.utils.tensorboard import SummaryWriter
 
-            self.writer = SummaryWriter(log_dir=str(Path(out_dir) / "tb"))
+                quiet_tensorboard_threads()
+                self.writer = SummaryWriter(log_dir=str(self.tb_dir))
+            except Exception as exc:  # noqa: BLE001 - logging must never end a run
+                self._tensorboard_failed(exc)
         if main and progress and _is_terminal(sys.stderr):
             from tqdm.auto import tqdm
 
             self.bar = tqdm(total=total, initial=initial, desc="reconstruct", unit="step", dynamic_ncols=True,
                             file=sys.stderr)
 
+    def _tensorboard_failed(self, exc: BaseException) -> None:
+        """Turn TensorBoard off for the rest of the run, with one warning."""
+        self.tb_error = _why(exc)
+        log.warning("TensorBoard logging is off for the rest of this run: cannot write %s (%s); training goes on",
+                    self.tb_dir, self.tb_error)
+        writer, self.writer = self.writer, None
+        if writer is not None:
+            try:
+                writer.close()
+            except Exception:  # noqa: BLE001 - it failed already; nothing more to save
+                pass
+
     def scalars(self, step: int, values: dict[str, float]) -> None:
         if self.writer is not None:
-            for k, v in values.items():
-                self.writer.add_scalar(k, v, step)
+            try:
+                for k, v in values.items():
+                    self.writer.add_scalar(k, v, step)
+            except Exception as exc:  # noqa: BLE001 - logging must never end a run
+                self._tensorboard_failed(exc)
 
     def image(self, step: int, tag: str, img: np.ndarray) -> None:
         """A 2-D float image, windowed to uint8 (HW)."""
         if self.writer is not None:
-            self.writer.add_image(tag, to_uint8(img), step, dataformats="HW")
+            try:
+                self.writer.add_image(tag, to_uint8(img), step, dataformats="HW")
+            except Exception as exc:  # noqa: BLE001 - logging must never end a run
+                self._tensorboard_failed(exc)
 
     def progress(self, n: int = 1, **postfix) -> None:
         if self.bar is not None:
@@ -180,5 +269,9 @@ class RunLogger:
             self.bar.close()
             self.bar = None
         if self.writer is not None:
-            self.writer.flush()
-            self.writer.close()
+            try:
+                self.writer.flush()
+                self.writer.close()
+            except Exception as exc:  # noqa: BLE001 - logging must never end a run
+                self._tensorboard_failed(exc)
+            self.writer = None

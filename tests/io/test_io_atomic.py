@@ -3,7 +3,7 @@ import os
 import pytest
 
 from fasttomo.data.io import OutputExistsError
-from fasttomo.data.io.atomic import atomic_write
+from fasttomo.data.io.atomic import WriteFailed, atomic_write
 
 
 def _text(s):
@@ -33,11 +33,12 @@ def test_crash_leaves_nothing(tmp_path):
             f.write("half")
         raise RuntimeError("crash mid-write")
 
-    with pytest.raises(RuntimeError):
+    with pytest.raises(WriteFailed, match="RuntimeError: crash mid-write") as info:  # any failure: a write failure
         atomic_write(p, boom)
+    assert isinstance(info.value, OSError) and isinstance(info.value.__cause__, RuntimeError)
     assert os.listdir(tmp_path) == []
     atomic_write(p, _text("old"))
-    with pytest.raises(RuntimeError):
+    with pytest.raises(WriteFailed):
         atomic_write(p, boom, overwrite=True)
     assert p.read_text() == "old" and os.listdir(tmp_path) == ["b.txt"]
 

@@ -31,7 +31,7 @@ def test_off_axis_point_lands_where_the_formula_says(tmp_path, theta):
         r = np.deg2rad(a)
         assert u == pytest.approx(x * np.cos(r) + z * np.sin(r), abs=0.05)
         assert v == pytest.approx(y, abs=0.05)
-    # the DESIGN.md check: (0, 0, +10) at +30 degrees lands at u = +5 (not -5: that would be a mirror)
+    # the convention's check: (0, 0, +10) at +30 degrees lands at u = +5 (not -5: that would be a mirror)
     ph0 = Phantom((32, 32, 48), [Ellipsoid((0.0, 0.0, 10.0), (1.5, 1.5, 1.5), None, 1.0, "bead")])
     u, v = _centroid(project(ph0, np.array([30.0]), 32, 48)[0])
     assert u == pytest.approx(5.0, abs=0.05) and v == pytest.approx(0.0, abs=0.05)

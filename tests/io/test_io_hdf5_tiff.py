@@ -138,6 +138,19 @@ def test_tiff_multipage_integer_and_errors(tmp_path, caplog):
         load_tiltseries(data_cfg(source="tiff", path=str(bad), angles=t))
 
 
+def test_tiff_pages_of_different_sizes_are_named(tmp_path):
+    """Page 6 of another size: the error says so (not "a single image")."""
+    p = tmp_path / "mixed.tif"
+    with tifffile.TiffWriter(p) as w:
+        for i in range(8):
+            w.write(make_stack(n=1, h=14 if i == 5 else 12)[0], contiguous=False)
+    angles = write_tlt(tmp_path / "a.tlt", np.linspace(-60, 60, 8))
+    with pytest.raises(DataFileError, match=r"mixed\.tif: its pages differ in size: page 1 is 12 x 16 pixels, "
+                                            r"page 6 is 14 x 16 \(of 8 pages\)") as info:
+        load_tiltseries(data_cfg(source="tiff", path=str(p), angles=angles, pixel_size=1.0))
+    assert "single image" not in str(info.value)
+
+
 def test_tiff_imagej_spacing_in_nm(tmp_path):
     p = tmp_path / "nm.tif"
     tifffile.imwrite(p, make_stack(), imagej=True, resolution=(1 / 0.25, 1 / 0.25), metadata={"unit": "nm"})

@@ -138,6 +138,17 @@ def test_empty_truncated_corrupt(tmp_path):
         read_mrc(junk)
 
 
+@pytest.mark.parametrize("content, looks", [(b"1.0 2.0 3.0\nangles of a tilt series\n" * 60, "a text file"),
+                                            (b"\x89PNG\r\n\x1a\n" + bytes(2000), "a PNG image")])
+def test_a_file_of_another_type_is_named_not_an_mrc_file(tmp_path, content, looks):
+    """A text file (or a picture) renamed .mrc is "not an MRC file", not a mode to convert."""
+    p = tmp_path / "renamed.mrc"
+    p.write_bytes(content)
+    with pytest.raises(DataFileError, match=rf"renamed\.mrc: not an MRC file \(it looks like {looks};") as info:
+        read_mrc(p)
+    assert "newstack" not in str(info.value)
+
+
 def test_complex_mode_rejected(tmp_path):
     p = write_raw_mrc(tmp_path / "c.mrc", make_stack().astype(np.complex64))
     with pytest.raises(DataFileError, match="mode 4.*modes \\[0, 1, 2, 6, 12\\]"):

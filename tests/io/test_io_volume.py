@@ -45,6 +45,19 @@ def test_mrc_header_is_what_3dmod_expects(tmp_path):
         np.testing.assert_array_equal(m.data, VOL)
 
 
+def test_mrc_label_names_the_run_once(tmp_path):
+    """The run's label is "fasttomo <version> run <name>" (not "... run fasttomo run fasttomo")."""
+    from fasttomo import __version__
+
+    for label, expected in (("fasttomo", f"fasttomo {__version__} run fasttomo"),
+                            ("fasttomo phantom ground truth", f"fasttomo {__version__} phantom ground truth")):
+        p = tmp_path / f"{len(label)}.mrc"
+        write_volume(p, VOL, 2.5, label=label, attrs={}, fmt="mrc")
+        with mrcfile.open(p) as m:
+            labels = [bytes(x).decode().strip() for x in m.header.label[: int(m.header.nlabl)]]
+            assert expected in labels and not any("run fasttomo run" in lab for lab in labels), labels
+
+
 def test_h5_attributes(tmp_path):
     p = tmp_path / "v.h5"
     write_volume(p, VOL, 2.5, label="r", attrs=ATTRS, fmt="h5")

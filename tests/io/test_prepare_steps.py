@@ -111,9 +111,11 @@ def test_dark_and_blank_views(tmp_path, caplog):
     st = make_stack()
     st[1] *= 0.02  # shutter closed
     st[3] = 42.0  # blank
-    ts = _load(tmp_path, st)
-    assert ts.n_tilts == 5
-    assert "view 2: dark" in caplog.text and "view 4: blank" in caplog.text
+    with pytest.raises(TiltSeriesError, match=r"view 4 \(1-based\) is blank \(constant: no signal.*view 4: blank "
+                                              r"\(std 0 .*data\.exclude_views=\[4\] \(or data\.drop_dark_views=true\)"):
+        _load(tmp_path, st)  # a blank view is refused ...
+    ts = _load(tmp_path, st, exclude_views=[4])  # ... a dark one is kept, with a warning
+    assert ts.n_tilts == 4 and "view 2: dark" in caplog.text
     ts = _load(tmp_path, st, drop_dark_views=True)
     assert ts.metadata["view_numbers"] == [1, 3, 5]
     np.testing.assert_array_equal(ts.angles, ANGLES5[[0, 2, 4]])
@@ -139,3 +141,26 @@ def test_tilt_axis_rotation_is_a_rotation(tmp_path):
     out, _ = rotate_tilt_axis(np.repeat(img, 2, 0), None, 90.0)
     # axis at +90 deg (along -X) is rotated by -90 to +Y: the point at +X goes to -Y ... i.e. row 5
     assert np.unravel_index(np.argmax(out[0]), out[0].shape) == (5, 10)
+
+
+@pytest.mark.parametrize("value", [0.0, 7.5])
+def test_a_constant_stack_is_refused(tmp_path, value):
+    """An all-zero (or all-constant) stack carries no signal: one line naming the file and the fix."""
+    with pytest.raises(TiltSeriesError, match=rf"s\.mrc: every pixel of the stack holds the value {value:g}; a "
+                                              r"constant stack carries no signal\. Check data\.path"):
+        _load(tmp_path, np.full((5, 12, 16), value, dtype=np.float32))
+
+
+def test_a_constant_stack_with_masked_nonfinite_pixels_is_refused(tmp_path):
+    st = np.zeros((5, 12, 16), dtype=np.float32)
+    st[2, 3, 4] = np.nan
+    with pytest.raises(TiltSeriesError, match="constant stack carries no signal"):
+        _load(tmp_path, st, nonfinite="mask")
+
+
+@pytest.mark.parametrize("angle", [0.0, 30.0])
+def test_a_single_view_is_refused_as_such_not_as_radians(tmp_path, angle):
+    with pytest.raises(TiltSeriesError, match=rf"the stack has one view at {angle:g} degrees; a tomogram needs views "
+                                              r"at several tilt angles") as info:
+        _load(tmp_path, make_stack()[:1], angles=np.array([angle]))
+    assert "radians" not in str(info.value)

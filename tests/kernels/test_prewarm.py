@@ -47,3 +47,23 @@ def test_without_a_gpu_nothing_is_loaded():
 def test_on_a_gpu_the_kernels_the_cache_key_and_the_device_are_ready_after_wait():
     assert _child() == {"started": True, "again": False, "ops_loaded": True, "key_cached": True, "gluon_loaded": True,
                         "device_started": True, "context": True}
+
+
+# --------------------------------------------------------------------------------------- what it relies on
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs triton")
+def test_the_triton_internals_the_thread_warms_still_exist():
+    """The thread's work (run here without a GPU, in a fresh process): it imports the op module and
+    fills ``triton.runtime.cache.triton_key``'s functools cache, the private function a kernel
+    launch calls; if Triton renames it or drops the cache, this fails and prewarm.py needs a look."""
+    code = r"""
+import json, sys
+from triton.runtime.cache import triton_key
+from fasttomo.kernels import prewarm
+before = triton_key.cache_info().currsize
+prewarm._work()
+print(json.dumps({"before": before, "after": triton_key.cache_info().currsize,
+                  "ops": "fasttomo.kernels.triton.ops" in sys.modules}))
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == {"before": 0, "after": 1, "ops": True}

@@ -110,7 +110,7 @@ def test_volume_write_failure_keeps_the_checkpoint(tmp_path, monkeypatch):
     out = tmp_path / "run"
     monkeypatch.setattr(vol, "write_volume", _fail_inside(out, vol.write_volume,
                                                           OSError(errno.ENOSPC, "No space left on device")))
-    with pytest.raises(OutputWriteError, match=r"volume\.mrc \(No space left on device\)") as info:
+    with pytest.raises(OutputWriteError, match=r"volume\.mrc, volume\.h5 \(No space left on device\)") as info:
         run(compose_config([*TINY, "optim.steps=3", f"output.dir={out}"]))
     msg = str(info.value)
     assert load_checkpoint(out / "checkpoints" / "last.pt")["step"] == 3

@@ -3,6 +3,7 @@ MRC file, the writers read back, and the accuracy on volumes rendered from known
 
 from __future__ import annotations
 
+import json
 import math
 
 import numpy as np
@@ -202,9 +203,11 @@ def test_refuses_bad_volumes():
 # --------------------------------------------------------------------------------------- files
 def test_atoms_csv_and_xyz_read_back(tmp_path):
     xyz = np.array([[1.25, 2.5, 3.75], [10.0, 0.0, 5.5]])
-    write_atoms_csv(tmp_path / "a.csv", xyz, [3.5, 7.0], [0.01, 0.02], [1, 2], comment="two atoms")
+    paths = write_atoms_csv(tmp_path / "a.csv", xyz, [3.5, 7.0], [0.01, 0.02], [1, 2], meta={"what": "two atoms"})
+    assert paths == [str(tmp_path / "a.csv"), str(tmp_path / "a.json")]
     text = (tmp_path / "a.csv").read_text().splitlines()
-    assert text[0] == "# two atoms" and text[1] == CSV_HEADER
+    assert text[0] == CSV_HEADER and len(text) == 3                        # plain CSV: the header comes first
+    assert json.loads((tmp_path / "a.json").read_text())["what"] == "two atoms"
     back = read_atoms_csv(tmp_path / "a.csv")
     assert np.allclose(back["xyz_A"], xyz) and back["species"].tolist() == [1, 2]
     assert np.allclose(back["intensity"], [3.5, 7.0]) and np.allclose(back["fit_error"], [0.01, 0.02])
@@ -212,6 +215,14 @@ def test_atoms_csv_and_xyz_read_back(tmp_path):
 
     with pytest.raises(OutputExistsError):
         write_atoms_csv(tmp_path / "a.csv", xyz, [3.5, 7.0], [0.01, 0.02], [1, 2])
+    (tmp_path / "a.csv").unlink()                                          # only the description is in the way:
+    with pytest.raises(OutputExistsError, match="a.json"):
+        write_atoms_csv(tmp_path / "a.csv", xyz, [3.5, 7.0], [0.01, 0.02], [1, 2], meta={})
+    assert not (tmp_path / "a.csv").exists()                               # refused before writing anything
+    # a file of an older version starts with '#' comment lines: still read
+    (tmp_path / "old.csv").write_text("# fasttomo trace of v.mrc; voxel 0.5 A\n" + CSV_HEADER + "\n1,2,3,4,0.1,2\n")
+    old = read_atoms_csv(tmp_path / "old.csv")
+    assert old["xyz_A"].tolist() == [[1.0, 2.0, 3.0]] and old["species"].tolist() == [2]
     write_xyz(tmp_path / "a.xyz", xyz, [1, 2], ["Pd", "Pt"], [3.5, 7.0], [0.01, 0.02], (20.0, 30.0, 40.0), 0.5)
     x = read_xyz(tmp_path / "a.xyz")
     assert x["symbols"] == ["Pd", "Pt"] and np.allclose(x["xyz_A"], xyz)

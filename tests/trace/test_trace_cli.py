@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import json
 import math
 import os
@@ -80,10 +81,12 @@ def test_trace_of_the_phantom_truth_finds_every_atom_in_the_csv_frame(tmp_path):
                    "data.tilt_min=-70", "data.tilt_max=70", "data.particle.radius=6.0", "data.particle.species=2"],
                   tmp_path, module="fasttomo.cli.simulate")
     assert r.returncode == 0, r.stdout + r.stderr
-    for name in ("np.mrc", "np.rawtlt", "np_truth.mrc", "np_atoms.csv"):
+    for name in ("np.mrc", "np.rawtlt", "np_truth.mrc", "np_atoms.csv", "np_atoms.json"):
         assert (tmp_path / name).is_file(), name
     lines = (tmp_path / "np_atoms.csv").read_text().splitlines()
-    assert lines[0].startswith("# true atoms") and lines[1] == "x_A,y_A,z_A,intensity,fit_error,species"
+    assert lines[0] == "x_A,y_A,z_A,intensity,fit_error,species"          # plain CSV, header first
+    meta = json.loads((tmp_path / "np_atoms.json").read_text())
+    assert meta["made_by"] == "fasttomo-simulate" and meta["voxel_size_A"] == 0.75
     truth = read_atoms_csv(tmp_path / "np_atoms.csv")
     # the same atoms as the phantom the function builds, in atoms.csv's frame: a sphere of radius
     # 6 A around the centre of the 32^3 box of 0.75 A voxels, (31 / 2) x 0.75 = 11.625 A on each axis
@@ -96,12 +99,26 @@ def test_trace_of_the_phantom_truth_finds_every_atom_in_the_csv_frame(tmp_path):
                    "hydra.run.dir=run"], tmp_path)
     assert r.returncode == 0, r.stdout + r.stderr
     m = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    # the closing summary, in fasttomo-reconstruct's style
+    tail = r.stdout[r.stdout.index("finished."):]
+    assert f"run folder: {tmp_path / 'run'}\n" in tail and "\n  atoms.csv " in tail and "\n  atoms.json " in tail
+    assert f"{m['n_atoms']} atoms from " in tail and "quality: precision 1.0000, recall 1.0000" in tail
+    assert f"look at it: {tmp_path / 'run' / 'slabs.png'}" in tail
     assert m["n_atoms"] == len(truth["species"])
     t = m["truth"]
     assert t["precision"] == 1.0 and t["recall"] == 1.0 and t["species_accuracy"] == 1.0
     assert t["rmsd_voxels"] < 0.05
-    for name in ("atoms.csv", "atoms.xyz", "slabs.png", "config.yaml", "trace.log", "manifest.json"):
+    for name in ("atoms.csv", "atoms.json", "atoms.xyz", "slabs.png", "config.yaml", "trace.log", "manifest.json"):
         assert (tmp_path / "run" / name).is_file(), name
+    # atoms.csv is plain CSV: the standard reader takes the header from the first line
+    with open(tmp_path / "run" / "atoms.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert list(rows[0]) == ["x_A", "y_A", "z_A", "intensity", "fit_error", "species"] and len(rows) == m["n_atoms"]
+    assert sorted({int(r["species"]) for r in rows}) == [1, 2]
+    np.testing.assert_allclose([[float(r[c]) for c in ("x_A", "y_A", "z_A")] for r in rows],
+                               read_atoms_csv(tmp_path / "run" / "atoms.csv")["xyz_A"])
+    atoms_meta = json.loads((tmp_path / "run" / "atoms.json").read_text())
+    assert atoms_meta["voxel_size_A"] == 0.75 and atoms_meta["volume"] == "np_truth.mrc"
     # never silently overwritten: the same folder again is refused, with the fix in one line
     r2 = trace_cli(["volume=np_truth.mrc", "device=cpu", "hydra.run.dir=run"], tmp_path)
     assert r2.returncode == 2 and "output.overwrite=true" in r2.stdout + r2.stderr
@@ -123,8 +140,26 @@ def test_cli_errors_are_one_line(tmp_path):
     r = trace_cli(["volume=x.mrc", "classes=2", "elements=[Pt]"], tmp_path)
     assert r.returncode == 2 and "elements" in r.stdout + r.stderr
     r = trace_cli(["volume=x.mrc", "treshold=0.3"], tmp_path)
-    assert r.returncode != 0 and "treshold" in r.stdout + r.stderr
+    assert r.returncode == 2 and "treshold: no such key. Did you mean threshold?" in r.stderr
+    r = trace_cli(["volume=x.mrc", "classes=two"], tmp_path)
+    assert r.returncode == 2 and "classes: expected an integer, got 'two'" in r.stderr
+    assert "Traceback" not in r.stdout + r.stderr
     assert not (tmp_path / "outputs").exists()  # no empty run folders left behind
+
+
+def test_trace_help_is_fasttomos(tmp_path):
+    """fasttomo-trace shares the front of the other commands: --help, --help KEY, --help GROUP."""
+    r = trace_cli(["--help"], tmp_path)
+    assert r.returncode == 0 and r.stdout.startswith("fasttomo-trace: trace the atoms"), r.stdout + r.stderr
+    assert "min_snr: float, default 4.5" in r.stdout and "kplanes_tilted" not in r.stdout
+    r = trace_cli(["--help", "volume"], tmp_path)
+    assert r.returncode == 0 and r.stdout.startswith("volume: str or null, default null"), r.stdout + r.stderr
+    assert "The volume to trace" in r.stdout and "Traceback" not in r.stderr
+    r = trace_cli(["--help", "output"], tmp_path)
+    assert r.returncode == 0 and "output.overwrite: bool, default false" in r.stdout
+    r = trace_cli(["--help", "volum"], tmp_path)
+    assert r.returncode == 2 and "did you mean volume?" in r.stderr
+    assert not list(tmp_path.iterdir())
 
 
 @pytest.mark.gpu

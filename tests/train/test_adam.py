@@ -81,3 +81,87 @@ print("ok")
 """
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0 and "ok" in out.stdout, out.stderr[-3000:]
+
+
+# --------------------------------------------------------------------------------------- the private trick
+# (class, method name, the module torch defines the method in): the methods fasttomo's Adam calls
+# through inspect.unwrap. If a test below fails, torch changed the wrappers: read
+# fasttomo/train/adam.py again (the trick may be unneeded now, or unwrap may strip something new).
+WRAPPED = [(torch.optim.Optimizer, "add_param_group", "torch.optim.optimizer"),
+           (torch.optim.Optimizer, "zero_grad", "torch.optim.optimizer"),
+           (torch.optim.Optimizer, "state_dict", "torch.optim.optimizer"),
+           (torch.optim.Optimizer, "load_state_dict", "torch.optim.optimizer"),
+           (torch.optim.Adam, "step", "torch.optim.adam")]
+
+
+# the wrappers torch puts around them, by (function name, file): torch._disable_dynamo's, the
+# differentiable/no_grad switch of step (both import torch._dynamo: what the trick skips), and the
+# hook/profiler wrapper Optimizer.__init__ puts on the step of the class it builds (fasttomo's Adam
+# gets its own, tested below, so the one on torch.optim.Adam.step must be skipped too)
+SKIPPED = {("inner", "torch/_compile.py"), ("_use_grad", "torch/optim/optimizer.py")}
+HOOK = ("wrapper", "torch/optim/optimizer.py")
+
+
+def _wrappers(fn) -> list[tuple[str, str]]:
+    chain = []
+    while hasattr(fn, "__wrapped__"):
+        code = fn.__code__
+        chain.append((code.co_name, "torch/" + code.co_filename.replace("\\", "/").split("/torch/", 1)[1]))
+        fn = fn.__wrapped__
+    return chain
+
+
+@pytest.mark.parametrize("cls, name, module", WRAPPED, ids=[w[1] for w in WRAPPED])
+def test_unwrap_skips_only_the_wrappers_the_trick_means_to_skip(cls, name, module):
+    import inspect
+
+    torch.optim.Adam(_params())  # patches torch.optim.Adam.step with the hook wrapper, as any torch Adam does
+    wrapped = getattr(cls, name)
+    chain = _wrappers(wrapped)
+    skipped = [w for w in chain if w != HOOK]
+    assert len(skipped) == 1 and set(skipped) <= SKIPPED, (
+        f"torch changed the wrappers of {cls.__name__}.{name} ({chain}): read fasttomo/train/adam.py again")
+    raw = inspect.unwrap(wrapped)
+    assert raw.__qualname__ == f"{cls.__name__}.{name}" and raw.__module__ == module
+
+
+def test_step_hooks_and_the_profiler_label_still_run_once():
+    """Optimizer.__init__ wraps fasttomo's Adam.step itself (hooks, record_function): a step
+    pre-hook and post-hook run once per step."""
+    calls = []
+    opt = Adam(_params(), lr=0.1)
+    opt.register_step_pre_hook(lambda *a: calls.append("pre"))
+    opt.register_step_post_hook(lambda *a: calls.append("post"))
+    assert _wrappers(type(opt).step) == [HOOK]
+    for _ in range(2):
+        opt.zero_grad()
+        sum((p ** 2).sum() for p in opt.param_groups[0]["params"]).backward()
+        opt.step()
+    assert calls == ["pre", "post", "pre", "post"]
+
+
+def test_torchs_wrappers_import_dynamo_and_fasttomos_adam_does_not():
+    """The reason for the trick, checked in fresh processes: the same calls import torch._dynamo
+    through torch.optim.Adam and not through fasttomo's Adam."""
+    code = f"""
+import sys
+sys.path.insert(0, {str(SRC)!r})
+import torch
+from fasttomo.train.adam import Adam
+cls = Adam if sys.argv[1] == "fasttomo" else torch.optim.Adam
+p = torch.zeros(3, requires_grad=True)
+opt = cls([p], lr=0.1)
+opt.zero_grad()
+(p - 1).pow(2).sum().backward()
+opt.step()
+opt.load_state_dict(opt.state_dict())
+print("dynamo" if "torch._dynamo" in sys.modules else "no dynamo", p.detach().tolist())
+"""
+    lines = {}
+    for which in ("torch", "fasttomo"):
+        out = subprocess.run([sys.executable, "-c", code, which], capture_output=True, text=True, timeout=300)
+        assert out.returncode == 0, out.stderr[-3000:]
+        lines[which] = out.stdout.strip().splitlines()[-1]
+    assert lines["torch"].startswith("dynamo "), "torch.optim no longer imports dynamo here: the trick is not needed"
+    assert lines["fasttomo"].startswith("no dynamo ")
+    assert lines["torch"].split(" ", 1)[1] == lines["fasttomo"].split(" ", 2)[2]  # the same step

@@ -19,14 +19,17 @@ its override parser, inside :func:`check_overrides` (the entry points are Hydra'
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import logging
 import math
 import sys
-import time
+import types
 import typing
 from typing import Any, Union
 
-from fasttomo.cli.help import Program, fmt_value, option_values, report, schema_keys, sections  # noqa: F401 - report: public here
+from fasttomo.cli.help import (Program, field_type, fmt_value, handle_help, nearest, option_values, report, schema_keys,
+                               sections)
 
 EXIT_USER_ERROR = 2
 
@@ -55,12 +58,6 @@ def overrides_of(argv: list[str]) -> list[str]:
     return out
 
 
-def _near(name: str, choices, n: int = 3) -> list[str]:
-    from fasttomo.cli.help import nearest
-
-    return nearest(name, choices, n)
-
-
 def _did_you_mean(names: list[str], fmt: str = "{}") -> str:
     return f" Did you mean {' or '.join(fmt.format(n) for n in names)}?" if names else ""
 
@@ -75,7 +72,7 @@ def _type_error(key: str, raw: str, value: Any, tp: Any, example: Any) -> str | 
     that OmegaConf converts, interpolations)."""
     if isinstance(value, str) and "${" in value:
         return None
-    args = typing.get_args(tp) if typing.get_origin(tp) in (Union, getattr(__import__("types"), "UnionType")) else (tp,)
+    args = typing.get_args(tp) if typing.get_origin(tp) in (Union, types.UnionType) else (tp,)
     optional = type(None) in args
     kinds = [a for a in args if a is not type(None)]
     if value is None:
@@ -109,42 +106,24 @@ def _words(tp: Any) -> str:
         tp, "a list" if _is_list_type(tp) else getattr(tp, "__name__", str(tp)))
 
 
+@functools.lru_cache(maxsize=None)
+def _holder(tp: Any) -> type:
+    return dataclasses.make_dataclass("Value", [("v", tp)])
+
+
 def _fits(value: Any, tp: Any) -> bool:
-    """Whether OmegaConf accepts ``value`` for a node of type ``tp`` (it converts strings that
-    spell a number or a boolean)."""
-    if tp is int:
-        if isinstance(value, bool):
-            return False
-        if isinstance(value, int):
-            return True
-        if isinstance(value, str):
-            try:
-                int(value)
-                return True
-            except ValueError:
-                return False
+    """Whether OmegaConf accepts ``value`` for a node of type ``tp`` (its own validation: strings
+    that spell a number or a boolean convert); stricter only for booleans, which take no integer
+    (OmegaConf reads dry_run=2 as true)."""
+    from omegaconf import OmegaConf, ValidationError
+
+    if tp is bool and isinstance(value, int) and not isinstance(value, bool):
         return False
-    if tp is float:
-        if isinstance(value, bool):
-            return False
-        if isinstance(value, (int, float)):
-            return True
-        if isinstance(value, str):
-            try:
-                float(value)
-                return True
-            except ValueError:
-                return False
+    node = OmegaConf.structured(_holder(tp))
+    try:
+        node.v = value
+    except ValidationError:
         return False
-    if tp is bool:
-        return isinstance(value, bool) or (isinstance(value, str) and value.lower() in ("true", "false", "yes", "no",
-                                                                                       "on", "off", "1", "0"))
-    if tp is str:
-        return not isinstance(value, (list, dict))
-    if _is_list_type(tp):
-        return isinstance(value, (list, tuple))
-    if tp is dict or typing.get_origin(tp) is dict:
-        return isinstance(value, dict)
     return True
 
 
@@ -184,13 +163,13 @@ def check_overrides(p: Program, argv: list[str]) -> None:
                 if choice in opts or choice in ("null", "None"):
                     continue
                 raise CommandLineError(f"{key}={choice}: no option {choice!r} in group {key}; the options are "
-                                       f"{', '.join(opts)}.{_did_you_mean(_near(choice, opts), key + '={}')} "
+                                       f"{', '.join(opts)}.{_did_you_mean(nearest(choice, opts), key + '={}')} "
                                        f"({p.prog} --help {key} describes them.)")
             continue
         if key in keys:
             if ov.is_delete():
                 continue
-            tp = _declared(p.root, key)
+            tp = field_type(p.root, key)
             example = defaults.get(key, (None, ""))[0]
             vals = [ov.value()] if values is None else list(ov.sweep_iterator())
             raws = [raw] if values is None else values
@@ -206,19 +185,13 @@ def check_overrides(p: Program, argv: list[str]) -> None:
             raise CommandLineError(f"{key}: is a group of settings, not a value; set one of its keys, e.g. "
                                    f"{_first_key(keys, key)}=<value> ({p.prog} --help {key} lists them).")
         # an unknown key: the nearest keys, by the whole name and by the last part within its group
-        near = _near(key, keys)
+        near = nearest(key, keys)
         if not near and "." in key:
             in_group = [k for k in keys if k.startswith(head + ".")]
             tail = key.split(".")[-1]
-            near = [k for k in in_group if k.split(".")[-1] in _near(tail, [x.split(".")[-1] for x in in_group])]
+            near = [k for k in in_group if k.split(".")[-1] in nearest(tail, [x.split(".")[-1] for x in in_group])]
         where = f"{p.prog} --help {head}" if head in secs else f"{p.prog} --help"
         raise CommandLineError(f"{key}: no such key.{_did_you_mean(near)} ({where} lists the valid keys.)")
-
-
-def _declared(root: type, key: str) -> Any:
-    from fasttomo.cli.help import field_type
-
-    return field_type(root, key)
 
 
 def _first_key(keys: dict, section: str) -> str:
@@ -246,8 +219,6 @@ def run_checked(p: Program, argv: list[str], app) -> None:
     """The entry points' common start: --help, the override check, then ``app()`` (Hydra) with its
     composition errors turned into one line and exit code 2."""
     import os
-
-    from fasttomo.cli.help import handle_help
 
     code = handle_help(p, argv)
     if code is not None:

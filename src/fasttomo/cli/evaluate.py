@@ -31,9 +31,26 @@ import numpy as np
 
 from fasttomo.config import ConfigError, _require, tool_device
 from fasttomo.quality.plots import fsc_plot  # noqa: F401 - the FSC picture (shared with the runs)
-from fasttomo.quality.scoring import EvaluateError, score_against_truth  # noqa: F401 - shared with the runs
 
 log = logging.getLogger("fasttomo")
+
+def __getattr__(name: str):
+    """``EvaluateError`` and ``score_against_truth`` (shared with the runs) come from
+    fasttomo.quality.scoring, which imports torch: loaded when first asked for, so --help and a
+    command-line error start without torch."""
+    if name in ("EvaluateError", "score_against_truth"):
+        from fasttomo.quality import scoring
+
+        return getattr(scoring, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def _error(message: str) -> Exception:
+    """An ``EvaluateError`` (one line, exit code 2)."""
+    from fasttomo.quality.scoring import EvaluateError
+
+    return EvaluateError(message)
+
 
 RESULT_NAMES = ("metrics.json", "fsc.png", "views_pearson.png", "views_residual.png")
 """Files an evaluation writes; an output folder holding any of them is refused unless overwrite."""
@@ -107,11 +124,11 @@ def default_out_dir(volume: str | os.PathLike) -> Path:
 def check_out_dir(out: Path, overwrite: bool) -> None:
     """Refuse a folder holding results of an earlier evaluation (unless ``overwrite``)."""
     if out.exists() and not out.is_dir():
-        raise EvaluateError(f"out={out}: exists and is not a folder; choose a folder name with out=<folder>.")
+        raise _error(f"out={out}: exists and is not a folder; choose a folder name with out=<folder>.")
     found = [n for n in RESULT_NAMES if (out / n).exists()]
     if found and not overwrite:
-        raise EvaluateError(f"out={out}: already holds results of an earlier evaluation ({', '.join(found)}); choose "
-                            "another folder with out=<folder>, or set overwrite=true to replace them.")
+        raise _error(f"out={out}: already holds results of an earlier evaluation ({', '.join(found)}); choose "
+                     "another folder with out=<folder>, or set overwrite=true to replace them.")
 
 
 def _jsonable(obj):
@@ -142,7 +159,7 @@ def _read_volume(path: str, what: str):
     from fasttomo.data.io.volume import read_volume
 
     if not os.path.exists(path):
-        raise EvaluateError(f"{what}={path}: file not found; check the path.")
+        raise _error(f"{what}={path}: file not found; check the path.")
     vol, vx, attrs = read_volume(path)
     return vol, vx, bool(attrs.get("voxel_size_assumed", False))
 
@@ -153,9 +170,9 @@ def _pick_voxel_size(cfg: EvaluateConfig, vx: float, assumed: bool, truth_vx: fl
         return float(cfg.voxel_size), "voxel_size="
     if not assumed:
         if truth_vx is not None and not truth_assumed and not math.isclose(vx, truth_vx, rel_tol=1e-3):
-            raise EvaluateError(f"volume={cfg.volume} has a voxel size of {vx:.6g} A but truth={cfg.truth} has "
-                                f"{truth_vx:.6g} A; they must describe the same grid. Resample one of them, or set "
-                                "voxel_size=<A> if a header is wrong.")
+            raise _error(f"volume={cfg.volume} has a voxel size of {vx:.6g} A but truth={cfg.truth} has "
+                         f"{truth_vx:.6g} A; they must describe the same grid. Resample one of them, or set "
+                         "voxel_size=<A> if a header is wrong.")
         return vx, f"the header of {cfg.volume}"
     if truth_vx is not None and not truth_assumed:
         return truth_vx, f"the header of {cfg.truth}"
@@ -171,11 +188,11 @@ def read_tiltseries(stack: str, angles: str | None):
     from fasttomo.data.load import read_raw
 
     if not os.path.exists(stack):
-        raise EvaluateError(f"tiltseries={stack}: file not found; check the path.")
+        raise _error(f"tiltseries={stack}: file not found; check the path.")
     try:
         return read_raw(DataConfig(source=source_from_suffix(stack), path=stack, angles=angles, normalize="none"))
     except DataFileError as exc:  # name this command's keys, not fasttomo-reconstruct's
-        raise EvaluateError(str(exc).replace("data.angles", "angles").replace("data.path", "tiltseries")) from None
+        raise _error(str(exc).replace("data.angles", "angles").replace("data.path", "tiltseries")) from None
 
 
 def check_stack(vol_shape, stack_shape, held_out_views=()) -> list[int]:
@@ -183,13 +200,13 @@ def check_stack(vol_shape, stack_shape, held_out_views=()) -> list[int]:
     numbers (1-based) must exist. Returns the sorted held-out view numbers."""
     n, h, w = stack_shape
     if (h, w) != tuple(vol_shape[1:]):
-        raise EvaluateError(f"the tilt series has images of (H, W) = ({h}, {w}) (stack shape {tuple(stack_shape)}) but "
-                            f"the volume has (Z, Y, X) = {tuple(vol_shape)}, so its projections are (Y, X) = "
-                            f"{tuple(vol_shape[1:])}; give the stack as the reconstruction saw it (same binning and "
-                            "crop, tilt axis along Y).")
+        raise _error(f"the tilt series has images of (H, W) = ({h}, {w}) (stack shape {tuple(stack_shape)}) but "
+                     f"the volume has (Z, Y, X) = {tuple(vol_shape)}, so its projections are (Y, X) = "
+                     f"{tuple(vol_shape[1:])}; give the stack as the reconstruction saw it (same binning and "
+                     "crop, tilt axis along Y).")
     held = sorted(set(int(v) for v in held_out_views))
     if held and held[-1] > n:
-        raise EvaluateError(f"held_out_views={held}: the tilt series has only {n} views (numbered 1..{n}).")
+        raise _error(f"held_out_views={held}: the tilt series has only {n} views (numbered 1..{n}).")
     return held
 
 
@@ -198,7 +215,7 @@ def load_projector() -> Callable:
     try:
         from fasttomo.methods.sirt.projectors import forward_project
     except ImportError as exc:
-        raise EvaluateError(
+        raise _error(
             "tiltseries=: forward-projecting the volume needs fasttomo.methods.sirt.projectors.forward_project, "
             f"which this fasttomo cannot import ({exc}); it comes with fasttomo's conventional projectors. Update "
             "fasttomo, or score against truth= only.") from None
@@ -223,6 +240,7 @@ def score_against_tiltseries(vol: np.ndarray, stack: np.ndarray, angles_deg: np.
     from fasttomo.geometry.poses import Poses
     from fasttomo.geometry.rays import Box
     from fasttomo.quality.metrics import projection_metrics
+    from fasttomo.quality.scoring import EvaluateError
 
     n, h, w = stack.shape
     held = check_stack(vol.shape, stack.shape, held_out_views)
@@ -236,7 +254,7 @@ def score_against_tiltseries(vol: np.ndarray, stack: np.ndarray, angles_deg: np.
                          Box(vol.shape), (h, w), step=step)
     pred = pred.detach().float().cpu().numpy()
     if pred.shape != stack.shape:
-        raise EvaluateError(f"the projector returned shape {pred.shape} for a stack of {stack.shape}.")
+        raise _error(f"the projector returned shape {pred.shape} for a stack of {stack.shape}.")
     pm = projection_metrics(stack, pred, valid, fit=fit)
     out: dict = {"n_views": n, "angles_deg": per_view.tolist(), **pm.to_json()}
 
@@ -286,8 +304,9 @@ def view_plots(out_dir: Path, angles: list, pm, held: list, overwrite: bool) -> 
 
 
 # --------------------------------------------------------------------------------------- command
-def _check_inputs(cfg: EvaluateConfig) -> None:
-    """Refuse an evaluation that names nothing to score, or nothing to score against."""
+def _check_request(cfg: EvaluateConfig) -> None:
+    """Refuse a request without a volume or anything to score it against, or with parts that need
+    a tilt series given without one."""
     if not cfg.volume:
         raise ConfigError("volume: give the volume to score, e.g. fasttomo-evaluate volume=run/volume.mrc "
                           "truth=phantom_truth.mrc (and/or tiltseries=<stack> angles=<file>).")
@@ -300,15 +319,6 @@ def _check_inputs(cfg: EvaluateConfig) -> None:
         raise ConfigError("held_out_views: needs tiltseries=<stack>.")
 
 
-def _remove_stale(out_dir: Path, written: list[str]) -> None:
-    """Remove the results of an earlier evaluation in ``out_dir`` that this one did not rewrite."""
-    for name in RESULT_NAMES:
-        p = out_dir / name
-        if str(p) not in written and p.exists():
-            p.unlink()
-            log.info("removed %s of the earlier evaluation", p)
-
-
 def evaluate(cfg: EvaluateConfig, projector: Callable | None = None) -> dict:
     """Run one evaluation as ``cfg`` says; writes metrics.json and the plots, returns the metrics.
 
@@ -316,8 +326,9 @@ def evaluate(cfg: EvaluateConfig, projector: Callable | None = None) -> dict:
     """
     from fasttomo import __version__
     from fasttomo.data.io.atomic import atomic_write
+    from fasttomo.quality.scoring import score_against_truth
 
-    _check_inputs(cfg)
+    _check_request(cfg)
     out_dir = Path(cfg.out) if cfg.out else default_out_dir(cfg.volume)
     check_out_dir(out_dir, cfg.overwrite)  # before any heavy work
     if cfg.tiltseries and projector is None:
@@ -329,8 +340,8 @@ def evaluate(cfg: EvaluateConfig, projector: Callable | None = None) -> dict:
     if cfg.truth:
         truth, truth_vx, truth_assumed = _read_volume(cfg.truth, "truth")
         if truth.shape != vol.shape:
-            raise EvaluateError(f"volume={cfg.volume} has shape (Z, Y, X) = {vol.shape} but truth={cfg.truth} has "
-                                f"{truth.shape}; they must match voxel for voxel. Crop or resample one of them.")
+            raise _error(f"volume={cfg.volume} has shape (Z, Y, X) = {vol.shape} but truth={cfg.truth} has "
+                         f"{truth.shape}; they must match voxel for voxel. Crop or resample one of them.")
     voxel, voxel_source = _pick_voxel_size(cfg, vx, vx_assumed, truth_vx, truth_assumed)
     mask = None
     if cfg.mask:
@@ -338,7 +349,7 @@ def evaluate(cfg: EvaluateConfig, projector: Callable | None = None) -> dict:
             raise ConfigError("mask: the FSC mask needs truth=<volume file>.")
         mask, _, _ = _read_volume(cfg.mask, "mask")
         if mask.shape != vol.shape:
-            raise EvaluateError(f"mask={cfg.mask} has shape {mask.shape} but volume={cfg.volume} has {vol.shape}.")
+            raise _error(f"mask={cfg.mask} has shape {mask.shape} but volume={cfg.volume} has {vol.shape}.")
 
     metrics: dict = {"fasttomo_version": __version__, "volume": str(cfg.volume), "shape_zyx": list(vol.shape),
                      "voxel_size_A": voxel, "voxel_size_source": voxel_source}
@@ -376,7 +387,11 @@ def evaluate(cfg: EvaluateConfig, projector: Callable | None = None) -> dict:
     written.insert(0, atomic_write(out_dir / "metrics.json", lambda tmp: Path(tmp).write_text(text, encoding="utf-8"),
                                    overwrite=cfg.overwrite))
     if cfg.overwrite:  # results of the earlier evaluation that this one did not rewrite would mislead
-        _remove_stale(out_dir, written)
+        for name in RESULT_NAMES:
+            p = out_dir / name
+            if str(p) not in written and p.exists():
+                p.unlink()
+                log.info("removed %s of the earlier evaluation", p)
     for line in summary_lines(metrics) + [f"  wrote {', '.join(written)}"]:
         print(line)
     return metrics
@@ -424,7 +439,7 @@ and residual, no ground truth needed). Results go to <volume stem>_eval/ (metric
 def program():
     """What ``--help`` and the command-line checks know of this command (fasttomo.cli.help)."""
     from fasttomo.cli.help import Program
-    from fasttomo.cli.reconstruct import config_dir
+    from fasttomo.config import config_dir
 
     return Program("fasttomo-evaluate", DESCRIPTION, EvaluateConfig, config_dir(), "evaluate",
                    ("volume", "truth", "tiltseries", "angles", "tilt_range", "held_out_views", "out", "overwrite"),
@@ -433,12 +448,12 @@ def program():
                    groups=())
 
 
-def main() -> None:
+def _start() -> None:
+    """Compose configs/evaluate.yaml with the command line (Hydra) and run the evaluation."""
     import hydra
     from hydra.core.config_store import ConfigStore
-    from omegaconf import DictConfig, OmegaConf
+    from omegaconf import OmegaConf
 
-    from fasttomo.cli.errors import run_checked
     from fasttomo.config import config_dir, from_dict
     from fasttomo.data.tiltseries import TiltSeriesError
 
@@ -446,7 +461,9 @@ def main() -> None:
     ConfigStore.instance().store(name="fasttomo_evaluate_schema", node=EvaluateConfig)
 
     @hydra.main(version_base="1.3", config_path=config_dir(), config_name="evaluate")
-    def _app(cfg: DictConfig) -> None:
+    def _app(cfg) -> None:
+        from fasttomo.quality.scoring import EvaluateError
+
         try:
             ev = from_dict(EvaluateConfig, OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True))
             evaluate(ev)
@@ -454,7 +471,13 @@ def main() -> None:
             log.error("%s", exc)
             sys.exit(2)
 
-    run_checked(program(), sys.argv[1:], _app)
+    _app()
+
+
+def main() -> None:
+    from fasttomo.cli.errors import run_checked
+
+    run_checked(program(), sys.argv[1:], _start)
 
 
 if __name__ == "__main__":

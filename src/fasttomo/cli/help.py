@@ -44,12 +44,26 @@ class KeyInfo:
 
     key: str
     """Dotted name, e.g. optim.steps."""
-    type_text: str
-    """The type in words: int, float, str, bool, list, with "or null" when optional."""
+    tp: Any
+    """The declared type."""
     default: Any
     doc: str
-    owner: type
-    """The dataclass that defines it."""
+
+    @property
+    def type_text(self) -> str:
+        """The type in words: int, float, str, bool, list, with "or null" when optional."""
+        return type_text(self.tp)
+
+
+@functools.lru_cache(maxsize=None)
+def _class_nodes(module: str) -> dict[str, ast.ClassDef]:
+    """The class definitions of a module's source by name (outermost first), parsed once: reading
+    each class with ``inspect.getsource`` parses its whole module again (most of --help's time)."""
+    try:
+        tree = ast.parse(Path(inspect.getsourcefile(sys.modules[module])).read_text(encoding="utf-8"))
+    except (KeyError, OSError, TypeError, SyntaxError):
+        return {}
+    return {n.name: n for n in reversed(list(ast.walk(tree))) if isinstance(n, ast.ClassDef)}
 
 
 @functools.lru_cache(maxsize=None)
@@ -60,11 +74,8 @@ def field_docs(cls: type) -> dict[str, str]:
     for klass in reversed(cls.__mro__):
         if klass is object or not dataclasses.is_dataclass(klass):
             continue
-        try:
-            tree = ast.parse(textwrap.dedent(inspect.getsource(klass)))
-        except (OSError, TypeError, SyntaxError):
-            continue
-        body = tree.body[0].body if tree.body and isinstance(tree.body[0], ast.ClassDef) else []
+        node = _class_nodes(klass.__module__).get(klass.__name__)
+        body = node.body if node is not None else []
         for node, nxt in zip(body, body[1:] + [None]):
             if (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and isinstance(nxt, ast.Expr)
                     and isinstance(nxt.value, ast.Constant) and isinstance(nxt.value.value, str)):
@@ -114,6 +125,7 @@ def _default_of(f: dataclasses.Field) -> Any:
     return "???"
 
 
+@functools.lru_cache(maxsize=None)
 def schema_keys(root: type, prefix: str = "") -> dict[str, KeyInfo]:
     """Every settable (leaf) key under ``root``, dotted. A field whose type is a Union of several
     schemas (one per group option) holds the keys of all of them."""
@@ -128,8 +140,7 @@ def schema_keys(root: type, prefix: str = "") -> dict[str, KeyInfo]:
                 for k, v in schema_keys(sub, f"{prefix}{f.name}.").items():
                     out.setdefault(k, v)
             continue
-        out[f"{prefix}{f.name}"] = KeyInfo(f"{prefix}{f.name}", type_text(tp), _default_of(f), docs.get(f.name, ""),
-                                           root)
+        out[f"{prefix}{f.name}"] = KeyInfo(f"{prefix}{f.name}", tp, _default_of(f), docs.get(f.name, ""))
     return out
 
 
@@ -142,19 +153,8 @@ def sections(root: type) -> list[str]:
 def field_type(root: type, key: str) -> Any | None:
     """The declared type of dotted ``key`` under ``root`` (the first schema of a Union that has
     it); None when no schema has it."""
-    cands = [root]
-    tp = None
-    for part in key.split("."):
-        found = None
-        for cls in cands:
-            if dataclasses.is_dataclass(cls) and part in {f.name for f in dataclasses.fields(cls)}:
-                found = typing.get_type_hints(cls)[part]
-                break
-        if found is None:
-            return None
-        tp = found
-        cands = dataclasses_in(found)
-    return tp
+    info = schema_keys(root).get(key)
+    return None if info is None else info.tp
 
 
 # --------------------------------------------------------------------------------------- config folders
@@ -186,7 +186,7 @@ def first_sentence(text: str) -> str:
         i = text.find(". ", start)
         if i < 0 or i > 200:
             break
-        if not text[:i].endswith(("e.g", "i.e", "etc", "vs")):
+        if not text[:i].endswith(("e.g", "i.e", "etc", "vs", ".")):  # "." : an ellipsis, "1 .. n"
             return text[: i + 1]
         start = i + 1
     return text if len(text) <= 200 else text[:197].rstrip() + "..."
@@ -228,16 +228,29 @@ def _merge(base: dict, over: dict) -> dict:
     return out
 
 
-def option_values(config_dir: str, group: str, option: str) -> dict[str, Any]:
-    """The keys an option's file sets, flattened and prefixed (``@package _global_`` files at the
-    top level)."""
+def option_file(config_dir: str, group: str, option: str) -> dict:
+    """The values a group option's file sets, as written (nested), over those of the options its
+    defaults list extends (``model/kplanes.yaml`` extends ``kplanes_tilted``); {} when there is no
+    such file. The one reader of option files (help, the command-line checks, resume)."""
     path = Path(config_dir) / group / f"{option}.yaml"
     if not path.is_file():
         return {}
     data = _load_yaml(path)
-    data.pop("defaults", None)
+    out: dict = {}
+    for entry in data.pop("defaults", None) or []:
+        if isinstance(entry, str) and entry != "_self_":  # dict entries (override /group: x) are no values
+            out = _merge(out, option_file(config_dir, group, entry))
+    return _merge(out, data)
+
+
+def option_values(config_dir: str, group: str, option: str) -> dict[str, Any]:
+    """The keys an option sets (:func:`option_file`), flattened and prefixed (``@package _global_``
+    files at the top level)."""
+    path = Path(config_dir) / group / f"{option}.yaml"
+    if not path.is_file():
+        return {}
     glob = "@package _global_" in path.read_text(encoding="utf-8").split("\n", 1)[0]
-    return flatten(data) if glob else flatten(data, f"{group}.")
+    return flatten(option_file(config_dir, group, option), "" if glob else f"{group}.")
 
 
 def composed_defaults(root: type, config_dir: str, primary: str) -> dict[str, tuple[Any, str]]:
@@ -430,8 +443,6 @@ def topic_help(p: Program, topic: str) -> str:
 def handle_help(p: Program, argv: list[str]) -> int | None:
     """When ``argv`` asks for help (--help / -h, optionally followed by a topic): print it and return
     the exit code (0, or 2 for an unknown topic); None when it does not ask."""
-    import sys
-
     idx = next((i for i, a in enumerate(argv) if a in HELP_FLAGS or a.startswith("--help=")), None)
     if idx is None:
         return None

@@ -1,4 +1,4 @@
-"""`fasttomo-reconstruct`: the Hydra entry point (one of the two modules that import Hydra).
+"""`fasttomo-reconstruct`: the Hydra entry point.
 
     fasttomo-reconstruct                                   # built-in phantom, default model
     fasttomo-reconstruct data=mrc data.path=tilts.mrc data.angles=tilts.rawtlt
@@ -19,47 +19,34 @@ run that wrote nothing (a config error, a dry run, output.dir elsewhere) is remo
 from __future__ import annotations
 
 import datetime
+import functools
 import logging
 import sys
 import time
 from pathlib import Path
 
-import hydra
-import yaml
-from hydra.core.config_store import ConfigStore
-from hydra.core.hydra_config import HydraConfig
-from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
-
 from fasttomo.config import Config, ConfigError, config_dir, from_dict, hydra_schema, strip_unset, upgrade
 
 log = logging.getLogger("fasttomo")
 
-# The typed schema is the first entry of configs/reconstruct.yaml's defaults list: every key of
-# every option of every group exists (typed, left unset) whichever group option is chosen, so any
-# value can be overridden from the command line and a misspelled key is rejected by Hydra at once.
-# The keys nothing set are dropped before from_dict, which takes their defaults from the chosen
-# option's dataclass and refuses a key that option does not read.
-ConfigStore.instance().store(name="fasttomo_schema", node=hydra_schema(Config))
+
+@functools.lru_cache(maxsize=None)
+def register_schema() -> None:
+    """Register the typed schema, the first entry of configs/reconstruct.yaml's defaults list:
+    every key of every option of every group exists (typed, left unset) whichever group option is
+    chosen, so any value can be overridden from the command line and a misspelled key is rejected
+    by Hydra at once. The keys nothing set are dropped before from_dict, which takes their
+    defaults from the chosen option's dataclass and refuses a key that option does not read.
+    Called (once) before Hydra composes, not at import: --help and the command-line checks need
+    no Hydra."""
+    from hydra.core.config_store import ConfigStore
+
+    ConfigStore.instance().store(name="fasttomo_schema", node=hydra_schema(Config))
+
 
 EXIT_USER_ERROR = 2   # config, input data, output folder, checkpoint: one line, no traceback
 EXIT_DIVERGED = 3     # training diverged and could not be recovered
 EXIT_WRITE_FAILED = 1  # results could not be written (the line says what was saved where)
-
-
-def _option_file(root: Path, group: str, option: str) -> dict:
-    """The values a group option's file sets, with those of the files its defaults list extends
-    (``model/kplanes.yaml`` extends ``kplanes_tilted``)."""
-    path = root / group / f"{option}.yaml"
-    if not path.is_file():
-        return {}
-    data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    out: dict = {}
-    for d in data.pop("defaults", None) or []:
-        if group != "experiment" and isinstance(d, str) and d != "_self_":
-            out.update(_option_file(root, group, d))
-    out.update(data)
-    return out
 
 
 def _option_values(group: str, option: str) -> dict | None:
@@ -70,15 +57,15 @@ def _option_values(group: str, option: str) -> dict | None:
     import dataclasses
     import typing
 
-    from fasttomo.config import group_option_classes
-    from fasttomo.run.resume import flatten
+    from fasttomo.cli.help import option_file
+    from fasttomo.config import flatten, group_option_classes
 
-    root = Path(config_dir())
-    if group == "hydra" or not (root / group).is_dir():
+    root = config_dir()
+    if group == "hydra" or not (Path(root) / group).is_dir():
         return None
     if option in ("null", "None", ""):
         return {}
-    data = _option_file(root, group, option)
+    data = option_file(root, group, option)
     if group == "experiment":
         return flatten(data)
     tp = typing.get_type_hints(Config).get(group)
@@ -116,10 +103,13 @@ def _resumed(data: dict, overrides: list[str]) -> dict:
     return merged
 
 
-def to_config(cfg: DictConfig, overrides: list[str] | None = None) -> Config:
+def to_config(cfg, overrides: list[str] | None = None) -> Config:
     """Hydra/omegaconf config -> typed Config (errors name the field and the fix). With
     ``resume=...`` the settings come from the checkpoint, changed only by what ``overrides`` (the
     command line) name."""
+    from omegaconf import OmegaConf
+    from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
+
     try:
         data = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=False)
     except MissingMandatoryValue as exc:  # pragma: no cover - interpolation of an unset key
@@ -139,6 +129,7 @@ def compose_config(overrides: list[str] | None = None) -> Config:
     """Compose the primary config with ``overrides`` through Hydra's compose API (tests, notebooks)."""
     from hydra import compose, initialize_config_dir
 
+    register_schema()
     with initialize_config_dir(config_dir=config_dir(), version_base="1.3", job_name="fasttomo"):
         cfg = compose(config_name="reconstruct", overrides=list(overrides or []))
     return to_config(cfg, list(overrides or []))
@@ -158,6 +149,8 @@ def run(cfg: Config) -> dict:
 
 def exit_code(exc: BaseException) -> int | None:
     """The process exit code for ``exc`` (README "What a run guarantees"); None: a bug (traceback)."""
+    if isinstance(exc, ConfigError):  # before the imports below, which load torch
+        return EXIT_USER_ERROR
     from fasttomo.run.outputs import OutputWriteError
     from fasttomo.run.stop import RunInterrupted
     from fasttomo.train.guard import DivergenceError
@@ -217,30 +210,44 @@ def _prune_new_empty(folder: str | Path) -> None:
         p = p.parent
 
 
-@hydra.main(version_base="1.3", config_path=config_dir(), config_name="reconstruct")
-def _app(cfg: DictConfig) -> float | None:
-    hydra_dir = HydraConfig.get().runtime.output_dir
-    try:
-        # the override strings as typed (iterating the ListConfig would resolve a ${...} in them)
-        config = to_config(cfg, OmegaConf.to_container(HydraConfig.get().overrides.task, resolve=False))
-        if not config.output.dir:
-            config.output.dir = hydra_dir
-        metrics = run(config)
-    except KeyboardInterrupt:  # Ctrl-C before the run installed its handlers (nothing to save yet)
-        _prune_new_empty(hydra_dir)
-        log.warning("interrupted before the run started; nothing was written")
-        sys.exit(130)
-    except BaseException as exc:  # noqa: B902 - every outcome gets its exit code
-        _prune_new_empty(hydra_dir)
-        code = exit_code(exc)
-        if code is None:
-            raise
-        if not getattr(exc, "fasttomo_logged", False):
-            (log.warning if code >= 128 else log.error)("%s", exc or "interrupted")
-        sys.exit(code)
-    if config.dry_run or Path(config.output.dir).resolve() != Path(hydra_dir).resolve():
-        _prune_new_empty(hydra_dir)
-    return metrics.get("pearson_global") if metrics else None
+def _hydra_app():
+    """The Hydra application (``hydra.main`` over the run), made when the command line passed the
+    checks."""
+    import hydra
+    from hydra.core.hydra_config import HydraConfig
+    from omegaconf import OmegaConf
+
+    register_schema()
+
+    @hydra.main(version_base="1.3", config_path=config_dir(), config_name="reconstruct")
+    def _app(cfg) -> float | None:
+        hydra_dir = HydraConfig.get().runtime.output_dir
+        try:
+            # the override strings as typed (iterating the ListConfig would resolve a ${...} in them)
+            config = to_config(cfg, OmegaConf.to_container(HydraConfig.get().overrides.task, resolve=False))
+            from fasttomo.kernels import prewarm
+
+            prewarm.start()  # a GPU run: load the fused kernels while the run folder, data and model are prepared
+            if not config.output.dir:
+                config.output.dir = hydra_dir
+            metrics = run(config)
+        except KeyboardInterrupt:  # Ctrl-C before the run installed its handlers (nothing to save yet)
+            _prune_new_empty(hydra_dir)
+            log.warning("interrupted before the run started; nothing was written")
+            sys.exit(130)
+        except BaseException as exc:  # noqa: B902 - every outcome gets its exit code
+            _prune_new_empty(hydra_dir)
+            code = exit_code(exc)
+            if code is None:
+                raise
+            if not getattr(exc, "fasttomo_logged", False):
+                (log.warning if code >= 128 else log.error)("%s", exc or "interrupted")
+            sys.exit(code)
+        if config.dry_run or Path(config.output.dir).resolve() != Path(hydra_dir).resolve():
+            _prune_new_empty(hydra_dir)
+        return metrics.get("pearson_global") if metrics else None
+
+    return _app
 
 
 DESCRIPTION = """reconstruct a 3-D volume from an electron-tomography tilt series by fitting a
@@ -273,11 +280,9 @@ def program():
 
 def main() -> None:
     from fasttomo.cli.errors import run_checked
-    from fasttomo.kernels import prewarm
 
-    prewarm.start()  # a GPU run: load the fused kernels while the config, data and model are prepared
     _note_existing_folders(sys.argv[1:])
-    run_checked(program(), sys.argv[1:], _app)
+    run_checked(program(), sys.argv[1:], lambda: _hydra_app()())
 
 
 def cli() -> None:

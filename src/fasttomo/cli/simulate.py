@@ -8,7 +8,8 @@
         -> also mis_poses.json: the true per-view poses of the misaligned views (both formats;
            format in fasttomo.data.io.poses), written only when the views were posed
     fasttomo-simulate out=np data.phantom=nanoparticle data.particle.species=2
-        -> also np_atoms.csv: the true atoms in the frame of fasttomo-trace's atoms.csv (both formats)
+        -> also np_atoms.csv: the true atoms in the frame of fasttomo-trace's atoms.csv, described
+           by np_atoms.json (both formats)
 
 Feed them back with ``fasttomo-reconstruct data=mrc data.path=phantom.mrc data.angles=phantom.rawtlt``.
 No existing file is ever replaced unless overwrite=true.
@@ -21,10 +22,7 @@ import logging
 import sys
 from pathlib import Path
 
-import hydra
 import numpy as np
-from hydra.core.config_store import ConfigStore
-from omegaconf import DictConfig, OmegaConf
 
 from fasttomo.config import ConfigError, DataConfig, from_dict, hydra_schema, strip_unset
 
@@ -38,14 +36,12 @@ class SimulateConfig:
     """Output base path: <out>.mrc + <out>.rawtlt + <out>_truth.mrc, or <out>.h5; plus
     <out>_poses.json (the true poses) when data.pose_error_shift, pose_error_rotation or
     tilt_axis_error is not 0, and
-    <out>_atoms.csv (the true atoms) with data.phantom=nanoparticle."""
+    <out>_atoms.csv (the true atoms) and <out>_atoms.json (its description) with
+    data.phantom=nanoparticle."""
     format: str = "mrc"
     """mrc or h5."""
     overwrite: bool = False
     """Replace existing files (otherwise an existing file is an error)."""
-
-
-ConfigStore.instance().store(name="fasttomo_simulate_schema", node=hydra_schema(SimulateConfig))
 
 
 def simulate(data_cfg: DataConfig, out: str, fmt: str, overwrite: bool = False) -> list[Path]:
@@ -55,6 +51,7 @@ def simulate(data_cfg: DataConfig, out: str, fmt: str, overwrite: bool = False) 
     from fasttomo.data.io.poses import poses_path, write_poses_json
     from fasttomo.data.io.volume import write_volume
     from fasttomo.data.phantom import make_tiltseries
+    from fasttomo.trace.files import meta_path
 
     if fmt not in ("mrc", "h5"):
         raise ConfigError(f"format: must be mrc or h5, got {fmt!r}.")
@@ -72,7 +69,7 @@ def simulate(data_cfg: DataConfig, out: str, fmt: str, overwrite: bool = False) 
         targets.append(pose_file)
     atoms_file = base.parent / f"{base.name}_atoms.csv"
     if true_atoms is not None:
-        targets.append(atoms_file)
+        targets += [atoms_file, meta_path(atoms_file)]
     existing = [t for t in targets if t.exists()]
     if existing and not overwrite:
         # checked first, so a refused run writes nothing (no new stack beside an old poses or atoms file)
@@ -106,11 +103,13 @@ def simulate(data_cfg: DataConfig, out: str, fmt: str, overwrite: bool = False) 
         from fasttomo.trace.files import write_atoms_csv
 
         n = len(true_atoms["species"])
-        comment = (f"true atoms of {ts.metadata['phantom']['name']} (fasttomo-simulate); frame of fasttomo-trace's "
-                   f"atoms.csv: Angstrom, origin at the centre of the first voxel, x = columns, y = rows, z = sections; "
-                   f"voxel {ts.pixel_size:g} A; intensity = integrated density; fit_error 0")
-        paths.append(Path(write_atoms_csv(atoms_file, true_atoms["xyz_A"], true_atoms["intensity"], np.zeros(n),
-                                          true_atoms["species"], comment=comment, overwrite=overwrite)))
+        meta = {"made_by": "fasttomo-simulate", "what": f"true atoms of {ts.metadata['phantom']['name']}",
+                "frame": "Angstrom; origin at the centre of the first voxel; x = columns (X), y = rows (Y), "
+                         "z = sections (Z), as fasttomo-trace's atoms.csv",
+                "voxel_size_A": float(ts.pixel_size), "intensity": "integrated density", "fit_error": "0",
+                "stack": str(base.with_suffix(f".{fmt}"))}
+        paths += [Path(p) for p in write_atoms_csv(atoms_file, true_atoms["xyz_A"], true_atoms["intensity"],
+                                                   np.zeros(n), true_atoms["species"], meta=meta, overwrite=overwrite)]
     for p in paths:
         log.info("wrote %s", p)
     return paths
@@ -129,7 +128,7 @@ Every data.* key of the phantom works here as in fasttomo-reconstruct (--help da
 def program():
     """What ``--help`` and the command-line checks know of this command (fasttomo.cli.help)."""
     from fasttomo.cli.help import Program
-    from fasttomo.cli.reconstruct import config_dir
+    from fasttomo.config import config_dir
 
     return Program("fasttomo-simulate", DESCRIPTION, SimulateConfig, config_dir(), "simulate",
                    ("out", "format", "overwrite", "data.width", "data.height", "data.n_tilts", "data.noise",
@@ -141,21 +140,35 @@ def program():
                    groups=())
 
 
-def main() -> None:
-    from fasttomo.cli.errors import run_checked
-    from fasttomo.data.tiltseries import TiltSeriesError
+def _start() -> None:
+    """Compose configs/simulate.yaml with the command line (Hydra) and write the files."""
+    import hydra
+    from hydra.core.config_store import ConfigStore
+    from omegaconf import OmegaConf
+
     from fasttomo.config import config_dir
+    from fasttomo.data.specimen import PhantomError
+    from fasttomo.data.tiltseries import TiltSeriesError
+
+    # the typed schema (first in configs/simulate.yaml's defaults): a misspelled key is refused
+    ConfigStore.instance().store(name="fasttomo_simulate_schema", node=hydra_schema(SimulateConfig))
 
     @hydra.main(version_base="1.3", config_path=config_dir(), config_name="simulate")
-    def _app(cfg: DictConfig) -> None:
+    def _app(cfg) -> None:
         try:
             sim = from_dict(SimulateConfig, strip_unset(OmegaConf.to_container(cfg, resolve=True, throw_on_missing=False)))
             simulate(sim.data, sim.out, sim.format, sim.overwrite)
-        except (ConfigError, TiltSeriesError, FileExistsError) as exc:
+        except (ConfigError, TiltSeriesError, PhantomError, FileExistsError) as exc:
             log.error("%s", exc)
             sys.exit(2)
 
-    run_checked(program(), sys.argv[1:], _app)
+    _app()
+
+
+def main() -> None:
+    from fasttomo.cli.errors import run_checked
+
+    run_checked(program(), sys.argv[1:], _start)
 
 
 if __name__ == "__main__":

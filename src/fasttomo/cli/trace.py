@@ -7,7 +7,8 @@
 The run folder (``hydra.run.dir``, default ``outputs/trace/<date>/<time>``) follows
 fasttomo-reconstruct's rules (fasttomo.run.folder): one run at a time, a manifest of what the run
 writes, and a folder holding results of an earlier run is refused unless ``output.overwrite=true``.
-It receives atoms.csv, atoms.xyz, slabs.png, metrics.json, config.yaml and trace.log.
+It receives atoms.csv (plain CSV) with atoms.json (what the file holds: the volume, the voxel size,
+the frame), atoms.xyz, slabs.png, metrics.json, config.yaml and trace.log.
 
 Exit codes: 0 done; 2 config, input file or output folder problem (one line); 1 an unexpected
 error (traceback).
@@ -30,7 +31,9 @@ from fasttomo.config import ConfigError, _require, tool_device
 
 log = logging.getLogger("fasttomo")
 
-OUTPUTS = ["trace.log", "config.yaml", "atoms.csv", "atoms.xyz", "slabs.png", "metrics.json"]
+OUTPUTS = ["trace.log", "config.yaml", "atoms.csv", "atoms.json", "atoms.xyz", "slabs.png", "metrics.json"]
+FRAME = ("Angstrom; origin at the centre of the first voxel; x = columns (X), y = rows (Y), z = sections (Z), "
+         "as volume.mrc")
 
 
 @dataclasses.dataclass
@@ -155,19 +158,10 @@ class TraceConfig:
                            min_snr=float(self.min_snr), screen=float(self.screen), residual_rounds=self.residual_rounds, classes=self.classes)
 
 
-def run_trace(cfg: TraceConfig) -> dict:
-    """Trace ``cfg.volume`` into ``cfg.output.dir`` (which must be set); returns metrics."""
-    import yaml
-
-    from fasttomo import __version__
-    from fasttomo.config import to_dict
-    from fasttomo.data.io.volume import read_volume
-    from fasttomo.logging import add_file_log
-    from fasttomo.run.outputs import dumps
-    from fasttomo.run.folder import RunFolder
-    from fasttomo.trace.core import trace_volume
-    from fasttomo.trace.files import read_atoms_csv, slabs_png, write_atoms_csv, write_xyz
-    from fasttomo.trace.score import score_trace
+def _checked_inputs(cfg: TraceConfig):
+    """The device and the true atoms (None without ``truth``); every input problem is raised here,
+    before any work, as a :class:`ConfigError` or an ``AtomsFileError``."""
+    from fasttomo.trace.files import read_atoms_csv
 
     if not cfg.volume:
         raise ConfigError("volume: give the volume to trace, e.g. fasttomo-trace volume=run/volume.mrc.")
@@ -179,7 +173,112 @@ def run_trace(cfg: TraceConfig) -> dict:
     if not cfg.output.dir:
         raise ConfigError("output.dir: no run folder; set hydra.run.dir=<folder> or output.dir=<folder>.")
     dev = tool_device(cfg.device, ConfigError)
-    truth = read_atoms_csv(cfg.truth) if cfg.truth else None  # a bad truth file is said before any work
+    return dev, (read_atoms_csv(cfg.truth) if cfg.truth else None)
+
+
+def _read(cfg: TraceConfig):
+    """The volume, its voxel size in Angstrom and where that size comes from."""
+    from fasttomo.data.io.volume import read_volume
+
+    vol, vx, attrs = read_volume(cfg.volume)
+    source = "the header of " + str(cfg.volume)
+    if cfg.voxel_size is not None:
+        vx, source = float(cfg.voxel_size), "voxel_size="
+    elif attrs.get("voxel_size_assumed"):
+        source = "assumed (none in the file): set voxel_size=<A>"
+    log.info("volume %s: (Z, Y, X) = %s, voxel %.4g A (%s)", cfg.volume, vol.shape, vx, source)
+    return vol, vx, source
+
+
+def _write_atoms(out_dir: Path, cfg: TraceConfig, vol: np.ndarray, vx: float, res) -> None:
+    """atoms.csv with atoms.json, atoms.xyz and slabs.png."""
+    from fasttomo import __version__
+    from fasttomo.trace.files import slabs_png, write_atoms_csv, write_xyz
+
+    meta = {"made_by": f"fasttomo-trace {__version__}", "volume": str(cfg.volume), "frame": FRAME,
+            "voxel_size_A": vx, "name": cfg.name}
+    write_atoms_csv(out_dir / "atoms.csv", res.xyz_A, res.intensity, res.fit_error, res.species, meta=meta,
+                    overwrite=True)
+    symbols = list(cfg.elements) or ["X"] * cfg.classes
+    box = np.array(vol.shape[::-1], dtype=np.float64) * vx
+    write_xyz(out_dir / "atoms.xyz", res.xyz_A, res.species, symbols, res.intensity, res.fit_error, box, vx,
+              overwrite=True)
+    half = (cfg.slab if cfg.slab is not None else cfg.min_separation / 2.0) / vx
+    slabs_png(out_dir / "slabs.png", vol, res.zyx, res.species, half, voxel_size_A=vx, overwrite=True)
+
+
+def _score(cfg: TraceConfig, res, truth: dict, vx: float) -> dict:
+    """The trace scored against the true atoms (metrics.json's ``truth``)."""
+    from fasttomo.trace.score import score_trace
+
+    sc = score_trace(res.xyz_A, truth["xyz_A"], voxel_size_A=vx, traced_species=res.species if cfg.classes > 1
+                     else None, true_species=truth["species"], match_radius_A=cfg.match_radius)
+    acc = sc.get("species_accuracy")
+    log.info("vs truth %s: precision %.4f, recall %.4f (%d of %d true atoms within %.3g A), RMSD %.4g A = %.4g "
+             "voxel%s", cfg.truth, sc["precision"], sc["recall"], sc["n_matched"], sc["n_true"],
+             sc["match_radius_A"], sc["rmsd_A"], sc["rmsd_voxels"], "" if acc is None else f", species accuracy {acc:.4f}")
+    return {"path": str(cfg.truth), **sc}
+
+
+def _trace_into(out_dir: Path, cfg: TraceConfig, dev, truth: dict | None) -> dict:
+    """Read, trace, write every result into the open run folder ``out_dir``; returns metrics."""
+    import yaml
+
+    from fasttomo import __version__
+    from fasttomo.config import to_dict
+    from fasttomo.data.io.atomic import atomic_write
+    from fasttomo.run.outputs import dumps
+    from fasttomo.trace.core import trace_volume
+
+    t0 = time.perf_counter()
+    vol, vx, source = _read(cfg)
+    t_read = time.perf_counter() - t0
+    (out_dir / "config.yaml").write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False), encoding="utf-8")
+    res = trace_volume(vol, vx, cfg.params(), device=dev)
+    st = res.stats
+    log.info("%d atoms traced from %d candidates (rejected: %d fits, %d weak; %d duplicates merged) in %.2f s on %s",
+             res.n, st["n_candidates"], st["rejected_fit"], st["rejected_weak"], st["merged_duplicates"],
+             st["seconds"], st["device"])
+    _write_atoms(out_dir, cfg, vol, vx, res)
+    metrics = {"fasttomo_version": __version__, "name": cfg.name, "volume": str(cfg.volume),
+               "shape_zyx": list(vol.shape), "voxel_size_A": vx, "voxel_size_source": source, "frame": FRAME,
+               "n_atoms": res.n, "read_seconds": t_read, **{k: v for k, v in st.items() if k != "n_atoms"}}
+    if res.n:
+        metrics["intensity_median"] = float(np.median(res.intensity))
+    if truth is not None:
+        metrics["truth"] = _score(cfg, res, truth, vx)
+    atomic_write(out_dir / "metrics.json", lambda tmp: Path(tmp).write_text(dumps(metrics), encoding="utf-8"),
+                 overwrite=True)
+    return metrics
+
+
+def summary_lines(out_dir: Path, m: dict) -> list[str]:
+    """The closing summary, in fasttomo-reconstruct's style: the run folder, its files with their
+    sizes, what was traced in how long, the quality against the truth, what to look at."""
+    from fasttomo.logging import duration_text, size_text
+
+    files = sorted((p.name, p.stat().st_size) for p in out_dir.iterdir() if p.is_file() and not p.name.startswith("."))
+    w = max((len(n) for n, _ in files), default=0)
+    lines = [f"run folder: {out_dir}"] + [f"  {n.ljust(w)}  {size_text(s):>10}" for n, s in files]
+    lines.append(f"{m['n_atoms']} atoms from {m['n_candidates']} candidates in {duration_text(m['seconds'])} on "
+                 f"{m['device']}")
+    t = m.get("truth")
+    if t:
+        acc = t.get("species_accuracy")
+        lines.append(f"quality: precision {t['precision']:.4f}, recall {t['recall']:.4f}, RMSD {t['rmsd_A']:.4g} A"
+                     + ("" if acc is None else f", species accuracy {acc:.4f}"))
+    else:
+        lines.append("quality: no true atoms (truth=<atoms.csv> scores the trace)")
+    lines.append(f"look at it: {out_dir / 'slabs.png'}")
+    return lines
+
+
+def run_trace(cfg: TraceConfig) -> dict:
+    """Trace ``cfg.volume`` into ``cfg.output.dir`` (which must be set); returns metrics."""
+    from fasttomo.logging import add_file_log
+    from fasttomo.run.folder import RunFolder
+
+    dev, truth = _checked_inputs(cfg)  # a bad truth file is said before any work
     out_dir = Path(cfg.output.dir)
     folder = RunFolder(out_dir, overwrite=cfg.output.overwrite, outputs=OUTPUTS).open()
     handler = None
@@ -187,55 +286,9 @@ def run_trace(cfg: TraceConfig) -> dict:
         handler = add_file_log(out_dir / "trace.log", overwrite=True)
         for note in folder.notes:
             log.info("%s", note)
-        t0 = time.perf_counter()
-        vol, vx, attrs = read_volume(cfg.volume)
-        source = "the header of " + str(cfg.volume)
-        if cfg.voxel_size is not None:
-            vx, source = float(cfg.voxel_size), "voxel_size="
-        elif attrs.get("voxel_size_assumed"):
-            source = "assumed (none in the file): set voxel_size=<A>"
-        t_read = time.perf_counter() - t0
-        log.info("volume %s: (Z, Y, X) = %s, voxel %.4g A (%s)", cfg.volume, vol.shape, vx, source)
-        text = yaml.safe_dump(to_dict(cfg), sort_keys=False)
-        (out_dir / "config.yaml").write_text(text, encoding="utf-8")
-        res = trace_volume(vol, vx, cfg.params(), device=dev)
-        st = res.stats
-        log.info("%d atoms traced from %d candidates (rejected: %d fits, %d weak; %d duplicates merged) in %.2f s on %s",
-                 res.n, st["n_candidates"], st["rejected_fit"], st["rejected_weak"], st["merged_duplicates"],
-                 st["seconds"], st["device"])
-        xyz = res.xyz_A
-        comment = (f"fasttomo {__version__} trace of {cfg.volume}; Angstrom, origin at the centre of the first voxel, "
-                   f"x = columns (X), y = rows (Y), z = sections (Z); voxel {vx:g} A")
-        write_atoms_csv(out_dir / "atoms.csv", xyz, res.intensity, res.fit_error, res.species, comment=comment,
-                        overwrite=True)
-        symbols = list(cfg.elements) or ["X"] * cfg.classes
-        box = np.array(vol.shape[::-1], dtype=np.float64) * vx
-        write_xyz(out_dir / "atoms.xyz", xyz, res.species, symbols, res.intensity, res.fit_error, box, vx,
-                  overwrite=True)
-        half = (cfg.slab if cfg.slab is not None else cfg.min_separation / 2.0) / vx
-        slabs_png(out_dir / "slabs.png", vol, res.zyx, res.species, half, voxel_size_A=vx, overwrite=True)
-        metrics = {"fasttomo_version": __version__, "name": cfg.name, "volume": str(cfg.volume),
-                   "shape_zyx": list(vol.shape), "voxel_size_A": vx, "voxel_size_source": source,
-                   "frame": "Angstrom; origin at the centre of the first voxel; x = columns (X), y = rows (Y), "
-                            "z = sections (Z), as volume.mrc",
-                   "n_atoms": res.n, "read_seconds": t_read, **{k: v for k, v in st.items() if k != "n_atoms"}}
-        if res.n:
-            metrics["intensity_median"] = float(np.median(res.intensity))
-        if truth is not None:
-            sc = score_trace(xyz, truth["xyz_A"], voxel_size_A=vx, traced_species=res.species if cfg.classes > 1
-                             else None, true_species=truth["species"], match_radius_A=cfg.match_radius)
-            metrics["truth"] = {"path": str(cfg.truth), **sc}
-            acc = sc.get("species_accuracy")
-            log.info("vs truth %s: precision %.4f, recall %.4f (%d of %d true atoms within %.3g A), RMSD %.4g A = %.4g "
-                     "voxel%s", cfg.truth, sc["precision"], sc["recall"], sc["n_matched"], sc["n_true"],
-                     sc["match_radius_A"], sc["rmsd_A"], sc["rmsd_voxels"],
-                     "" if acc is None else f", species accuracy {acc:.4f}")
-        from fasttomo.data.io.atomic import atomic_write
-
-        atomic_write(out_dir / "metrics.json", lambda tmp: Path(tmp).write_text(dumps(metrics), encoding="utf-8"),
-                     overwrite=True)
-        log.info("wrote %s (atoms.csv, atoms.xyz, slabs.png, metrics.json)", out_dir)
+        metrics = _trace_into(out_dir, cfg, dev, truth)
         folder.finish("finished")
+        log.info("finished.\n%s", "\n".join(summary_lines(out_dir, metrics)))
         return metrics
     except BaseException as exc:
         folder.finish("failed", error=" ".join(str(exc).split())[:300] or type(exc).__name__)
@@ -261,24 +314,51 @@ def _prune_new_empty(folder: str, started: float) -> None:
         p = p.parent
 
 
-def main() -> None:
+DESCRIPTION = """trace the atoms of a reconstructed volume: candidate peaks of the smoothed volume,
+each fitted with a 3-D Gaussian (refined with its neighbours subtracted), duplicates merged, weak and
+badly fitted candidates rejected, species classified by integrated intensity; with truth= the trace
+is scored against true coordinates (precision, recall, RMSD, species accuracy).
+
+The run folder (hydra.run.dir=..., default outputs/trace/<date>/<time>) receives atoms.csv (plain
+CSV, Angstrom) with atoms.json (what it holds), atoms.xyz (extended XYZ for ASE and OVITO),
+slabs.png, metrics.json, config.yaml and trace.log; a folder holding an earlier trace is refused
+unless output.overwrite=true."""
+
+
+def program():
+    """What ``--help`` and the command-line checks know of this command (fasttomo.cli.help)."""
+    from fasttomo.cli.help import Program
+    from fasttomo.config import config_dir
+
+    return Program("fasttomo-trace", DESCRIPTION, TraceConfig, config_dir(), "trace",
+                   ("volume", "voxel_size", "truth", "classes", "elements", "min_separation", "threshold", "min_snr",
+                    "device", "output.overwrite"),
+                   examples=("fasttomo-trace volume=run/volume.mrc",
+                             "fasttomo-trace volume=run/volume.mrc classes=2 elements=[Pd,Pt] truth=np_atoms.csv",
+                             "fasttomo-trace volume=vol.h5 voxel_size=0.5 hydra.run.dir=outputs/trace1"),
+                   groups=())
+
+
+def _start() -> None:
+    """Compose configs/trace.yaml with the command line (Hydra) and trace."""
     import hydra
     from hydra.core.config_store import ConfigStore
     from hydra.core.hydra_config import HydraConfig
-    from omegaconf import DictConfig, OmegaConf
+    from omegaconf import OmegaConf
 
-    from fasttomo.config import from_dict
-    from fasttomo.data.tiltseries import TiltSeriesError
-    from fasttomo.config import config_dir
-    from fasttomo.run.folder import OutputExistsError, OutputFolderError
-    from fasttomo.trace.core import TraceError
-    from fasttomo.trace.files import AtomsFileError
+    from fasttomo.config import config_dir, from_dict
 
     started = time.time()
+    # the typed schema (first in configs/trace.yaml's defaults): a misspelled key is refused
     ConfigStore.instance().store(name="fasttomo_trace_schema", node=TraceConfig)
 
     @hydra.main(version_base="1.3", config_path=config_dir(), config_name="trace")
-    def _app(cfg: DictConfig) -> None:
+    def _app(cfg) -> None:
+        from fasttomo.data.tiltseries import TiltSeriesError
+        from fasttomo.run.folder import OutputExistsError, OutputFolderError
+        from fasttomo.trace.core import TraceError
+        from fasttomo.trace.files import AtomsFileError
+
         hydra_dir = HydraConfig.get().runtime.output_dir
         try:
             data = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
@@ -296,6 +376,12 @@ def main() -> None:
             _prune_new_empty(hydra_dir, started)
 
     _app()
+
+
+def main() -> None:
+    from fasttomo.cli.errors import run_checked
+
+    run_checked(program(), sys.argv[1:], _start)
 
 
 if __name__ == "__main__":

@@ -43,6 +43,10 @@ def load_tiltseries(cfg) -> TiltSeries:
         return ts
     raw = read_raw(cfg)
     ts = prepare(raw, cfg)
+    if "file_alignment" in ts.metadata:  # every view used has an alignment (else: which to exclude)
+        from fasttomo.data.io.alignment import view_poses
+
+        view_poses(ts.metadata)
     log.info("%s: prepared %d tilts of %d x %d pixels (%s angles %.2f..%.2f degrees), %.4g A/pixel%s.",
              ts.source, ts.n_tilts, ts.height, ts.width, "per-line" if ts.per_line_angles else "per-view",
              float(np.min(ts.angles)), float(np.max(ts.angles)), ts.pixel_size,
@@ -78,6 +82,26 @@ def _check_stack_shape(data: np.ndarray, where: str) -> None:
                             "3-D stack (n_tilts, H, W). Give the stack file (e.g. the .st or .ali).")
 
 
+def _read_mrc_stack(cfg, path: str):
+    """(the MRC file read, its square pixel size from the header or None); logs its notes and
+    refuses a stack that is not 3-D or has anisotropic pixels (unless data.pixel_size is set)."""
+    from fasttomo.data.io.mrc import read_mrc
+
+    m = read_mrc(path)
+    for note in m.notes:
+        log.warning("%s: %s", path, note)
+    _check_stack_shape(m.data, path)
+    log.info("%s: MRC mode %d, %d sections of %d x %d%s.", path, m.mode, *m.data.shape,
+             f", {m.ext_type} extended header" if m.ext_type else "")
+    if m.voxel_size is None:
+        return m, None
+    vx, vy, _ = m.voxel_size
+    if cfg.pixel_size is None and not math.isclose(vx, vy, rel_tol=1e-4):
+        raise DataFileError(f"{path}: anisotropic pixel size x = {vx:.6g} A, y = {vy:.6g} A; fasttomo needs "
+                            "square pixels. Resample the stack, or set data.pixel_size if the header is wrong.")
+    return m, vx
+
+
 def read_raw(cfg) -> RawSeries:
     """Read stack, angles and pixel size as the module docstring says (no preparation yet)."""
     path = os.fspath(cfg.path)
@@ -94,21 +118,8 @@ def read_raw(cfg) -> RawSeries:
     angles = valid = gt = None
     angle_source = None
     if kind == "mrc":
-        from fasttomo.data.io.mrc import read_mrc
-
-        m = read_mrc(path)
-        for note in m.notes:
-            log.warning("%s: %s", path, note)
-        _check_stack_shape(m.data, path)
+        m, header_pix = _read_mrc_stack(cfg, path)
         data = m.data
-        log.info("%s: MRC mode %d, %d sections of %d x %d%s.", path, m.mode, *data.shape,
-                 f", {m.ext_type} extended header" if m.ext_type else "")
-        if m.voxel_size is not None:
-            vx, vy, _ = m.voxel_size
-            if cfg.pixel_size is None and not math.isclose(vx, vy, rel_tol=1e-4):
-                raise DataFileError(f"{path}: anisotropic pixel size x = {vx:.6g} A, y = {vy:.6g} A; fasttomo needs "
-                                    "square pixels. Resample the stack, or set data.pixel_size if the header is wrong.")
-            header_pix = vx
         ext_pix, file_axis = m.ext_pixel_size, m.ext_tilt_axis
         if m.ext_angles is not None:
             angles, angle_source = m.ext_angles, f"the {m.ext_type} extended header of {path}"
@@ -121,7 +132,8 @@ def read_raw(cfg) -> RawSeries:
             log.info("%s: %s", path, note)
         data, header_pix, valid, gt = h.data, h.pixel_size, h.valid, h.ground_truth
         meta.update({k: v for k, v in h.metadata.items() if k not in ("preparation", "view_numbers",
-                                                                     "sort_permutation")})
+                                                                     "sort_permutation", "file_alignment",
+                                                                     "raw_frame")})
         if h.angles is not None:
             angles, angle_source = h.angles, f"{cfg.hdf5_angles} in {path}"
     else:
@@ -130,10 +142,16 @@ def read_raw(cfg) -> RawSeries:
         data, header_pix, _ = read_tiff(path)
         _check_stack_shape(data, path)
     n, height = data.shape[0], data.shape[1]
-    mdoc_pix = None
+    mdoc_pix = aln_tilts = None
+    if getattr(cfg, "xf", None) or getattr(cfg, "aln", None):
+        from fasttomo.data.io.alignment import read_file_alignment
+
+        meta["file_alignment"], aln_tilts = read_file_alignment(cfg, n, height, data.shape[2])
     if cfg.angles:
         angles, angle_source, mdoc_pix, mdoc_axis = _read_angle_file(cfg.angles, n, height, path)
         file_axis = mdoc_axis if mdoc_axis is not None else file_axis
+    elif aln_tilts is not None:
+        angles, angle_source = aln_tilts, f"the TILT column of {cfg.aln}"
     elif angles is None:
         raise DataFileError(f"{path}: no tilt angles: the file carries none. {_sibling_hint(path)}")
     else:
@@ -145,11 +163,14 @@ def read_raw(cfg) -> RawSeries:
     pixel = _pixel_size(cfg, path, header_pix, ext_pix, mdoc_pix, meta)
     if file_axis is not None:
         meta["file_tilt_axis_angle"] = file_axis
-        if abs(file_axis - cfg.tilt_axis_angle) > 0.5:
+        if abs(file_axis - cfg.tilt_axis_angle) > 0.5 and "file_alignment" not in meta:
             log.warning("%s: the acquisition metadata gives a tilt-axis angle of %.2f degrees, data.tilt_axis_angle="
                         "%.2f is used. For a raw (unaligned) stack set data.tilt_axis_angle=%.2f; an aligned .ali "
                         "already has the axis along Y.", path, file_axis, cfg.tilt_axis_angle, file_axis)
     meta["angle_source"] = angle_source
+    from fasttomo.data.io.alignment import raw_frame
+
+    meta["raw_frame"] = raw_frame(cfg, n, height, data.shape[2], angles)
     log.info("%s: %d angles from %s.", path, n, angle_source)
     return RawSeries(stack=stack, angles=angles, pixel_size=pixel, source=path, angle_source=angle_source,
                      valid=valid, ground_truth=gt, metadata=meta)

@@ -1,6 +1,9 @@
-"""Analytic ellipsoid phantoms: exact projections, anti-aliased ground truth, a default specimen.
+"""Analytic ellipsoid phantoms: exact projections, anti-aliased ground truth, a default specimen,
+and the synthetic tilt series of every specimen (:func:`make_tiltseries`). The ellipsoids
+themselves (:class:`Ellipsoid`, :class:`Phantom`, :func:`project`, :func:`voxelize`) live in
+:mod:`fasttomo.data.ellipsoids` and are re-exported here.
 
-Geometry (DESIGN.md, "Conventions that must not drift"):
+Geometry (README "Geometry conventions"):
   * Physical coordinates are centred and in voxel units (voxel = pixel size). A phantom box of
     shape (Z, Y, X) spans |x| <= X/2, |y| <= Y/2, |z| <= Z/2; voxel (k, i, j) has its centre at
     x = j - (X-1)/2, y = i - (Y-1)/2, z = k - (Z-1)/2.
@@ -30,12 +33,13 @@ on how many are drawn), and the pose errors ``SeedSequence(seed, spawn_key=(2,))
 
 from __future__ import annotations
 
-import dataclasses
 import math
-from typing import Any, Mapping, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
+from fasttomo.data.ellipsoids import (Ellipsoid, Phantom, _uniform_rotation, project,  # noqa: F401 - public here
+                                       voxelize)
 from fasttomo.data.specimen import (POSE_KEYS, PhantomError, _pose_arrays, _stream,  # noqa: F401 - public here too
                                      euler_zxz, pose_rotations)
 from fasttomo.data.tiltseries import TiltSeries
@@ -57,326 +61,6 @@ __all__ = [
 
 DEFAULT_PIXEL_SIZE = 10.0
 """Pixel (and voxel) size in Angstrom of the built-in phantom when data.pixel_size is not set."""
-
-
-_MIRROR = np.diag([-1.0, 1.0, 1.0])
-
-
-@dataclasses.dataclass(eq=False)
-class Ellipsoid:
-    """A solid ellipsoid of constant density.
-
-    The point p is inside when |diag(1/semi_axes) @ R.T @ (p - center_xyz)| <= 1.
-    """
-
-    center_xyz: Any
-    """Centre (x, y, z) in centred voxel units."""
-    semi_axes: Any
-    """Semi-axis lengths (a, b, c) in voxels, along the body axes (columns of the rotation)."""
-    rotation: Any = None
-    """3x3 proper rotation matrix (body -> world), or 3 Euler angles in degrees (z-x-z, see
-    :func:`euler_zxz`); None is the identity (axes along x, y, z)."""
-    density: float = 1.0
-    """Density per voxel length (added to the densities of overlapping ellipsoids; may be negative
-    for a hole inside a larger body)."""
-    name: str = ""
-    """Label used in descriptions and metadata."""
-
-    def __post_init__(self) -> None:
-        c = np.asarray(self.center_xyz, dtype=np.float64)
-        a = np.asarray(self.semi_axes, dtype=np.float64)
-        if c.shape != (3,) or not np.all(np.isfinite(c)):
-            raise PhantomError(f"ellipsoid {self.name!r}: center_xyz must be 3 finite numbers, got {self.center_xyz!r}.")
-        if a.shape != (3,) or not np.all(np.isfinite(a)) or np.any(a <= 0):
-            raise PhantomError(
-                f"ellipsoid {self.name!r}: semi_axes must be 3 positive numbers (voxels), got {self.semi_axes!r}.")
-        if self.rotation is None:
-            r = np.eye(3)
-        else:
-            r = np.asarray(self.rotation, dtype=np.float64)
-            if r.shape == (3,):
-                r = euler_zxz(r)
-            elif r.shape != (3, 3):
-                raise PhantomError(
-                    f"ellipsoid {self.name!r}: rotation must be a 3x3 matrix or 3 Euler angles in degrees, "
-                    f"got shape {r.shape}.")
-            if not (np.allclose(r.T @ r, np.eye(3), atol=1e-8) and np.linalg.det(r) > 0):
-                raise PhantomError(
-                    f"ellipsoid {self.name!r}: rotation is not a proper rotation (orthonormal, det +1); "
-                    "a reflection would change the handedness, use Phantom.mirror() for that.")
-        d = float(self.density)
-        if not math.isfinite(d):
-            raise PhantomError(f"ellipsoid {self.name!r}: density must be finite, got {self.density!r}.")
-        self.center_xyz, self.semi_axes, self.rotation, self.density = c, a, r, d
-        for arr in (c, a, r):
-            arr.setflags(write=False)
-
-    @property
-    def world_to_unit(self) -> np.ndarray:
-        """M = diag(1/a) R^T: maps p - center to the unit-sphere frame."""
-        return self.rotation.T / self.semi_axes[:, None]
-
-    @property
-    def half_extent(self) -> np.ndarray:
-        """Half sizes (x, y, z) of the axis-aligned bounding box."""
-        return np.sqrt(((self.rotation * self.semi_axes[None, :]) ** 2).sum(axis=1))
-
-    @property
-    def volume(self) -> float:
-        return float(4.0 / 3.0 * math.pi * np.prod(self.semi_axes))
-
-    def mirror(self) -> "Ellipsoid":
-        """The mirror image under x -> -x (a proper rotation P R P and the centre reflected)."""
-        return Ellipsoid(_MIRROR @ self.center_xyz, self.semi_axes.copy(), _MIRROR @ self.rotation @ _MIRROR,
-                         self.density, self.name)
-
-    def density_at(self, points_xyz: np.ndarray) -> np.ndarray:
-        """Density of this ellipsoid alone at points (..., 3) (x, y, z)."""
-        q = (np.asarray(points_xyz, dtype=np.float64) - self.center_xyz) @ self.world_to_unit.T
-        return np.where(np.einsum("...k,...k->...", q, q) <= 1.0, self.density, 0.0)
-
-    def describe(self) -> dict:
-        """A JSON-serializable description."""
-        return {
-            "name": self.name,
-            "center_xyz": [round(float(v), 6) for v in self.center_xyz],
-            "semi_axes": [round(float(v), 6) for v in self.semi_axes],
-            "rotation": [[round(float(v), 9) for v in row] for row in self.rotation],
-            "density": self.density,
-        }
-
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, Ellipsoid):
-            return NotImplemented
-        return (np.allclose(self.center_xyz, other.center_xyz, rtol=0, atol=1e-12)
-                and np.allclose(self.semi_axes, other.semi_axes, rtol=0, atol=1e-12)
-                and np.allclose(self.rotation, other.rotation, rtol=0, atol=1e-12)
-                and self.density == other.density and self.name == other.name)
-
-
-@dataclasses.dataclass(eq=False)
-class Phantom:
-    """Ellipsoids inside a box of shape (Z, Y, X) voxels; densities add."""
-
-    shape_zyx: Any
-    """(Z, Y, X) box size in voxels: the box spans |x| <= X/2, |y| <= Y/2, |z| <= Z/2."""
-    ellipsoids: Any
-    """The ellipsoids (a sequence of :class:`Ellipsoid`)."""
-    margin: float = 0.5
-    """Every ellipsoid's bounding box must stay this many voxels inside the box."""
-    name: str = "phantom"
-
-    def __post_init__(self) -> None:
-        shape = tuple(int(s) for s in self.shape_zyx)
-        if len(shape) != 3 or any(s < 1 for s in shape) or any(int(s) != s for s in self.shape_zyx):
-            raise PhantomError(f"phantom shape_zyx must be 3 positive integers (Z, Y, X), got {self.shape_zyx!r}.")
-        self.shape_zyx = shape
-        self.ellipsoids = tuple(self.ellipsoids)
-        if not self.ellipsoids:
-            raise PhantomError("a phantom needs at least one ellipsoid.")
-        half_xyz = np.array(shape[::-1], dtype=np.float64) / 2.0
-        for k, e in enumerate(self.ellipsoids):
-            if not isinstance(e, Ellipsoid):
-                raise PhantomError(f"phantom ellipsoid {k} is a {type(e).__name__}, not an Ellipsoid.")
-            reach = np.abs(e.center_xyz) + e.half_extent
-            if np.any(reach > half_xyz - self.margin + 1e-9):
-                raise PhantomError(
-                    f"ellipsoid {k} ({e.name or 'unnamed'}) reaches |x, y, z| = {np.round(reach, 3).tolist()} but the "
-                    f"box (Z, Y, X) = {shape} allows {np.round(half_xyz - self.margin, 3).tolist()} (half size minus a "
-                    f"{self.margin}-voxel margin); move or shrink it, or enlarge the box. Projections assume every "
-                    "object lies inside the box.")
-
-    @property
-    def mass(self) -> float:
-        """Exact integral of the density over space (voxel^3 units)."""
-        return float(sum(e.density * e.volume for e in self.ellipsoids))
-
-    def density(self, points_xyz: np.ndarray) -> np.ndarray:
-        """Density (float64) at points (..., 3) given as (x, y, z) in centred voxel units."""
-        p = np.asarray(points_xyz, dtype=np.float64)
-        out = np.zeros(p.shape[:-1])
-        for e in self.ellipsoids:
-            out += e.density_at(p)
-        return out
-
-    def mirror(self) -> "Phantom":
-        """The mirror-image phantom (x -> -x); mirror().mirror() equals the original."""
-        return Phantom(self.shape_zyx, [e.mirror() for e in self.ellipsoids], self.margin,
-                       self.name[:-len(" (mirrored)")] if self.name.endswith(" (mirrored)") else self.name + " (mirrored)")
-
-    def describe(self) -> dict:
-        """A JSON-serializable description (for TiltSeries metadata)."""
-        return {
-            "name": self.name,
-            "shape_zyx": list(self.shape_zyx),
-            "mass": self.mass,
-            "ellipsoids": [e.describe() for e in self.ellipsoids],
-        }
-
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, Phantom):
-            return NotImplemented
-        return (self.shape_zyx == other.shape_zyx and len(self.ellipsoids) == len(other.ellipsoids)
-                and all(a == b for a, b in zip(self.ellipsoids, other.ellipsoids)))
-
-
-# --------------------------------------------------------------------------------------- projection
-def project(phantom: Phantom, angles_deg: np.ndarray, height: int | None = None,
-            width: int | None = None, poses: Mapping[str, Any] | None = None) -> np.ndarray:
-    """Exact line integrals of ``phantom`` at the pixel centres: (N, H, W) float32.
-
-    ``angles_deg`` is (N,) (one tilt angle per image) or (N, H) (one angle per image line, for
-    continuous-rotation data). ``height``/``width`` default to the phantom's Y/X box size.
-
-    ``poses`` (None: the ideal geometry) gives every view its in-plane rotations and shifts with
-    the convention of :mod:`fasttomo.geometry.poses`: a mapping with any of the keys ``z1_deg``,
-    ``z3_deg`` (degrees) and ``shift_u_px``, ``shift_v_px`` (pixels), each N numbers (a missing
-    key is zeros). It is the format of ``Poses.describe()`` and of ``metadata["true_poses"]``;
-    their other keys are ignored, except ``tilt_deg``, which must then match ``angles_deg`` (per
-    view, or the per-line mean) to 1e-3 degrees, a guard against poses of another series or
-    order. Every view is posed as given (no reference view is special here).
-
-    For each ellipsoid the ray p(t) = p0 + t d, mapped to the unit-sphere frame, is e + t f with
-    e = M (p0 - c), f = M d; its chord length is 2 sqrt(max(B^2 - A C, 0)) / A with A = f.f,
-    B = e.f, C = e.e - 1. Since e is affine in (u, v), the discriminant is a quadratic in u whose
-    coefficients depend on (tilt, row) only, so the work per pixel is a few flops. Without poses
-    only the image rows an ellipsoid can reach are computed; with poses (rotated images) every
-    row is (61 views of 128 x 128 pixels and 8 ellipsoids: well under a second).
-    """
-    height = phantom.shape_zyx[1] if height is None else int(height)
-    width = phantom.shape_zyx[2] if width is None else int(width)
-    if height < 1 or width < 1:
-        raise PhantomError(f"project: image size (H, W) = ({height}, {width}) must be positive.")
-    ang = np.asarray(angles_deg, dtype=np.float64)
-    if ang.ndim == 1:
-        theta = np.broadcast_to(np.deg2rad(ang)[:, None], (ang.shape[0], height))
-    elif ang.ndim == 2 and ang.shape[1] == height:
-        theta = np.deg2rad(ang)
-    else:
-        raise PhantomError(
-            f"project: angles must be (n_tilts,) or (n_tilts, H) = (n_tilts, {height}) degrees, got shape {ang.shape}.")
-    if not np.all(np.isfinite(theta)) or np.any(np.abs(theta) >= math.pi / 2):
-        raise PhantomError("project: angles must be finite degrees within (-90, 90).")
-    if poses is not None:
-        mean_deg = ang if ang.ndim == 1 else ang.mean(axis=1)
-        z1, z3, su, sv = _pose_arrays(poses, mean_deg)
-        return _project_posed(phantom, theta, height, width, z1, z3, su, sv)
-    n = theta.shape[0]
-    cos, sin = np.cos(theta)[..., None], np.sin(theta)[..., None]          # (N, H, 1)
-    u = np.arange(width, dtype=np.float64) - (width - 1) / 2.0             # (W,)
-    v = np.arange(height, dtype=np.float64) - (height - 1) / 2.0           # (H,)
-    out = np.zeros((n, height, width), dtype=np.float64)
-    for e in phantom.ellipsoids:
-        ey = e.half_extent[1]
-        i0 = max(0, int(math.floor(e.center_xyz[1] - ey + (height - 1) / 2.0)))
-        i1 = min(height, int(math.ceil(e.center_xyz[1] + ey + (height - 1) / 2.0)) + 1)
-        if i0 >= i1:
-            continue
-        m = e.world_to_unit
-        mc = m @ e.center_xyz
-        c_, s_ = cos[:, i0:i1], sin[:, i0:i1]                               # (N, h, 1)
-        g = c_ * m[:, 0] + s_ * m[:, 2]                                    # (N, h, 3): d e / d u
-        f = -s_ * m[:, 0] + c_ * m[:, 2]                                   # (N, h, 3): ray direction
-        w = v[i0:i1, None] * m[:, 1] - mc                                  # (h, 3): e at u = 0
-        gg, gf, ff = (g * g).sum(-1), (g * f).sum(-1), (f * f).sum(-1)     # (N, h)
-        gw, wf = (g * w).sum(-1), (w * f).sum(-1)
-        ww = (w * w).sum(-1)
-        p2 = gf * gf - ff * gg
-        p1 = 2.0 * (gf * wf - ff * gw)
-        p0 = wf * wf - ff * (ww - 1.0)
-        disc = (p2[..., None] * u + p1[..., None]) * u + p0[..., None]    # (N, h, W)
-        np.maximum(disc, 0.0, out=disc)
-        out[:, i0:i1] += np.sqrt(disc) * (2.0 * e.density / ff)[..., None]
-    return out.astype(np.float32)
-
-
-def _dot3(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """Dot product over the last axis (3), written out: the same rounding whatever the shape."""
-    return a[..., 0] * b[..., 0] + a[..., 1] * b[..., 1] + a[..., 2] * b[..., 2]
-
-
-def _project_posed(phantom: Phantom, theta: np.ndarray, height: int, width: int, z1: np.ndarray,
-                   z3: np.ndarray, su: np.ndarray, sv: np.ndarray) -> np.ndarray:
-    """:func:`project` with poses: theta (N, H) radians, z1/z3 (N,) radians, su/sv (N,) pixels.
-
-    The ray of pixel (u, v) is p(t) = R^T ((u - su, v - sv, 0) + t e_z), so in the unit-sphere
-    frame of an ellipsoid e(t) = (u - su) g + w + t f with g = M R^T e_x = M (row 0 of R),
-    f = M (row 2 of R), w = (v - sv) M (row 1 of R) - M c: the same quadratic in u as the fast
-    path, with rotated g/f and a shifted u. Dot products are written out element-wise, so an
-    integer shift reproduces the unshifted image's pixels bit for bit.
-    """
-    rot = pose_rotations(theta, z1[:, None], z3[:, None])                  # (N, H, 3, 3)
-    r0, r1, r2 = rot[..., 0, :], rot[..., 1, :], rot[..., 2, :]            # R^T e_x, R^T e_y, R^T e_z
-    u = np.arange(width, dtype=np.float64) - (width - 1) / 2.0
-    v = np.arange(height, dtype=np.float64) - (height - 1) / 2.0
-    up = u[None, None, :] - su[:, None, None]                              # (N, 1, W)
-    vp = (v[None, :] - sv[:, None])[..., None]                             # (N, H, 1)
-    out = np.zeros((theta.shape[0], height, width), dtype=np.float64)
-    for e in phantom.ellipsoids:
-        m = e.world_to_unit
-        mc = m @ e.center_xyz
-
-        def mul(r: np.ndarray) -> np.ndarray:                              # M @ r over (N, H)
-            return np.stack([_dot3(r, m[k]) for k in range(3)], axis=-1)
-
-        g, f = mul(r0), mul(r2)                                            # (N, H, 3)
-        w = vp * mul(r1) - mc
-        gg, gf, ff = _dot3(g, g), _dot3(g, f), _dot3(f, f)
-        gw, wf, ww = _dot3(g, w), _dot3(w, f), _dot3(w, w)
-        p2 = gf * gf - ff * gg
-        p1 = 2.0 * (gf * wf - ff * gw)
-        p0 = wf * wf - ff * (ww - 1.0)
-        disc = (p2[..., None] * up + p1[..., None]) * up + p0[..., None]  # (N, H, W)
-        np.maximum(disc, 0.0, out=disc)
-        out += np.sqrt(disc) * (2.0 * e.density / ff)[..., None]
-    return out.astype(np.float32)
-
-
-# --------------------------------------------------------------------------------------- voxelization
-def voxelize(phantom: Phantom, shape_zyx: Sequence[int] | None = None, supersample: int = 2) -> np.ndarray:
-    """Ground-truth volume (Z, Y, X) float32: the density averaged over supersample^3 points per voxel.
-
-    The grid samples the phantom's box; ``shape_zyx`` (default: the box itself, one voxel per
-    voxel unit) may differ from it, then the voxel size along each axis is box / shape (the values
-    stay densities per original voxel length). The sub-samples sit at the centres of a regular
-    supersample^3 split of each voxel, which anti-aliases the object boundaries (partial volume).
-    """
-    box = np.array(phantom.shape_zyx, dtype=np.float64)
-    shape = tuple(phantom.shape_zyx) if shape_zyx is None else tuple(int(s) for s in shape_zyx)
-    if len(shape) != 3 or any(s < 1 for s in shape):
-        raise PhantomError(f"voxelize: shape_zyx must be 3 positive integers, got {shape_zyx!r}.")
-    ss = int(supersample)
-    if ss < 1:
-        raise PhantomError(f"voxelize: supersample must be an integer >= 1, got {supersample!r}.")
-    step = box / np.array(shape, dtype=np.float64)                          # voxel size (z, y, x)
-    vol = np.zeros(shape, dtype=np.float64)
-    # fine-grid coordinate of fine index q along an axis of n voxels: ((q + 0.5) / ss - n / 2) * step
-    for e in phantom.ellipsoids:
-        lo_xyz, hi_xyz = e.center_xyz - e.half_extent, e.center_xyz + e.half_extent
-        rng = []
-        for ax in range(3):                                                  # z, y, x
-            n, h = shape[ax], step[ax]
-            lo, hi = lo_xyz[2 - ax], hi_xyz[2 - ax]
-            a = max(0, int(math.floor(lo / h + n / 2.0)))
-            b = min(n, int(math.ceil(hi / h + n / 2.0)))
-            rng.append((a, b))
-        if any(a >= b for a, b in rng):
-            continue
-        coords = [((np.arange(a * ss, b * ss) + 0.5) / ss - shape[ax] / 2.0) * step[ax]
-                  for ax, (a, b) in enumerate(rng)]
-        z = coords[0][:, None, None] - e.center_xyz[2]
-        y = coords[1][None, :, None] - e.center_xyz[1]
-        x = coords[2][None, None, :] - e.center_xyz[0]
-        m = e.world_to_unit
-        r2 = np.zeros((z.shape[0], y.shape[1], x.shape[2]))
-        for k in range(3):
-            q = m[k, 0] * x + m[k, 1] * y + m[k, 2] * z
-            r2 += q * q
-        inside = (r2 <= 1.0).reshape(rng[0][1] - rng[0][0], ss, rng[1][1] - rng[1][0], ss, rng[2][1] - rng[2][0], ss)
-        frac = inside.mean(axis=(1, 3, 5))
-        (za, zb), (ya, yb), (xa, xb) = rng
-        vol[za:zb, ya:yb, xa:xb] += e.density * frac
-    return vol.astype(np.float32)
 
 
 # --------------------------------------------------------------------------------------- default phantom
@@ -446,17 +130,6 @@ def default_phantom(width: int = 64, height: int = 64, thickness: int | None = N
 
 # --------------------------------------------------------------------------------------- random specimens
 _SPECIMEN_STREAM, _POSE_STREAM = 1, 2
-
-
-def _uniform_rotation(rng: np.random.Generator) -> np.ndarray:
-    """A rotation matrix uniformly distributed on SO(3) (Haar): a normalized Gaussian quaternion."""
-    q = rng.normal(size=4)
-    w, x, y, z = q / np.linalg.norm(q)
-    return np.array([
-        [1 - 2 * (y * y + z * z), 2 * (x * y - w * z), 2 * (x * z + w * y)],
-        [2 * (x * y + w * z), 1 - 2 * (x * x + z * z), 2 * (y * z - w * x)],
-        [2 * (x * z - w * y), 2 * (y * z + w * x), 1 - 2 * (x * x + y * y)],
-    ])
 
 
 def random_ellipsoids(shape_zyx: Sequence[int], n: int = 8, seed: int = 0,
@@ -564,74 +237,86 @@ def random_pose_errors(angles_deg: np.ndarray, shift: float, rotation: float, se
 
 
 # --------------------------------------------------------------------------------------- tilt series
+def _build_specimen(cfg: Any, kind: str, seed: int) -> tuple[Any, int, float]:
+    """(specimen, thickness, pixel size in A) of ``cfg.phantom`` (see :func:`make_tiltseries`)."""
+    pix = DEFAULT_PIXEL_SIZE if cfg.pixel_size is None else float(cfg.pixel_size)
+    if cfg.thickness is not None:
+        thickness = int(cfg.thickness)
+    elif kind == "default":
+        thickness = default_thickness(cfg.width)
+    elif kind == "cell":
+        from fasttomo.data.specimens import CELL_PIXEL_SIZE, cell_thickness
+
+        thickness = cell_thickness(cfg.width, CELL_PIXEL_SIZE if cfg.pixel_size is None else pix)
+    else:
+        thickness = int(cfg.width)
+    shape = (thickness, cfg.height, cfg.width)
+    if kind == "default":
+        return default_phantom(cfg.width, cfg.height, thickness), thickness, pix
+    if kind == "ellipsoids":
+        return random_ellipsoids(shape, int(cfg.n_ellipsoids), seed), thickness, pix
+    if kind == "nanoparticle":
+        from fasttomo.data.atoms import DEFAULT_ATOM_PIXEL_SIZE, nanoparticle
+
+        pix = DEFAULT_ATOM_PIXEL_SIZE if cfg.pixel_size is None else pix
+        return nanoparticle(shape, pix, cfg.particle, seed), thickness, pix
+    if kind in ("cell", "catalyst"):
+        from fasttomo.data import specimens
+
+        default = specimens.CELL_PIXEL_SIZE if kind == "cell" else specimens.CATALYST_PIXEL_SIZE
+        pix = default if cfg.pixel_size is None else pix
+        return getattr(specimens, kind)(shape, pix, seed), thickness, pix
+    raise PhantomError(f"data.phantom: unknown specimen {kind!r}; use default, ellipsoids, nanoparticle, cell or catalyst.")
+
+
 def make_tiltseries(cfg: Any) -> TiltSeries:
     """The built-in synthetic tilt series of a :class:`fasttomo.config.DataConfig`.
 
     Specimen: ``cfg.phantom`` = default (:func:`default_phantom`; thickness None: about W/2, see
     :func:`default_thickness`), ellipsoids (:func:`random_ellipsoids` with ``cfg.n_ellipsoids``
-    and ``cfg.phantom_seed``; thickness None: W, a cube for square images) or nanoparticle
+    and ``cfg.phantom_seed``; thickness None: W, a cube for square images), nanoparticle
     (:func:`fasttomo.data.atoms.nanoparticle` of ``cfg.particle``; thickness None: W; pixel size
     None: 0.75 A; ``metadata["true_atoms"]`` holds the true atoms in atoms.csv's frame; the ground
-    truth is the density at the voxel centres). Views: cfg.n_tilts
-    angles evenly spaced over [tilt_min, tilt_max]. Pose errors (``cfg.pose_error_shift`` px,
-    ``cfg.pose_error_rotation`` degrees, :func:`random_pose_errors`): when either is > 0 the views
-    are projected with those poses and ``metadata["true_poses"]`` holds them (absent otherwise).
-    Noise: Gaussian, std = cfg.noise times the std (``noise_relative_to=std``) or the maximum
-    (``max``) of the clean projections, drawn from numpy's default_rng(cfg.phantom_seed).
+    truth is the density at the voxel centres), cell or catalyst (:mod:`fasttomo.data.specimens`;
+    thickness None: W/2 for the cell section, or what holds its smallest vesicle if more
+    (:func:`fasttomo.data.specimens.cell_thickness`), W for the catalyst; pixel size None: 10 A
+    and 2.5 A). Views: cfg.n_tilts angles evenly spaced over [tilt_min, tilt_max]. Pose errors
+    (``cfg.pose_error_shift`` px, ``cfg.pose_error_rotation`` degrees, :func:`random_pose_errors`):
+    when either is > 0 the views are projected with those poses and ``metadata["true_poses"]``
+    holds them (absent otherwise). Detector (:mod:`fasttomo.data.dose`): the exact line integrals,
+    or with ``cfg.dose`` the Poisson counts of a linear bright-field image (inverted unless
+    ``cfg.invert=false``); Gaussian noise of std cfg.noise times the std (``noise_relative_to=std``)
+    or the maximum (``max``) of the clean image, drawn from numpy's default_rng(cfg.phantom_seed).
     Pixel size: cfg.pixel_size (None: 10 A). The ground truth is :func:`voxelize` of the specimen
-    at (thickness, height, width); poses move the views, not the specimen. The options that
-    prepare real data (binning, crop, normalize, ...) do not apply.
+    at (thickness, height, width) (the specimens' own volume for nanoparticle, cell, catalyst);
+    poses move the views, not the specimen. The options that prepare real data (binning, crop,
+    normalize, ...) do not apply.
     """
+    from fasttomo.data.dose import detect
+
     kind = getattr(cfg, "phantom", "default")
     seed = int(cfg.phantom_seed)
-    if kind == "default":
-        thickness = default_thickness(cfg.width) if cfg.thickness is None else int(cfg.thickness)
-        phantom = default_phantom(cfg.width, cfg.height, thickness)
-    elif kind == "ellipsoids":
-        thickness = int(cfg.width) if cfg.thickness is None else int(cfg.thickness)
-        phantom = random_ellipsoids((thickness, cfg.height, cfg.width), int(cfg.n_ellipsoids), seed)
-    elif kind == "nanoparticle":
-        from fasttomo.data.atoms import DEFAULT_ATOM_PIXEL_SIZE, nanoparticle
-
-        thickness = int(cfg.width) if cfg.thickness is None else int(cfg.thickness)
-        pix = DEFAULT_ATOM_PIXEL_SIZE if cfg.pixel_size is None else float(cfg.pixel_size)
-        phantom = nanoparticle((thickness, cfg.height, cfg.width), pix, cfg.particle, seed)
-    else:
-        raise PhantomError(f"data.phantom: unknown specimen {kind!r}; use default, ellipsoids or nanoparticle.")
+    specimen, thickness, pixel_size = _build_specimen(cfg, kind, seed)
     angles = np.linspace(float(cfg.tilt_min), float(cfg.tilt_max), int(cfg.n_tilts))
     shift_err = float(getattr(cfg, "pose_error_shift", 0.0))
     rot_err = float(getattr(cfg, "pose_error_rotation", 0.0))
     axis_err = float(getattr(cfg, "tilt_axis_error", 0.0))
     true_poses = (random_pose_errors(angles, shift_err, rot_err, seed, axis=axis_err)
                   if (shift_err > 0 or rot_err > 0 or axis_err != 0) else None)
-    if kind == "nanoparticle":
-        stack = phantom.project(angles, cfg.height, cfg.width, poses=true_poses)
-    else:
-        stack = project(phantom, angles, cfg.height, cfg.width, poses=true_poses)
-    relative_to = getattr(cfg, "noise_relative_to", "std")
-    clean_std, clean_max = float(stack.std()), float(stack.max())
-    if relative_to == "std":
-        noise_std = float(cfg.noise) * clean_std
-    elif relative_to == "max":
-        noise_std = float(cfg.noise) * clean_max
-    else:
-        raise PhantomError(f"data.noise_relative_to: must be std or max, got {relative_to!r}.")
-    if noise_std > 0:
-        rng = np.random.default_rng(seed)
-        stack = (stack + rng.normal(0.0, noise_std, size=stack.shape)).astype(np.float32)
-    if kind == "nanoparticle":
-        pixel_size = pix
-    else:
-        pixel_size = DEFAULT_PIXEL_SIZE if cfg.pixel_size is None else float(cfg.pixel_size)
+    analytic = isinstance(specimen, Phantom)
+    clean = (project(specimen, angles, cfg.height, cfg.width, poses=true_poses) if analytic
+             else specimen.project(angles, cfg.height, cfg.width, poses=true_poses))
+    stack, detector = detect(clean, cfg, seed)
     metadata = {
-        "phantom": phantom.describe(),
+        "phantom": specimen.describe(),
         "phantom_kind": kind,
         "thickness": thickness,
         "noise": float(cfg.noise),
-        "noise_relative_to": relative_to,
-        "noise_std": noise_std,
-        "clean_projection_std": clean_std,
-        "clean_projection_max": clean_max,
+        "noise_relative_to": getattr(cfg, "noise_relative_to", "std"),
+        "noise_std": detector["noise_std"],
+        "clean_projection_std": float(clean.std()),
+        "clean_projection_max": float(clean.max()),
+        "detector": detector,
         "phantom_seed": seed,
         "tilt_range_deg": [float(cfg.tilt_min), float(cfg.tilt_max)],
         "pose_error_shift_px": shift_err,
@@ -640,11 +325,9 @@ def make_tiltseries(cfg: Any) -> TiltSeries:
         "geometry": "u = x cos(theta) + z sin(theta), v = y (IMOD reoriented frame); exact line integrals",
     }
     if kind == "nanoparticle":
-        metadata["true_atoms"] = phantom.table(pixel_size)  # atoms.csv's frame (fasttomo-simulate writes it)
+        metadata["true_atoms"] = specimen.table(pixel_size)  # atoms.csv's frame (fasttomo-simulate writes it)
         metadata["geometry"] += "; Gaussian atoms project to 2-D Gaussians (fasttomo.data.atoms)"
-        truth = phantom.volume()
-    else:
-        truth = voxelize(phantom, (thickness, cfg.height, cfg.width))
+    truth = voxelize(specimen, (thickness, cfg.height, cfg.width)) if analytic else specimen.volume()
     if true_poses is not None:
         metadata["true_poses"] = true_poses
         metadata["geometry"] += ("; view n posed as (u, v, w) = Rz(z3) Ry(theta) Rz(z1) p + (su, sv, 0) with "

@@ -15,9 +15,10 @@ The order is fixed (:func:`prepare` runs it and records every step in ``metadata
  4. ``binning``        b x b block means (trailing rows/columns that do not fill a block are
                        dropped); the pixel size grows by b; per-line angles are averaged per block.
  5. ``crop``           [y0, y1, x0, x1] window in the binned image (per-line angles follow rows).
- 6. dark/blank views   a view whose standard deviation is < 1e-6 of the median view's (blank) or,
-                       for non-negative data, whose mean is < 10 % of the median view mean (dark) is
-                       reported; ``drop_dark_views`` removes it.
+ 6. dark/blank views   a view whose standard deviation is < 1e-6 of the median view's (blank:
+                       constant, it carries no signal) or, for non-negative data, whose mean is
+                       < 10 % of the median view mean (dark) is reported; ``drop_dark_views`` removes
+                       it. A blank view that is kept is refused (one line naming it and the fixes).
  7. sorting            non-monotonic angle lists (dose-symmetric) are sorted by angle (per-line
                        angles: by their mean); ``metadata['sort_permutation']`` holds the order
                        (sorted = before[perm]) and ``metadata['view_numbers']`` the 1-based file
@@ -25,6 +26,9 @@ The order is fixed (:func:`prepare` runs it and records every step in ``metadata
  8. ``invert``         x -> max - x (bright-field data where mass is dark).
  9. ``normalize``      ``quantile``: (x - q0.01) / (q0.999 - q0.01) over the whole series (not per
                        view, which would break the intensity relation between tilts), or ``none``.
+
+A stack that is constant over all its valid pixels (all zeros, say) carries no signal and is
+refused before any step.
 
 Statistics use valid pixels only (a strided subsample of at most 2 million values for quantiles).
 Invalid pixels end up holding their view's median valid value.
@@ -99,11 +103,18 @@ RADIAN_SUSPECT_DEG = 2.0
 
 def check_angle_units(angles: np.ndarray, where: str, enabled: bool = True) -> None:
     """Refuse angles whose largest magnitude is below 2 degrees: radians (any tilt series in
-    radians has |angle| < pi/2 < 2) read as degrees would give a silently wrong reconstruction."""
+    radians has |angle| < pi/2 < 2) read as degrees would give a silently wrong reconstruction.
+    A single view, or views all at one angle, are refused as such (whatever the angle)."""
     worst = float(np.max(np.abs(angles))) if angles.size else 0.0
+    lo, hi = (float(np.min(angles)), float(np.max(angles))) if angles.size else (0.0, 0.0)
+    if angles.size and hi == lo:  # not a units question: one angle is no tilt series
+        n = angles.shape[0]
+        what = "the stack has one view" if n == 1 else f"all {n} views are"
+        raise TiltSeriesError(
+            f"{where}: {what} at {lo:.4g} degrees; a tomogram needs views at several tilt angles. Give the whole "
+            "tilt series (data.path) and its angle file (data.angles).")
     if worst >= RADIAN_SUSPECT_DEG:
         return
-    lo, hi = float(np.min(angles)), float(np.max(angles))
     if not enabled:
         log.warning("%s: the tilt angles span only %.4g..%.4g degrees (data.check_angle_units=false).", where, lo, hi)
         return
@@ -230,6 +241,59 @@ def _take(idx, stack, valid, angles, views):
     return stack[idx], (None if valid is None else valid[idx]), angles[idx], views[idx]
 
 
+def refuse_constant(stack: np.ndarray, valid: np.ndarray | None, where: str) -> None:
+    """Refuse a stack whose valid pixels all hold one value (or that has no valid pixel)."""
+    values = stack if valid is None else stack[valid]
+    if values.size == 0:
+        raise TiltSeriesError(f"{where}: no pixel of the stack holds a finite value; nothing to reconstruct. Check "
+                              "data.path: is it the right file?")
+    lo, hi = float(values.min()), float(values.max())
+    if hi == lo:
+        raise TiltSeriesError(f"{where}: every pixel of the stack holds the value {lo:.6g}; a constant stack carries "
+                              "no signal. Check data.path (the right file? exported empty?) and re-export the stack.")
+
+
+def _exclude(parts: tuple, cfg, where: str):
+    """data.exclude_views (1-based file sections) of ``parts`` = (stack, valid, angles, views).
+    Returns the kept parts and the step's record."""
+    stack, valid, angles, views = parts
+    n = len(views)
+    ex = sorted({int(v) for v in cfg.exclude_views})
+    out_of_range = [v for v in ex if not 1 <= v <= n]
+    if out_of_range:
+        raise TiltSeriesError(f"{where}: data.exclude_views {out_of_range} are not sections of this {n}-view stack; "
+                              f"view numbers are 1-based (1..{n}), as in IMOD.")
+    keep = np.setdiff1d(views, ex) - 1
+    log.info("%s: excluded views %s (1-based); %d remain.", where, ex, n - len(ex))
+    return (*_take(keep, stack, valid, angles, views), f"excluded views {ex} (1-based)")
+
+
+def _dark_views(parts: tuple, cfg, where: str):
+    """Report dark and blank views of ``parts`` = (stack, valid, angles, views); drop them with
+    data.drop_dark_views, else refuse blank ones. Returns the kept parts and the step's record
+    (or None)."""
+    stack, valid, angles, views = parts
+    dark = find_dark_views(stack, valid)
+    if not dark:
+        return stack, valid, angles, views, None
+    listing = "; ".join(f"view {views[i]}: {r}" for i, r in dark.items())
+    if cfg.drop_dark_views:
+        keep = np.setdiff1d(np.arange(len(views)), list(dark))
+        log.warning("%s: dropping %d dark/blank views (data.drop_dark_views=true): %s", where, len(dark), listing)
+        return (*_take(keep, stack, valid, angles, views), f"dropped dark/blank views: {listing}")
+    blank = {int(views[i]): r for i, r in dark.items() if r.startswith("blank")}
+    if blank:
+        raise TiltSeriesError(
+            f"{where}: view{'s' if len(blank) > 1 else ''} {', '.join(map(str, blank))} (1-based) "
+            f"{'are' if len(blank) > 1 else 'is'} blank (constant: no signal, a reconstruction would fit its "
+            f"emptiness; {'; '.join(f'view {v}: {r}' for v, r in blank.items())}). Drop "
+            f"{'them' if len(blank) > 1 else 'it'} with data.exclude_views={list(blank)} "
+            "(or data.drop_dark_views=true).")
+    log.warning("%s: dark views kept: %s. Set data.drop_dark_views=true to drop them, or data.exclude_views=[...].",
+                where, listing)
+    return stack, valid, angles, views, None
+
+
 def prepare(raw: RawSeries, cfg) -> TiltSeries:
     """Apply the preparation steps of ``cfg`` (a DataConfig) in the documented order."""
     where = raw.source
@@ -237,22 +301,15 @@ def prepare(raw: RawSeries, cfg) -> TiltSeries:
     stack = np.ascontiguousarray(raw.stack, dtype=np.float32)
     angles = np.asarray(raw.angles, dtype=np.float64)
     valid = raw.valid
-    n = stack.shape[0]
-    views = np.arange(1, n + 1)
+    views = np.arange(1, stack.shape[0] + 1)
     pixel = float(raw.pixel_size)
     gt = raw.ground_truth
 
     valid = handle_nonfinite(stack, valid, cfg.nonfinite, where)
+    refuse_constant(stack, valid, where)
     if cfg.exclude_views:
-        ex = sorted({int(v) for v in cfg.exclude_views})
-        out_of_range = [v for v in ex if not 1 <= v <= n]
-        if out_of_range:
-            raise TiltSeriesError(f"{where}: data.exclude_views {out_of_range} are not sections of this {n}-view stack; "
-                                  f"view numbers are 1-based (1..{n}), as in IMOD.")
-        keep = np.setdiff1d(views, ex) - 1
-        stack, valid, angles, views = _take(keep, stack, valid, angles, views)
-        steps.append(f"excluded views {ex} (1-based)")
-        log.info("%s: excluded views %s (1-based); %d remain.", where, ex, len(views))
+        stack, valid, angles, views, step = _exclude((stack, valid, angles, views), cfg, where)
+        steps.append(step)
     check_angles(angles, f"{where} (angles from {raw.angle_source})", views)
     check_angle_units(angles, f"{where} (angles from {raw.angle_source})", getattr(cfg, "check_angle_units", True))
 
@@ -279,17 +336,9 @@ def prepare(raw: RawSeries, cfg) -> TiltSeries:
         log.info("%s: ground truth dropped (it no longer matches the rotated/binned/cropped images).", where)
         gt = None
 
-    dark = find_dark_views(stack, valid)
-    if dark:
-        listing = "; ".join(f"view {views[i]}: {r}" for i, r in dark.items())
-        if cfg.drop_dark_views:
-            keep = np.setdiff1d(np.arange(len(views)), list(dark))
-            log.warning("%s: dropping %d dark/blank views (data.drop_dark_views=true): %s", where, len(dark), listing)
-            stack, valid, angles, views = _take(keep, stack, valid, angles, views)
-            steps.append(f"dropped dark/blank views: {listing}")
-        else:
-            log.warning("%s: dark/blank views kept: %s. Set data.drop_dark_views=true to drop them, or "
-                        "data.exclude_views=[...].", where, listing)
+    stack, valid, angles, views, step = _dark_views((stack, valid, angles, views), cfg, where)
+    if step:
+        steps.append(step)
     key = angles if angles.ndim == 1 else angles.mean(axis=1)
     perm = np.argsort(key, kind="stable")
     if not np.array_equal(perm, np.arange(len(perm))):

@@ -125,12 +125,16 @@ def robust_scale(stack: np.ndarray, valid: np.ndarray | None = None, offset: flo
     return float(np.float32(scale))
 
 
+def split_size(n_pixels: int, val_fraction: float) -> int:
+    """Validation pixels of :func:`split_pixels`."""
+    if val_fraction > 0:
+        return min(n_pixels - 1, max(1, int(math.floor(n_pixels * val_fraction + 0.5))))
+    return 0
+
+
 def split_pixels(n_pixels: int, val_fraction: float, split_seed: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(train_ids, val_ids), both sorted int64 CPU tensors, from a generator seeded with split_seed."""
-    if val_fraction > 0:
-        n_val = min(n_pixels - 1, max(1, int(math.floor(n_pixels * val_fraction + 0.5))))
-    else:
-        n_val = 0
+    n_val = split_size(n_pixels, val_fraction)
     g = torch.Generator(device="cpu")
     g.manual_seed(int(split_seed) & 0xFFFF_FFFF_FFFF_FFFF)
     perm = torch.randperm(n_pixels, generator=g, dtype=torch.int64)

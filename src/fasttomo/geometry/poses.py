@@ -18,6 +18,13 @@ reference z3: the common rotation is the slow direction of the fit (the field ca
 it), and one parameter fed by every view's gradient moves along it faster. Everything is a
 registered parameter or buffer, so ``.to(device)`` moves the state and never re-initializes it.
 Rotation math runs in fp32 with autocast disabled.
+
+Initial poses (``initial``: a pose dict, e.g. an IMOD or AreTomo alignment read by
+:mod:`fasttomo.data.io.alignment`) are fixed buffers ``base_z1``, ``base_z3``, ``base_shifts``
+that every view's pose starts from, the reference view's included; what is learned (and masked,
+and reported as a gauge) is the correction added to them:
+
+    z1 = base_z1 + z1' m,  z3 = base_z3 + z3' m + axis,  shifts = base_shifts + shifts' m_s.
 """
 
 from __future__ import annotations
@@ -33,11 +40,12 @@ from fasttomo.geometry.so3 import rot_y, rot_z
 class Poses(torch.nn.Module):
     def __init__(self, angles_deg: np.ndarray, reference_index: int, learn_rotations: bool = False,
                  learn_shifts: bool = False, learn_z1: bool = True, free_reference_shift: bool = False,
-                 learn_tilt_axis: bool = False) -> None:
+                 learn_tilt_axis: bool = False, initial: dict | None = None) -> None:
         """``learn_rotations`` learns z3 and, with ``learn_z1``, z1; ``free_reference_shift`` (with
         ``learn_shifts``) learns the reference view's shift too; ``learn_tilt_axis`` (with
-        ``learn_rotations``, without ``learn_z1``) learns the rotation common to every view (module
-        docstring)."""
+        ``learn_rotations``, without ``learn_z1``) learns the rotation common to every view;
+        ``initial`` (z1_deg, z3_deg, shift_u_px, shift_v_px per view) sets the poses the learned
+        corrections start from (module docstring)."""
         super().__init__()
         angles = np.asarray(angles_deg, dtype=np.float64)
         if angles.ndim not in (1, 2) or angles.shape[0] < 1:
@@ -62,6 +70,11 @@ class Poses(torch.nn.Module):
         self.z3 = torch.nn.Parameter(torch.zeros(n), requires_grad=self.learn_rotations)
         self.shifts = torch.nn.Parameter(torch.zeros(n, 2), requires_grad=self.learn_shifts)
         self.axis = torch.nn.Parameter(torch.zeros(()), requires_grad=self.learn_tilt_axis)
+        base = _initial_arrays(initial, n)
+        self.register_buffer("base_z1", torch.from_numpy(np.deg2rad(base["z1_deg"])).float())
+        self.register_buffer("base_z3", torch.from_numpy(np.deg2rad(base["z3_deg"])).float())
+        self.register_buffer("base_shifts", torch.from_numpy(
+            np.stack((base["shift_u_px"], base["shift_v_px"]), -1)).float())
         self._table: tuple[torch.Tensor, torch.Tensor] | None = None  # see _fixed_table
         self._table_key: tuple | None = None
 
@@ -70,6 +83,11 @@ class Poses(torch.nn.Module):
         # checkpoints from before the tilt-axis rotation existed: it was zero
         if prefix + "axis" not in state_dict:
             state_dict = {**state_dict, prefix + "axis": torch.zeros((), device=self.axis.device)}
+        # checkpoints from before the initial poses existed: keep the module's own (built from the config)
+        missing = {prefix + k: getattr(self, k) for k in ("base_z1", "base_z3", "base_shifts")
+                   if prefix + k not in state_dict}
+        if missing:
+            state_dict = {**state_dict, **missing}
         super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
                                       error_msgs)
 
@@ -79,7 +97,8 @@ class Poses(torch.nn.Module):
 
     def _effective(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         m = self.free_mask
-        return self.z1 * m, self.z3 * m + self.axis, self.shifts * self.shift_mask.unsqueeze(-1)
+        return (self.base_z1 + self.z1 * m, self.base_z3 + self.z3 * m + self.axis,
+                self.base_shifts + self.shifts * self.shift_mask.unsqueeze(-1))
 
     @torch.no_grad()
     def gauge_translation(self) -> torch.Tensor:
@@ -90,8 +109,10 @@ class Poses(torch.nn.Module):
             return torch.zeros(3, device=self.shifts.device)
         with torch.autocast(device_type=self.theta.device.type, enabled=False):
             theta = self.theta[ref].mean().reshape(1)
-            # the reference view's z1 is 0 (masked); its z3 is the common (tilt-axis) rotation
-            r = (rot_z(self.axis.detach().float().reshape(1)) @ rot_y(theta))[0]
+            # the reference view's z1 is its initial one (the correction is masked); its z3 the initial one
+            # plus the common (tilt-axis) rotation
+            z3 = (self.base_z3[ref] + self.axis.detach()).float().reshape(1)
+            r = (rot_z(z3) @ rot_y(theta) @ rot_z(self.base_z1[ref].float().reshape(1)))[0]
             s = torch.cat((self.shifts[ref].float(), self.shifts.new_zeros(1)))
             return r.t() @ s
 
@@ -104,7 +125,7 @@ class Poses(torch.nn.Module):
         theta = self.theta if not self.per_line else self.theta.mean(dim=1)
         r = rot_z(z3) @ rot_y(theta) @ rot_z(z1)
         out = shifts - (r @ self.gauge_translation())[:, :2]
-        out[self.reference_index] = 0.0
+        out[self.reference_index] = self.base_shifts[self.reference_index]
         return out
 
     def forward(self, tilt: torch.Tensor, row: torch.Tensor | None = None
@@ -131,7 +152,8 @@ class Poses(torch.nn.Module):
         pose parameter is learned, else None. Kept between calls and recomputed when a parameter or
         buffer changed (in place: its version counter; or moved: its storage), into the same
         tensors where the shapes allow, so a captured CUDA graph reading them sees the update."""
-        tensors = (self.theta, self.z1, self.z3, self.shifts, self.axis, self.free_mask, self.shift_mask)
+        tensors = (self.theta, self.z1, self.z3, self.shifts, self.axis, self.free_mask, self.shift_mask,
+                   self.base_z1, self.base_z3, self.base_shifts)
         if any(t.requires_grad for t in tensors):
             return None
         key = tuple((t.data_ptr(), t._version) for t in tensors)
@@ -176,7 +198,20 @@ class Poses(torch.nn.Module):
             "z3_deg": (z3 * deg).tolist(),
             "shift_u_px": shifts[:, 0].tolist(),
             "shift_v_px": shifts[:, 1].tolist(),
-            "max_abs_inplane_deg": float(((z1.abs() + z3.abs()) * deg).max()),
-            "max_abs_shift_px": float(shifts.abs().max()),
+            # how far the poses moved from where they started (the initial poses, or zero)
+            "max_abs_inplane_deg": float((((z1 - self.base_z1.double().cpu()).abs()
+                                           + (z3 - self.base_z3.double().cpu()).abs()) * deg).max()),
+            "max_abs_shift_px": float((shifts - self.base_shifts.double().cpu()).abs().max()),
             "tilt_axis_deg": float(self.axis.detach().double().cpu()) * deg,
         }
+
+
+def _initial_arrays(initial: dict | None, n: int) -> dict[str, np.ndarray]:
+    """The per-view initial poses of ``initial`` (zeros where absent) as (n,) float64 arrays."""
+    out = {}
+    for k in ("z1_deg", "z3_deg", "shift_u_px", "shift_v_px"):
+        a = np.asarray((initial or {}).get(k, np.zeros(n)), dtype=np.float64)
+        if a.shape != (n,) or not np.all(np.isfinite(a)):
+            raise ValueError(f"Poses: initial[{k!r}] must be {n} finite numbers (one per view), got shape {a.shape}.")
+        out[k] = a
+    return out

@@ -1,20 +1,19 @@
 """Load the fused kernels in a background thread while a GPU run starts up.
 
-A GPU run's first step paid about 1.8 s with a warm Triton cache on an H200 (b70b6da,
-benchmarks/results/first_step-profile-NVIDIA-H200-b70b6da.json): importing triton and the kernel
-module (about 0.8 s), and Triton's cache key, a hash of its own installation computed once per
-process (0.4 s, ``triton.runtime.cache.triton_key``), before the first kernel came from the cache.
-``start()`` runs that work in a daemon thread from the command's entry point, while the main thread
-composes the config, opens the run folder and reads the data; the hashing and file reading release
-the GIL, so they overlap. ``wait()`` joins the thread at the start of ``build`` (before the model
-and the kernels are used), so nothing runs beside it from then on. Measured: the default run's
-first step 1.9 s -> 0.8 s with a warm cache (b70b6da -> bb1bf7e, one H200).
+Before the first kernel comes from Triton's cache, a GPU run pays for importing triton and the
+kernel module (about 0.8 s on an H200) and for Triton's cache key, a hash of its own installation
+computed once per process (about 0.4 s, ``triton.runtime.cache.triton_key``). ``start()`` runs
+that work, and the import of Triton's gluon package (otherwise paid at the first launch), in a
+daemon thread from the command's entry point once the config is composed and valid (--help and
+config errors never import torch), while the main thread opens the run folder and reads the data;
+the hashing and file reading release the GIL, so they overlap. ``wait()`` joins the thread at
+the start of ``build`` (before the model and the kernels are used), so nothing runs beside it from
+then on. With a warm cache this brings the default run's first step on an H200 from about 1.9 s
+to about 0.8 s (benchmarks/README.md).
 
-A profile of that 0.8-1.0 s first step at 24b9dd2 (.gpu-style cProfile, one H200) still showed
-Triton's gluon package imported at the first launch (0.15 s) and cuBLAS loaded by the first matrix
-product (0.1 s, the fixed poses' table). The first thread imports gluon too, and ``warm_device``
-(called by the pipeline once the run's device is known, before it reads the data) creates the
-device's context and loads cuBLAS in a second thread. Any failure in a thread is ignored: the door
+``warm_device`` (called by the pipeline once the run's device is known, before it reads the data)
+creates the device's context and loads cuBLAS (otherwise loaded by the first matrix product) in a
+second thread. Any failure in a thread is ignored: the door
 (``dispatch``) loads the kernels itself and the run reports a device problem where it matters.
 """
 

@@ -164,11 +164,21 @@ class FSCCurve:
     def crossing(self, threshold: float) -> Crossing:
         return crossing(self.freq_inv_A, self.fsc, threshold)
 
+    @property
+    def mean_to_nyquist(self) -> float | None:
+        """The mean FSC over the shells from the first one up to Nyquist (each shell counts once;
+        shells without data are skipped): one number for the whole curve, which, unlike a
+        crossing, still moves when a curve changes beyond its crossing. None without any data."""
+        v = self.fsc[np.isfinite(self.fsc)]
+        return float(v.mean()) if v.size else None
+
     def summary(self, curves: bool = True) -> dict:
         """JSON-ready dict: ``fsc05_A``, ``fsc05_inv_A``, ``fsc05_status``, the same for 0.143
-        (``fsc0143_*``), ``nyquist_A``, ``region``, ``voxel_size_A`` and (``curves``) the lists
-        ``freq_inv_A``, ``fsc`` (NaN as null) and ``n_voxels``."""
-        out: dict = {"region": self.region, "voxel_size_A": self.voxel_size_A, "nyquist_A": 2.0 * self.voxel_size_A}
+        (``fsc0143_*``), ``fsc_mean`` (:attr:`mean_to_nyquist`), ``nyquist_A``, ``region``,
+        ``voxel_size_A`` and (``curves``) the lists ``freq_inv_A``, ``fsc`` (NaN as null) and
+        ``n_voxels``."""
+        out: dict = {"region": self.region, "voxel_size_A": self.voxel_size_A, "nyquist_A": 2.0 * self.voxel_size_A,
+                     "fsc_mean": self.mean_to_nyquist}
         for t in FSC_THRESHOLDS:
             key = "fsc" + f"{t:g}".replace(".", "")
             c = self.crossing(t)

@@ -120,12 +120,65 @@ def split_holdout(ts: TiltSeries, views_1based: list[int]) -> tuple[TiltSeries, 
     return train, hold
 
 
+RENDER_POINTS = 1 << 19
+"""A pass that renders views (:func:`render_views`: the per-view residuals, the held-out views)
+evaluates the field at most at about this many sample points at once (rays per chunk = this /
+samples per ray), fewer when free memory is short: a no-grad field evaluation keeps roughly
+:data:`NOGRAD_POINT_FLOATS` floats per point, about 0.25 GB at 32 features on the CPU."""
+
+RENDER_MEMORY_FRACTION = 0.25
+"""... and at most this fraction of the free memory (the device's, or the host's for the CPU)."""
+
+
+def nograd_point_bytes(n_features: int, hidden: int) -> int:
+    """Bytes a no-grad field evaluation holds per sample point (coordinates, plane features,
+    decoder activations; measured about 430-590 B at 32 features and 32 hidden units on the CPU)."""
+    return 4 * (8 + (3 * n_features) // 2 + 2 * hidden)
+
+
+def free_memory_bytes(device: torch.device) -> int | None:
+    """Free memory of ``device`` (CUDA: the driver's free bytes; CPU: MemAvailable of
+    /proc/meminfo), or None where it cannot be read."""
+    if device.type == "cuda":
+        try:
+            return int(torch.cuda.mem_get_info(device)[0])
+        except RuntimeError:
+            return None
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def render_chunk_rays(samples_per_ray: int, point_bytes: int, free: int | None, chunk: int | None = None) -> int:
+    """Rays per chunk of a rendering pass: at most :data:`RENDER_POINTS` points, at most
+    :data:`RENDER_MEMORY_FRACTION` of ``free`` bytes, at most ``chunk`` rays (when given)."""
+    points = RENDER_POINTS
+    if free is not None:
+        points = min(points, int(RENDER_MEMORY_FRACTION * free) // max(1, point_bytes))
+    rays = max(1, points // max(1, int(samples_per_ray)))
+    return rays if chunk is None else max(1, min(int(chunk), rays))
+
+
+def field_point_bytes(proj) -> int:
+    """:func:`nograd_point_bytes` of ``proj``'s field."""
+    decoder = getattr(proj.field, "decoder", None)
+    hidden = max((int(getattr(m, "out_features", 0)) for m in decoder.modules()), default=0) if decoder else 0
+    return nograd_point_bytes(int(getattr(proj.field, "n_features", 1)), hidden)
+
+
 @torch.no_grad()
-def render_views(proj, n: int, chunk: int, stride: int = 1) -> np.ndarray:
+def render_views(proj, n: int, chunk: int | None = None, stride: int = 1) -> np.ndarray:
     """Pixels of views 0..n-1 through ``proj`` (a Projector): (n, H, W) numpy, or with ``stride``
-    s every s-th row and column, (n, ceil(H/s), ceil(W/s))."""
+    s every s-th row and column, (n, ceil(H/s), ceil(W/s)). Rays go through in chunks sized by
+    :func:`render_chunk_rays` (``chunk`` caps the rays per chunk)."""
     h, w = proj.image_hw
     device = next(proj.field.parameters()).device
+    chunk = render_chunk_rays(proj.samples_per_ray, field_point_bytes(proj), free_memory_bytes(device), chunk)
     rows = torch.arange(0, h, stride, device=device)
     cols = torch.arange(0, w, stride, device=device)
     hs, ws = rows.numel(), cols.numel()
@@ -156,7 +209,7 @@ def residual_stride(n: int, h: int, w: int, budget: int = VIEW_RESIDUAL_RAYS) ->
     return s
 
 
-def view_residuals(projector, ts: TiltSeries, scale: float, chunk: int = 1 << 15,
+def view_residuals(projector, ts: TiltSeries, scale: float, chunk: int | None = None,
                    budget: int = VIEW_RESIDUAL_RAYS) -> dict:
     """How well the fit explains each training view: the projector (field, learned poses,
     intensity model) predicts the pixels, compared in the stack's units with the measured image

@@ -2,13 +2,11 @@
 
 A CPU training step allocates and frees tens of tensors of a few MB each. With glibc's defaults
 such blocks are served by mmap (or returned to the system by heap trimming) and every reuse
-touches fresh pages: on the embedded default run (2 cores) that was about 14,000 page faults and
-33 ms of system time per 87 ms step. Raising the mmap threshold to its maximum (32 MiB on 64-bit)
-and the trim threshold to 1 GiB keeps those blocks in the heap: 0-90 faults, 6-8 ms of system time,
-70-72 ms per step at ba071a6 (twin path); at f6bad0e (CPU path) 94.5 / 109.9 ms without against
-55.6 / 66.5 ms with, two interleaved pairs on a shared machine
-(benchmarks/results/bench_step-default-malloc{0,1}-run{1,2}-cpu-f6bad0e.json). The price: up to the
-trim threshold of freed memory stays with the process until it exits.
+touches fresh pages: on the embedded default run (2 cores) about 14,000 page faults and 33 ms of
+system time per 87 ms step. Raising the mmap threshold to its maximum (32 MiB on 64-bit) and the
+trim threshold to 1 GiB keeps those blocks in the heap: 0-90 faults and 6-8 ms of system time per
+step, and the CPU step about 40 % faster (benchmarks/README.md). The price: up to the trim
+threshold of freed memory stays with the process until it exits.
 
 The settings are process-wide and are applied once, by :func:`tune_cpu_allocator`, which the
 builder calls for a CPU run. ``FASTTOMO_MALLOC_TUNING=0`` turns it off; other C libraries (musl,

@@ -147,6 +147,7 @@ def build_optimizer(cfg: OptimConfig, projector: Projector, capturable: bool = F
 
 def build(cfg: Config, ts: TiltSeries, *, rank: int = 0, world_size: int = 1, local_rank: int = 0) -> Components:
     from fasttomo.data.sampler import build_sampler
+    from fasttomo.data.io.alignment import view_poses
     from fasttomo.geometry.poses import Poses
     from fasttomo.kernels import dispatch
     from fasttomo.models import build_field
@@ -170,7 +171,7 @@ def build(cfg: Config, ts: TiltSeries, *, rank: int = 0, world_size: int = 1, lo
     poses = Poses(ts.angles, ts.reference_index(), learn_rotations=refine and cfg.pose.learn_rotations,
                   learn_shifts=refine and cfg.pose.learn_shifts, learn_z1=refine and cfg.pose.learn_z1,
                   free_reference_shift=refine and cfg.pose.free_reference_shift,
-                  learn_tilt_axis=refine and cfg.pose.learn_tilt_axis)
+                  learn_tilt_axis=refine and cfg.pose.learn_tilt_axis, initial=view_poses(ts.metadata))
     if cfg.sampler.batch_size is None:
         batch = auto_batch_size(ts, cfg.sampler.patch_size)
         cfg = dataclasses.replace(cfg, sampler=dataclasses.replace(cfg.sampler, batch_size=batch))

@@ -12,6 +12,7 @@ import numpy as np
 import torch
 
 from fasttomo.config import Config, ConfigError
+from fasttomo.data.io.alignment import view_poses
 from fasttomo.data.io.poses import read_poses_json
 from fasttomo.geometry.alignment import pose_errors
 from fasttomo.methods.field.projector import predict_views
@@ -21,7 +22,8 @@ from fasttomo.quality.scoring import holdout_scores, view_residuals
 from fasttomo.run.build import build, make_trainer
 from fasttomo.run.outputs import save_checkpoint_file
 from fasttomo.run.place import Place
-from fasttomo.run.preflight import check_free_space
+from fasttomo.run.preflight import check_free_space, memory_problem
+from fasttomo.train.distributed import broadcast_object
 from fasttomo.train.guard import DivergenceError
 
 log = logging.getLogger("fasttomo")
@@ -36,6 +38,10 @@ class FieldMethod:
 
     def __init__(self, cfg: Config, ts, hold, place: Place, stop=None):
         self.cfg, self.ts, self.hold, self.place, self.stop = cfg, ts, hold, place, stop
+        if stop is not None:  # the run's own fit: a model too big for the memory is never allocated
+            problem = broadcast_object(memory_problem(cfg, ts, place.local_rank) if place.main else None)
+            if problem:
+                raise ConfigError(problem)
         self.comps = build(cfg, ts, rank=place.rank, world_size=place.world, local_rank=place.local_rank)
         probe = truth_probe(ts) if ts.ground_truth is not None and cfg.evaluation.curve_every else None
         if stop is not None:
@@ -132,7 +138,7 @@ class FieldMethod:
     def _holdout(self) -> dict:
         comps, hold = self.comps, self.hold
         with self.trainer.exported_field():
-            pred = predict_views(comps.projector, hold.angles)
+            pred = predict_views(comps.projector, hold.angles, initial=view_poses(self.ts.metadata, hold.view_numbers))
         bg = comps.projector.intensity.describe(comps.sampler.scale)["background"] if comps.projector.intensity else 0.0
         scores = holdout_scores(hold, pred * comps.sampler.scale + bg)
         log.info("held-out views %s: reprojection Pearson %s", hold.view_numbers,

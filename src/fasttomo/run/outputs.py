@@ -4,6 +4,10 @@ itself cannot be written (read-only, full) the checkpoint and one MRC volume go 
 folder under the system's temporary folder. The caller then raises :class:`OutputWriteError`,
 whose one line says what was saved where.
 
+Any failure of a write is a write failure, whatever the library raised (torch.save reports a
+full disk as a ``RuntimeError``): it is logged with its reason and the other files are still
+written.
+
 Nothing non-finite is written: a volume with NaN/Inf voxels is not written at all (the caller
 reports divergence), and metrics.json is strict JSON (non-finite numbers become null).
 """
@@ -11,6 +15,7 @@ reports divergence), and metrics.json is strict JSON (non-finite numbers become 
 from __future__ import annotations
 
 import dataclasses
+import errno
 import json
 import logging
 import math
@@ -59,10 +64,19 @@ def dumps(obj) -> str:
     return json.dumps(json_safe(obj), indent=2, allow_nan=False)
 
 
-def _reason(exc: BaseException) -> str:
-    if isinstance(exc, OSError) and exc.strerror:
-        return exc.strerror
-    return " ".join(str(exc).split())[:160] or type(exc).__name__
+def _reason(exc: BaseException, folder: Path | None = None) -> str:
+    """Why a write into ``folder`` failed, in a few words ("No space left on device", "Permission
+    denied"; a full file system is named as such whatever the library said)."""
+    from fasttomo.data.io.atomic import WriteFailed, disk_full
+
+    if isinstance(exc, WriteFailed) and exc.strerror:
+        return exc.strerror  # already in a few words
+    if isinstance(exc, OSError) and exc.errno:
+        return os.strerror(exc.errno)  # h5py, for one, puts its whole error stack in strerror
+    if folder is not None and disk_full(str(folder)):
+        return os.strerror(errno.ENOSPC)
+    text = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+    return " ".join(str(text).split())[:160] or type(exc).__name__
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,10 +101,10 @@ def write_volumes(out_dir: Path, volume: np.ndarray, cfg, files: VolumeFiles) ->
         rotated = name.endswith("_xzy.mrc")
         fmt = "mrc" if rotated else {v: k for k, v in VOLUME_SUFFIX.items()}[name.rsplit(".", 1)[1]]
         try:
-            written[name] = write_volume(out_dir / name, volume, pixel_size, label=f"fasttomo run {cfg.name}",
+            written[name] = write_volume(out_dir / name, volume, pixel_size, label=cfg.name,
                                          attrs=attrs, fmt=fmt, overwrite=True, imod_xzy=rotated)
-        except OSError as exc:
-            failed[name] = _reason(exc)
+        except Exception as exc:  # noqa: BLE001 - any failure to write is a write failure
+            failed[name] = _reason(exc, out_dir)
             log.error("could not write %s (%s)", out_dir / name, failed[name])
     return written, failed
 
@@ -102,13 +116,13 @@ def rescue_folder(run_name: str) -> Path:
 
 
 def save_checkpoint_file(path: Path, state: dict) -> tuple[str | None, str | None]:
-    """(path written, None) or (None, error); never raises for an OSError."""
+    """(path written, None) or (None, error); never raises for a failed write (of any kind)."""
     from fasttomo.train.checkpoint import save_checkpoint
 
     try:
         return str(save_checkpoint(path, state)), None
-    except OSError as exc:
-        reason = _reason(exc)
+    except Exception as exc:  # noqa: BLE001 - any failure to write is a write failure
+        reason = _reason(exc, Path(path).parent)
         log.error("could not write the checkpoint %s (%s)", path, reason)
         return None, reason
 
@@ -133,9 +147,9 @@ def rescue(volume: np.ndarray | None, state: dict | None, cfg, pixel_size: float
             saved["checkpoint"] = path
     if need_volume and volume is not None:
         try:
-            saved["volume"] = write_volume(folder / "volume.mrc", volume, pixel_size, label=f"fasttomo run {cfg.name}",
+            saved["volume"] = write_volume(folder / "volume.mrc", volume, pixel_size, label=cfg.name,
                                            attrs={}, fmt="mrc", overwrite=True)
-        except OSError as exc:
+        except Exception as exc:  # noqa: BLE001 - any failure to write is a write failure
             log.error("could not write the rescue volume in %s (%s)", folder, _reason(exc))
     if saved:
         log.warning("saved to the rescue folder %s: %s", folder, ", ".join(saved))
@@ -149,8 +163,12 @@ def rescue(volume: np.ndarray | None, state: dict | None, cfg, pixel_size: float
 
 def write_failure_message(out_dir: Path, failed: dict[str, str], kept: dict[str, str], rescued: dict[str, str],
                           resume_hint: str | None) -> str:
-    """One line: what could not be written, and what was saved where."""
-    what = "; ".join(f"{name} ({why})" for name, why in failed.items())
+    """One line: what could not be written (files that failed for one reason named together), and
+    what was saved where."""
+    by_reason: dict[str, list[str]] = {}
+    for name, why in failed.items():
+        by_reason.setdefault(why, []).append(name)
+    what = "; ".join(f"{', '.join(names)} ({why})" for why, names in by_reason.items())
     parts = [f"could not write {what} in {out_dir}"]
     if kept:
         parts.append("saved: " + ", ".join(kept.values()))
@@ -162,3 +180,51 @@ def write_failure_message(out_dir: Path, failed: dict[str, str], kept: dict[str,
     if resume_hint:
         fix += f", then write the results again without training: {resume_hint}"
     return "; ".join(parts) + f". {fix[0].upper()}{fix[1:]}."
+
+
+def half_volume_names(cfg, stem: str) -> list[str]:
+    """The files of one half tomogram: those of output.formats, plus MRC with output.half_volumes
+    (what denoisers read); never the XZY copy."""
+    names = volume_names(cfg, stem, xzy=False)
+    if cfg.output.half_volumes and f"{stem}.mrc" not in names:
+        names.append(f"{stem}.mrc")
+    return names
+
+
+def write_half_volume(out_dir: Path, volume: np.ndarray, cfg, pixel_size: float,
+                      half: str) -> tuple[dict[str, str], dict[str, str]]:
+    """Write the ``half`` (even or odd) tomogram as ``volume_<half>.*`` (:func:`half_volume_names`)
+    with the full volume's header: its voxel size, label and orientation. Returns ({name: path},
+    {name: error})."""
+    from fasttomo.data.io.volume import write_volume
+
+    written, failed = {}, {}
+    for name in half_volume_names(cfg, f"volume_{half}"):
+        fmt = {v: k for k, v in VOLUME_SUFFIX.items()}[name.rsplit(".", 1)[1]]
+        try:
+            written[name] = write_volume(out_dir / name, volume, pixel_size, label=f"fasttomo run {cfg.name}",
+                                         attrs={"run": cfg.name, "half_set": half}, fmt=fmt, overwrite=True)
+        except OSError as exc:
+            failed[name] = _reason(exc)
+            log.error("could not write %s (%s)", out_dir / name, failed[name])
+    return written, failed
+
+
+def write_pose_files(out_dir: Path, poses: dict, ts, written: dict, failed: dict) -> None:
+    """The run's poses as IMOD and AreTomo files for the stack file (poses.xf, poses.tlt, poses.aln;
+    fasttomo.data.io.alignment), recorded in ``written`` / ``failed``; a series whose images were
+    cropped or rotated is skipped with a log line."""
+    from fasttomo.data.io.alignment import write_alignment_files
+
+    try:
+        paths = write_alignment_files(out_dir / "poses", poses, ts.metadata, (ts.height, ts.width),
+                                      overwrite=True)
+    except ValueError as exc:
+        log.info("poses: no .xf/.tlt/.aln written: %s.", exc)
+        return
+    except OSError as exc:
+        failed["poses.xf"] = _reason(exc)
+        log.error("could not write the pose files in %s (%s)", out_dir, failed["poses.xf"])
+        return
+    written.update({os.path.basename(p): p for p in paths})
+    log.info("poses written for IMOD and AreTomo: %s", ", ".join(paths))

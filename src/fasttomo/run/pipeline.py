@@ -3,19 +3,20 @@
 Order (the phases of :class:`fasttomo.run.run.Run`): join the process group (torchrun) -> every
 input check before anything is written: (resume) read and verify the checkpoint, refuse changes a
 continuation cannot make; read/simulate and validate the tilt series (evaluation.truth attached,
-evaluation.holdout_views set aside); make the method of model.kind (run/methods.py) and load the
-checkpoint into it -> open the run folder (rank 0: lock, decide whether the folder can be used,
-remove an earlier run's files when allowed, manifest; see folder.py) -> log file (with what the
-checks logged) -> check the free disk space -> fit (SIGINT/SIGTERM stop after the current step,
-see stop.py) -> export the volume (the best-validation field with optim.keep_best; sharded over
-ranks, gathered on rank 0) -> volume files -> checkpoint -> (evaluation.half_sets: the even and
-the odd views fitted apart, their volumes and FSC) -> slices.png, loss.png, fsc_*.png ->
-metrics.json, last (rank 0 only; the other ranks write nothing). model=sirt fits SIRT
-(methods/sirt/method.py) behind the same method interface, without a checkpoint. Every file is
-written atomically. A failure to write one result keeps the others and the error says what was
-saved where (outputs.py). An error after the run folder was opened goes into reconstruct.log and
-manifest.json (status failed, diverged or interrupted) before it propagates; refused input leaves
-no folder behind.
+evaluation.holdout_views set aside); (a field) refuse a run too big for the memory; make the
+method of model.kind (run/methods.py) and load the checkpoint into it -> open the run folder
+(rank 0: lock, decide whether the folder can be used, remove an earlier run's files when allowed,
+manifest; see folder.py) -> log file (with what the checks logged) -> check the free disk space ->
+fit (SIGINT/SIGTERM stop after the current step, see stop.py) -> export the volume (the
+best-validation field with optim.keep_best; sharded over ranks, gathered on rank 0) -> volume
+files -> checkpoint -> (pose=refine: poses.xf/.tlt/.aln) -> (evaluation.half_sets or
+output.half_volumes: the even and the odd views fitted apart, their volumes and FSC) ->
+slices.png, loss.png, fsc_*.png -> metrics.json, last (rank 0 only; the other ranks write
+nothing). model=sirt fits SIRT (methods/sirt/method.py) behind the same method interface, without
+a checkpoint. Every file is written atomically. A failure to write one result keeps the others and
+the error says what was saved where (outputs.py). An error after the run folder was opened goes
+into reconstruct.log and manifest.json (status failed, diverged or interrupted) before it
+propagates; refused input leaves no folder behind.
 
 Resume (``resume=<checkpoint or run folder>``) continues the saved run exactly (same batches, RNG
 streams, schedules and optimizer state), into a new run folder, or in place when the checkpoint

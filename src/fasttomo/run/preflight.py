@@ -7,10 +7,14 @@ The estimates are arithmetic on the built run (parameter count, volume shape, ba
 * files: each volume file is Z*Y*X*4 bytes; a checkpoint is 4 bytes per parameter plus 8 per
   trainable parameter (Adam's moments); one extra checkpoint is counted for the temporary file
   of an atomic replace; TensorBoard and the small files are bounded generously;
-* memory: parameters, gradients, Adam's moments, the divergence guard's two snapshots, and the
-  activations of one step (points per step x floats kept per point, a rough figure: the pure
-  torch path keeps about four copies of each point's features for the backward, the fused
-  kernels fewer). On CUDA the dry run also measures one forward and backward pass.
+* memory: what the run holds at its peak (:func:`estimate_memory_bytes`): on the CPU the resident
+  memory of the process (Python and torch, the data and the model, measured where the estimate
+  is made) plus gradients, Adam's moments, the divergence guard's two snapshots, the largest
+  chunk of a pass that evaluates the field (a training step, a validation chunk, a chunk of
+  rendered views, an export chunk; bytes per sample point x points per chunk) and the final
+  volume; on CUDA the same from parameters and data up. On CUDA the dry run also measures one
+  forward and backward pass. A run that cannot fit in the free memory is refused before it
+  trains (:func:`check_memory`), with the fix (data.thickness that fits, fewer rays or samples).
 """
 
 from __future__ import annotations
@@ -18,11 +22,12 @@ from __future__ import annotations
 import logging
 import math
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from fasttomo.config import Config
+from fasttomo.config import Config, ConfigError
 
 log = logging.getLogger("fasttomo")
 
@@ -83,19 +88,199 @@ def check_free_space(folder: Path, cfg: Config, comps, start_step: int = 0) -> d
     return need
 
 
-def estimate_memory_bytes(cfg: Config, comps) -> dict[str, int]:
-    """Device memory of one training step, by kind (see the module doc; activations are rough)."""
-    total, trainable = _counts(comps)
-    n_feat = int(getattr(comps.projector.field, "n_features", 1))
-    hidden = cfg.model.hidden if cfg.model.kind != "voxel" else 0
-    points = comps.sampler.batch_size * comps.projector.samples_per_ray
-    per_point = 3 * 4 + 4 * n_feat + 4 * hidden + 16  # floats kept per sample point for the backward
-    out = {"parameters": 4 * total, "gradients": 4 * trainable, "optimizer": 8 * trainable,
-           "activations": points * per_point * 4,
-           "data": int(comps.ts.stack.nbytes * (2 if comps.ts.valid is not None else 1))}
-    if cfg.guard.enabled:
-        out["guard snapshots"] = 2 * 12 * trainable
+def train_point_bytes(n_features: int, hidden: int) -> int:
+    """Bytes a training step keeps per sample point for the backward (measured about 1,000-1,100 B
+    at 32 features and 32 hidden units on the CPU)."""
+    return 4 * (3 * 4 + 4 * n_features + 4 * hidden + 16)
+
+
+@dataclass
+class RunShape:
+    """What a run's memory depends on: known before the model is built (:func:`planned_shape`)
+    or read from the built run (:func:`built_shape`)."""
+
+    device: torch.device
+    batch: int
+    samples_per_ray: int
+    n_features: int
+    hidden: int
+    n_val: int
+    """Validation pixels."""
+    pixels: int
+    """Pixels of the training views (n_tilts x H x W)."""
+    stack_bytes: int
+    parameters: int
+    voxels: int
+    """Voxels of the exported volume."""
+    built: bool = False
+    """The model exists already (its parameters are part of what the process holds)."""
+
+
+def _voxels(cfg: Config, box) -> int:
+    shape = tuple(cfg.output.volume_shape) if cfg.output.volume_shape is not None else tuple(box.shape_zyx)
+    return math.prod(int(v) for v in shape)
+
+
+def _planned_field(cfg: Config, box) -> tuple[int, int]:
+    """(parameters, features per point) of the field ``cfg.model`` would build on ``box``,
+    counted without building it."""
+    from fasttomo.kernels.layout import PlaneLayout
+    from fasttomo.models import auto_resolutions
+
+    m = cfg.model
+    if m.kind == "voxel":
+        shape = tuple(m.voxel_shape) if m.voxel_shape is not None else box.shape_zyx
+        return math.prod(int(v) for v in shape), 1
+    res = m.resolutions if m.resolutions is not None else auto_resolutions(box)
+    triples = tuple((r, r, r) if isinstance(r, int) else tuple(r) for r in res)
+    layout = PlaneLayout(n_rot=m.n_rotations, channels=m.channels, resolutions=triples)
+    f, h = layout.n_features, m.hidden
+    decoder = f + 1 if m.decoder == "linear" else f * h + h + h * h + h + h + 1
+    return layout.numel + decoder + 16 * m.n_rotations, f
+
+
+def planned_shape(cfg: Config, ts, local_rank: int = 0) -> RunShape:
+    """The :class:`RunShape` of the run ``cfg`` would build on ``ts`` (nothing is allocated)."""
+    from fasttomo.data.sampler import split_size
+    from fasttomo.geometry.rays import auto_samples_per_ray
+    from fasttomo.run.build import auto_batch_size, reconstruction_box, resolve_device
+
+    box = reconstruction_box(cfg, ts)
+    spr = cfg.projector.samples_per_ray or auto_samples_per_ray(box, ts.angles)
+    params, feats = _planned_field(cfg, box)
+    pixels = ts.n_tilts * ts.height * ts.width
+    return RunShape(resolve_device(cfg.runtime.device, local_rank),
+                    int(cfg.sampler.batch_size or auto_batch_size(ts, cfg.sampler.patch_size)), int(spr), feats,
+                    cfg.model.hidden if cfg.model.kind != "voxel" else 0, split_size(pixels, cfg.sampler.val_fraction),
+                    pixels, int(ts.stack.nbytes * (2 if ts.valid is not None else 1)), params, _voxels(cfg, box))
+
+
+def built_shape(cfg: Config, comps) -> RunShape:
+    """The :class:`RunShape` of a built run."""
+    ts = comps.ts
+    return RunShape(comps.device, int(comps.sampler.batch_size), int(comps.projector.samples_per_ray),
+                    int(getattr(comps.projector.field, "n_features", 1)),
+                    cfg.model.hidden if cfg.model.kind != "voxel" else 0, int(comps.sampler.n_val),
+                    ts.n_tilts * ts.height * ts.width, int(ts.stack.nbytes * (2 if ts.valid is not None else 1)),
+                    _counts(comps)[1], _voxels(cfg, comps.box), built=True)
+
+
+def pass_bytes(shape: RunShape) -> dict[str, int]:
+    """Bytes of the largest chunk of each pass that evaluates the field: a training step, a
+    validation chunk, a rendering chunk (per-view residuals, held-out views), an export chunk."""
+    from fasttomo.quality.scoring import (VIEW_RESIDUAL_RAYS, free_memory_bytes, nograd_point_bytes,
+                                          render_chunk_rays)
+    from fasttomo.train.trainer import VAL_CHUNK_FLOATS
+
+    spr, batch = shape.samples_per_ray, shape.batch
+    nograd = nograd_point_bytes(shape.n_features, shape.hidden)
+    val_rays = min(batch * max(1, min(16, VAL_CHUNK_FLOATS // max(1, batch * spr * shape.n_features))), shape.n_val)
+    view_rays = min(shape.pixels, VIEW_RESIDUAL_RAYS * 2,
+                    render_chunk_rays(spr, nograd, free_memory_bytes(shape.device)))
+    return {"training step": batch * spr * train_point_bytes(shape.n_features, shape.hidden),
+            "validation": val_rays * spr * nograd, "rendering views": view_rays * spr * nograd,
+            "export": (1 << 18) * nograd}
+
+
+def rss_bytes() -> int | None:
+    """This process's resident memory now (VmRSS), or None off Linux."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def memory_bytes(shape: RunShape, guard: bool) -> dict[str, int]:
+    """Peak memory of the run on its device, by kind. On the CPU (peak resident memory, RSS): what
+    this process holds now (Python, torch, the data, and the model once built, measured), the
+    parameters (before the build), gradients, Adam's moments and the guard's snapshots, a training
+    step's activations plus the largest chunk of the other passes (:func:`pass_bytes`; the
+    allocator keeps the step's freed blocks, so the two add up) and the final volume with its
+    scores. On CUDA: parameters, data, gradients, optimizer, snapshots, the two chunks and the
+    final volume."""
+    passes = pass_bytes(shape)
+    step = passes.pop("training step")
+    largest = max(passes, key=passes.get)
+    here = rss_bytes() if shape.device.type == "cpu" else None
+    if here is None:
+        out = {"parameters": 4 * shape.parameters, "data": shape.stack_bytes}
+    elif shape.built:
+        out = {"python, torch, data and model (measured)": here}
+    else:
+        out = {"python, torch and data (measured)": here, "parameters": 4 * shape.parameters}
+    n = shape.parameters
+    out.update({"gradients": 4 * n, "optimizer": 8 * n})
+    if guard:
+        out["guard snapshots"] = 2 * 12 * n
+    out["training step"] = step  # its blocks stay with the process (the allocator keeps them) ...
+    out[f"largest other pass ({largest})"] = passes[largest]  # ... while the other passes run
+    out["final volume and scores"] = shape.voxels * 4 * (6 if here is not None else 2)
     return out
+
+
+def estimate_memory_bytes(cfg: Config, comps) -> dict[str, int]:
+    """:func:`memory_bytes` of the built run."""
+    return memory_bytes(built_shape(cfg, comps), cfg.guard.enabled)
+
+
+def _need_and_free(shape: RunShape, guard: bool) -> tuple[int, int | None, dict[str, int]]:
+    """(bytes still to allocate, free bytes or None, the estimate): what the process holds
+    already is not free any more, so it counts as used, not as still needed."""
+    from fasttomo.quality.scoring import free_memory_bytes
+
+    mem = memory_bytes(shape, guard)
+    if shape.device.type == "cpu":
+        held = rss_bytes() or 0
+    else:
+        held = torch.cuda.memory_allocated(shape.device) if shape.built else 0
+    return sum(mem.values()) - held, free_memory_bytes(shape.device), mem
+
+
+def _thickness_that_fits(cfg: Config, ts, free: int) -> int | None:
+    """The largest data.thickness (>= 2) whose run needs at most 80 % of ``free``, or None."""
+    import dataclasses
+
+    def fits(t: int) -> bool:
+        c = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, thickness=t))
+        return _need_and_free(planned_shape(c, ts), cfg.guard.enabled)[0] <= 0.8 * free
+
+    lo, hi = 2, int(cfg.data.thickness)
+    if not fits(lo):
+        return None
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+    return lo
+
+
+def memory_problem(cfg: Config, ts, local_rank: int = 0) -> str | None:
+    """Why the run ``cfg`` would build on ``ts`` cannot fit in the device's free memory (the fix
+    in the message: a thinner box, fewer rays or samples a step), or None when it fits. Checked
+    before the model is built: nothing is allocated."""
+    shape = planned_shape(cfg, ts, local_rank)
+    need, free, mem = _need_and_free(shape, cfg.guard.enabled)
+    if free is None or need <= free:
+        return None
+    fixes = []
+    if cfg.data.thickness is not None:
+        t = _thickness_that_fits(cfg, ts, free)
+        fixes.append(f"a thinner box (data.thickness={cfg.data.thickness} makes rays of {shape.samples_per_ray} "
+                     "samples" + (f"; about data.thickness={t} or less fits)" if t else ")"))
+    fixes.append(f"fewer rays a step (sampler.batch_size, now {shape.batch}) or samples (projector.samples_per_ray, "
+                 f"now {shape.samples_per_ray})")
+    return (f"this run needs about {human(need)} more memory on {shape.device} but {human(free)} is free "
+            f"({', '.join(f'{k} {human(v)}' for k, v in mem.items())}); use {' or '.join(fixes)}.")
+
+
+def check_memory(cfg: Config, ts, local_rank: int = 0) -> None:
+    """Raise ConfigError with :func:`memory_problem`'s message when the run cannot fit."""
+    problem = memory_problem(cfg, ts, local_rank)
+    if problem:
+        raise ConfigError(problem)
 
 
 def _measured_step_peak(comps) -> int | None:
@@ -136,6 +321,7 @@ def dry_run_field(cfg: Config, ts, start: int = 0) -> dict:
     from fasttomo.run.build import build
     from fasttomo.run.folder import inspect_folder
 
+    check_memory(cfg, ts)  # before the build: a model too big for the memory is never allocated
     comps = build(cfg, ts)
     mem = estimate_memory_bytes(cfg, comps)
     files = estimate_output_bytes(cfg, comps, start)

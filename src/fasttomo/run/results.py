@@ -22,14 +22,15 @@ from fasttomo.quality.report import (add_to_tensorboard, loss_series, number_tex
 from fasttomo.quality.scoring import pair_fsc, truth_scores
 from fasttomo.run.folder import OutputExistsError, OutputFolderError
 from fasttomo.run.methods import make_method
-from fasttomo.run.outputs import (OutputWriteError, VolumeFiles, dumps, rescue, save_checkpoint_file, volume_names,
-                                  write_failure_message, write_volumes)
+from fasttomo.run.outputs import (OutputWriteError, VolumeFiles, dumps, half_volume_names, rescue,
+                                  save_checkpoint_file, volume_names, write_failure_message, write_half_volume,
+                                  write_pose_files, write_volumes)
 from fasttomo.run.stop import RunInterrupted
 from fasttomo.train.guard import DivergenceError
 
 log = logging.getLogger("fasttomo")
 
-__all__ = ["VolumeFiles", "write_volumes"]
+__all__ = ["VolumeFiles", "write_pose_files", "write_volumes"]
 
 
 def planned_outputs(cfg: Config) -> list[str]:
@@ -37,9 +38,10 @@ def planned_outputs(cfg: Config) -> list[str]:
     manifest before anything is written."""
     names = ["reconstruct.log", "config.yaml", *volume_names(cfg), "checkpoints/last.pt", "checkpoints/step*.pt",
              "slices.png", "loss.png", "fsc_truth.png", "report.png", "metrics.json"]
-    if cfg.evaluation.half_sets:
-        names += [*volume_names(cfg, "volume_even", xzy=False), *volume_names(cfg, "volume_odd", xzy=False),
-                  "fsc_halfsets.png"]
+    if cfg.evaluation.half_sets or cfg.output.half_volumes:
+        names += [*half_volume_names(cfg, "volume_even"), *half_volume_names(cfg, "volume_odd"), "fsc_halfsets.png"]
+    if cfg.pose.learn:
+        names += ["poses.xf", "poses.tlt", "poses.aln"]
     if cfg.logging.tensorboard:
         names.append("tb/events.out.tfevents.*")
     return names
@@ -86,8 +88,7 @@ def half_sets(run) -> tuple[dict | None, dict | None]:
         method.fit()
         vols[name] = method.export()[0]  # collective
         if place.main:
-            w, f = write_volumes(run.out_dir, vols[name], cfg, VolumeFiles(
-                ts.pixel_size, {"run": cfg.name, "half_set": name}, stem=f"volume_{name}", xzy=False))
+            w, f = write_half_volume(run.out_dir, vols[name], cfg, ts.pixel_size, name)
             run.written.update(w)
             run.failed.update(f)
     if not place.main:
@@ -113,8 +114,10 @@ def _res(report: dict, key: str) -> str:
 
 def _subset(ts, keep: np.ndarray):
     sub = lambda a: None if a is None else np.ascontiguousarray(a[keep])  # noqa: E731
+    numbers = list(ts.metadata.get("view_numbers") or range(1, ts.n_tilts + 1))
+    meta = {**ts.metadata, "view_numbers": [numbers[i] for i in keep]}  # a file alignment follows its views
     return TiltSeries(stack=sub(ts.stack), angles=ts.angles[keep], pixel_size=ts.pixel_size, source=ts.source,
-                      metadata=dict(ts.metadata), ground_truth=ts.ground_truth, valid=sub(ts.valid))
+                      metadata=meta, ground_truth=ts.ground_truth, valid=sub(ts.valid))
 
 
 def tilt_range(ts) -> tuple[float, float]:
@@ -243,12 +246,13 @@ def closing_summary(cfg: Config, out_dir: Path, metrics: dict) -> None:
 def user_errors() -> tuple[type[BaseException], ...]:
     """Errors caused by input, config, the output folder or a checkpoint: reported as one clear
     line (exit code 2), no traceback."""
+    from fasttomo.data.specimen import PhantomError
     from fasttomo.data.tiltseries import TiltSeriesError
     from fasttomo.kernels.dispatch import KernelUnavailableError
     from fasttomo.train.checkpoint import CheckpointError
 
     return (ConfigError, TiltSeriesError, OutputExistsError, OutputFolderError, CheckpointError,
-            KernelUnavailableError, FileNotFoundError)
+            KernelUnavailableError, FileNotFoundError, PhantomError)
 
 
 def one_line(exc: BaseException) -> str:

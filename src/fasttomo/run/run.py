@@ -190,13 +190,17 @@ class Run:
             results.save_checkpoint(self.out_dir, self.state, self.written, self.failed)
 
     def score(self) -> None:
-        """metrics (rank 0): the fit's summary, the status, the method's scores; then the half sets
-        (collective) when the volume is finite and the run was not interrupted."""
+        """metrics (rank 0): the fit's summary, the status, the method's scores, the learned poses'
+        files; then the half sets (collective) when the volume is finite and the run was not
+        interrupted."""
         if self.main:
             self.metrics = self.method.summary(self.volume)
             self.metrics["status"] = ("interrupted" if self.interrupted else "finished") if self.finite else "diverged"
             self.method.scores(self.metrics, self.exported_step)
-        if self.finite and not self.interrupted and self.cfg.evaluation.half_sets:
+            if "poses" in self.metrics:
+                results.write_pose_files(self.out_dir, self.metrics["poses"], self.ts, self.written, self.failed)
+        halves = self.cfg.evaluation.half_sets or self.cfg.output.half_volumes
+        if self.finite and not self.interrupted and halves:
             halves, self.half_curves = results.half_sets(self)
             if self.main:
                 self.metrics["half_sets"] = halves

@@ -6,7 +6,10 @@ Angstrom with the origin at the centre of the volume's first voxel (voxel (0, 0,
 the tilt axis, MRC ny), z along Z (sections, the beam at 0 degrees, MRC nz). ``intensity`` is the
 integrated intensity of the fitted Gaussian (volume units x voxels), ``fit_error`` the RMS residual
 of the fit over its neighbourhood divided by the fitted amplitude, ``species`` 1 .. classes in
-increasing order of intensity. Lines starting with ``#`` are comments.
+increasing order of intensity. Plain CSV (the header is the first line), so ``pandas.read_csv``
+and ``csv.DictReader`` read it as it is. What describes the file as a whole (where it comes from,
+the voxel size, the frame) goes into a JSON file beside it with the same stem (atoms.json).
+The reader also takes files of older versions, which started with ``#`` comment lines.
 
 Extended XYZ (ASE's ``ase.io.read(..., format="extxyz")`` and OVITO): the atom count, then
 ``Lattice="Lx 0 0 0 Ly 0 0 0 Lz" Origin="ox oy oz" Properties=species:S:1:pos:R:3:intensity:R:1:
@@ -37,22 +40,41 @@ def _atomic_text(path, text: str, overwrite: bool) -> str:
     return atomic_write(path, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"), overwrite=overwrite)
 
 
-def atoms_csv_text(xyz_A, intensity, fit_error, species, comment: str | None = None) -> str:
+def atoms_csv_text(xyz_A, intensity, fit_error, species) -> str:
     xyz = np.asarray(xyz_A, dtype=np.float64).reshape(-1, 3)
     n = xyz.shape[0]
     inten = np.broadcast_to(np.asarray(intensity, dtype=np.float64), (n,))
     err = np.broadcast_to(np.asarray(fit_error, dtype=np.float64), (n,))
     spec = np.broadcast_to(np.asarray(species, dtype=np.int64), (n,))
-    lines = [f"# {c}" for c in (comment.splitlines() if comment else [])] + [CSV_HEADER]
+    lines = [CSV_HEADER]
     lines += [f"{x:.4f},{y:.4f},{z:.4f},{i:.6g},{e:.4g},{s:d}" for (x, y, z), i, e, s in zip(xyz, inten, err, spec)]
     return "\n".join(lines) + "\n"
 
 
-def write_atoms_csv(path, xyz_A, intensity, fit_error, species, *, comment: str | None = None,
-                    overwrite: bool = False) -> str:
-    """Write atoms.csv (see the module doc), atomically; an existing file is refused unless
-    ``overwrite``."""
-    return _atomic_text(path, atoms_csv_text(xyz_A, intensity, fit_error, species, comment), overwrite)
+def meta_path(path) -> Path:
+    """The JSON file that describes the coordinates file ``path`` (atoms.csv -> atoms.json)."""
+    return Path(path).with_suffix(".json")
+
+
+def write_atoms_csv(path, xyz_A, intensity, fit_error, species, *, meta: dict | None = None,
+                    overwrite: bool = False) -> list[str]:
+    """Write atoms.csv (see the module doc) and, with ``meta``, its description as JSON beside it
+    (:func:`meta_path`), each atomically; returns the paths written. Unless ``overwrite``, an
+    existing file is refused before anything is written."""
+    import json
+
+    targets = [Path(path)] + ([meta_path(path)] if meta is not None else [])
+    if not overwrite:
+        from fasttomo.data.io.atomic import _exists_error
+
+        for t in targets:
+            if os.path.lexists(t):
+                raise _exists_error(os.fspath(t))
+    out = [_atomic_text(path, atoms_csv_text(xyz_A, intensity, fit_error, species), overwrite)]
+    if meta is not None:
+        doc = {"columns": CSV_HEADER, **meta}
+        out.append(_atomic_text(targets[1], json.dumps(doc, indent=2) + "\n", overwrite))
+    return out
 
 
 def read_atoms_csv(path) -> dict:

@@ -3,8 +3,8 @@
 ``torch.optim`` wraps ``Optimizer.add_param_group``, ``zero_grad``, ``state_dict`` and
 ``load_state_dict`` in ``torch._disable_dynamo`` and ``Adam.step`` in
 ``_use_grad_for_differentiable``; both wrappers import ``torch._dynamo`` on their first call, which
-took 3.6 s of a 12.5 s default run on an H200 (benchmarks/results/
-default_run-phantom-fixed-costs-NVIDIA-H200-78c46e3.json) although nothing in a run is compiled.
+costs seconds at a run's start (3.6 s of a 12.5 s default run on an H200; benchmarks/README.md)
+although nothing in a run is compiled.
 This class calls torch's own methods through the functions those wrappers wrap
 (``inspect.unwrap``): the same code, the same state and checkpoints, minus the wrappers, whose
 only effect outside ``torch.compile`` is that import (and, for ``step``, running it under

@@ -188,10 +188,9 @@ class Trainer:
     def val_chunk_rays(self) -> int:
         """Rays per validation chunk: the training batch times k (1 to 16), the most whose
         decoder inputs (rays x samples x field features, fp32, no autograd) stay within
-        VAL_CHUNK_FLOATS. At 128^3 on an H200 a validation took 11.9 ms in training-batch chunks
-        and 3.6 ms in 16x bigger ones, the same loss to float rounding (24b9dd2,
-        benchmarks/results/validation_chunks-NVIDIA-H200-24b9dd2.json); the flagship (1152
-        features) keeps its training-batch chunks."""
+        VAL_CHUNK_FLOATS. At 128^3 on an H200 a validation takes 11.9 ms in training-batch chunks
+        and 3.6 ms in 16x bigger ones, the same loss to float rounding (benchmarks/README.md); the
+        flagship (1152 features) keeps its training-batch chunks."""
         feats = max(1, int(getattr(self.projector.field, "n_features", 1)))
         per_batch = self.sampler.batch_size * max(1, int(getattr(self.projector, "samples_per_ray", 1))) * feats
         return self.sampler.batch_size * max(1, min(16, VAL_CHUNK_FLOATS // per_batch))

@@ -112,8 +112,8 @@ def test_constant_volume_integrates_to_the_chord_length(step):
 
 
 def test_handedness_point_at_plus_z_lands_at_plus_u():
-    """DESIGN.md check point: (x, y, z) = (0, 0, +10) at +30 degrees lands at u = +5 (and at -30
-    degrees at u = -5), for A and B alike."""
+    """The convention's check point (README "Geometry conventions"): (x, y, z) = (0, 0, +10) at
+    +30 degrees lands at u = +5 (and at -30 degrees at u = -5), for A and B alike."""
     n = 31
     box = Box((n, n, n))
     c = (n - 1) // 2

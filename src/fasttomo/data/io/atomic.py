@@ -5,6 +5,12 @@ The writer writes a temporary file in the destination folder (same file system, 
 is atomic); the file is flushed and fsync'ed, then renamed onto the destination and the folder is
 fsync'ed. Without ``overwrite`` the final step is a hard link, which fails if the destination
 appeared meanwhile (no race), falling back to a checked rename on file systems without links.
+
+Any failure of the writer is a write failure: a library that reports a full disk or a refused
+write as something other than an ``OSError`` (torch.save raises ``RuntimeError: [enforce fail at
+inline_container.cc] unexpected pos``) is turned into :class:`WriteFailed`, an ``OSError`` whose
+``strerror`` says what happened ("No space left on device" when the file system is full), so
+callers need to catch ``OSError`` only.
 """
 
 from __future__ import annotations
@@ -22,6 +28,27 @@ def _exists_error(path: str) -> OutputExistsError:
         f"{path}: file already exists; refusing to overwrite it. Choose another output folder or "
         "file name, or set output.overwrite=true to replace it."
     )
+
+
+class WriteFailed(OSError):
+    """A file could not be written (the writer failed with something other than an OSError)."""
+
+
+def disk_full(folder: str, slack: int = 64 << 10) -> bool:
+    """Whether the file system of ``folder`` has (almost) no room left for an unprivileged writer."""
+    try:
+        st = os.statvfs(folder)
+    except OSError:
+        return False
+    return st.f_bavail * st.f_frsize < slack
+
+
+def write_failed(folder: str, exc: BaseException) -> WriteFailed:
+    """The :class:`WriteFailed` for a writer's non-OSError ``exc`` in ``folder``."""
+    if disk_full(folder):
+        return WriteFailed(errno.ENOSPC, os.strerror(errno.ENOSPC))
+    detail = " ".join(str(exc).split())[:160]
+    return WriteFailed(errno.EIO, f"{type(exc).__name__}: {detail}" if detail else type(exc).__name__)
 
 
 def _fsync_dir(folder: str) -> None:
@@ -60,7 +87,12 @@ def atomic_write(path: str | os.PathLike, writer_fn: Callable[[str], object], ov
     fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".part", dir=folder)
     os.close(fd)
     try:
-        writer_fn(tmp)
+        try:
+            writer_fn(tmp)
+        except OSError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - any failure of a writer is a write failure
+            raise write_failed(folder, exc) from exc
         with open(tmp, "rb+") as f:
             f.flush()
             os.fsync(f.fileno())

@@ -145,3 +145,42 @@ def read_mdoc(path: str | os.PathLike) -> MdocInfo:
                 axis = float(header[key].split()[0])
                 break
     return MdocInfo(angles=np.asarray(angles), pixel_size=pix, tilt_axis_angle=axis)
+
+
+# ----------------------------------------------------------------------------------- .xf, .xtilt
+def read_xf(path: str | os.PathLike) -> np.ndarray:
+    """(n, 6) rows ``A11 A12 A21 A22 DX DY`` of an IMOD .xf file (one line per section of the
+    stack it was made for). IMOD's definition: the transform maps a raw image onto the aligned one
+    about the image centre, x' = A11 x + A12 y + DX, y' = A21 x + A22 y + DY with (x, y) and
+    (x', y') measured from the centre (nx/2, ny/2) in IMOD's pixel coordinates (x along the columns,
+    y along the rows in file order; a pixel's centre at index + 0.5), DX and DY in pixels."""
+    path = os.fspath(path)
+    rows = []
+    for lineno, line in enumerate(read_text_lines(path, ".xf"), 1):
+        text = line.split("#", 1)[0].strip()
+        if not text:
+            continue
+        try:
+            vals = [float(tok) for tok in text.split()]
+        except ValueError:
+            vals = []
+        if len(vals) != 6 or not np.all(np.isfinite(vals)):
+            raise DataFileError(f"{path}, line {lineno}: {line.strip()!r} is not 6 numbers (A11 A12 A21 A22 DX DY); "
+                                "data.xf takes IMOD's .xf (or .prexg) transform file.")
+        rows.append(vals)
+    if not rows:
+        raise DataFileError(f"{path}: the .xf file holds no transforms; give the .xf of the stack as data.xf.")
+    return np.asarray(rows, dtype=np.float64)
+
+
+def write_xf(path: str | os.PathLike, xf: np.ndarray, overwrite: bool = False) -> str:
+    """Write (n, 6) transforms as IMOD does (four linear terms, then the two shifts, one line each)."""
+    xf = np.asarray(xf, dtype=np.float64).reshape(-1, 6)
+    text = "".join("".join(f"{v:12.7f}" for v in row[:4]) + "".join(f"{v:12.3f}" for v in row[4:]) + "\n"
+                   for row in xf)
+
+    def _write(tmp: str) -> None:
+        with open(tmp, "w", encoding="ascii") as f:
+            f.write(text)
+
+    return atomic_write(path, _write, overwrite=overwrite)

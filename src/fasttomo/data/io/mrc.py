@@ -70,6 +70,22 @@ def _raw_header(path: str) -> bytes:
         return f.read(HEADER_BYTES)
 
 
+def _looks_like(path: str) -> str:
+    """What the first bytes of a file that is not MRC suggest ("it looks like text", ...)."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(512)
+    except OSError:
+        return "its start cannot be read"
+    known = {b"\x89PNG": "a PNG image", b"II*\x00": "a TIFF", b"MM\x00*": "a TIFF", b"\x89HDF": "an HDF5 file",
+             b"PK\x03\x04": "a zip archive (a PyTorch checkpoint?)", b"\xff\xd8\xff": "a JPEG image"}
+    for magic, name in known.items():
+        if head.startswith(magic):
+            return f"it looks like {name}"
+    text = sum(32 <= b < 127 or b in (9, 10, 13) for b in head)
+    return "it looks like a text file" if head and text >= 0.95 * len(head) else "its first bytes are no MRC header"
+
+
 def _check_size(path: str) -> None:
     """Empty/short/truncated/corrupt files: errors with expected and actual sizes."""
     actual = file_size(path, "MRC")
@@ -86,11 +102,14 @@ def _check_size(path: str) -> None:
                 map_ok = bytes(h.map)[:3] == b"MAP"
         except Exception as err:  # noqa: BLE001 - anything here means a corrupt header
             raise DataFileError(f"{path}: corrupt MRC header ({err}); this is not a readable MRC file.") from None
+    if not map_ok and (mode not in SUPPORTED_MODES or min(nx, ny, nz) <= 0 or nsymbt < 0):
+        raise DataFileError(f"{path}: not an MRC file ({_looks_like(path)}; its header has no 'MAP ' id and no valid "
+                            f"MRC mode or size); it is of another type or corrupt. Give the tilt-series stack itself "
+                            "(data.path), or rename the file to its real type.")
     if mode not in SUPPORTED_MODES:
         what = "complex data (mode 4) cannot be reconstructed" if mode == 4 else f"mode {mode} is not supported"
-        hint = "" if map_ok else " The header has no 'MAP ' id either: the file is probably not MRC or is corrupt."
         raise DataFileError(f"{path}: {what}; fasttomo reads MRC modes {list(SUPPORTED_MODES)}. Convert the file "
-                            f"(e.g. IMOD newstack -mode 2).{hint}")
+                            "(e.g. IMOD newstack -mode 2).")
     if min(nx, ny, nz) <= 0 or nsymbt < 0:
         raise DataFileError(f"{path}: corrupt MRC header: nx, ny, nz = {nx}, {ny}, {nz}, extended header "
                             f"{nsymbt} bytes. Re-export the stack.")

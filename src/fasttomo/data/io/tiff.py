@@ -30,6 +30,7 @@ def read_tiff(path: str | os.PathLike) -> tuple[np.ndarray, float | None, dict]:
     size = file_size(path, "TIFF")
     try:
         with tifffile.TiffFile(path) as t:
+            _check_page_sizes(path, t)
             data = t.asarray()
             page = t.pages[0]
             tag = page.tags.get(FASTTOMO_TAG)
@@ -43,10 +44,29 @@ def read_tiff(path: str | os.PathLike) -> tuple[np.ndarray, float | None, dict]:
                     attrs = {}
             if size_a is None:
                 size_a = _imagej_size(t, page)
+    except DataFileError:
+        raise
     except (tifffile.TiffFileError, ValueError, OSError, IndexError) as err:
         raise DataFileError(f"{path}: not a readable TIFF file ({err}; file size {size} bytes); it is truncated, "
                             "corrupt or of another type. Re-export it.") from None
     return data, size_a, attrs
+
+
+def _check_page_sizes(path: str, t: tifffile.TiffFile) -> None:
+    """Refuse a multi-page TIFF whose pages differ in size (tifffile would read the first run of
+    equal pages only, and a tilt series needs every view the same size)."""
+    pages = t.pages
+    if len(pages) < 2:
+        return
+    first = pages[0].shape
+    for i in range(1, len(pages)):
+        shape = pages[i].shape
+        if shape != first:
+            size = lambda s: " x ".join(map(str, s))  # noqa: E731
+            raise DataFileError(
+                f"{path}: its pages differ in size: page 1 is {size(first)} pixels, page {i + 1} is {size(shape)} "
+                f"(of {len(pages)} pages); every view of a tilt series must have the same size. Re-export the stack "
+                "with equal pages (crop or pad the odd ones).")
 
 
 def _imagej_size(t: tifffile.TiffFile, page) -> float | None:

@@ -49,13 +49,21 @@ def _check_volume(path, volume_zyx: np.ndarray, voxel_size_A: float) -> np.ndarr
     return np.ascontiguousarray(vol, dtype=np.float32)
 
 
+def mrc_label(label: str) -> str:
+    """The MRC label of a volume named ``label`` (see :func:`write_volume`)."""
+    if label.startswith("fasttomo "):
+        return f"fasttomo {__version__} {label[len('fasttomo '):].strip()}"
+    return f"fasttomo {__version__} run {label}"
+
+
 def write_volume(path: str | os.PathLike, volume_zyx: np.ndarray, voxel_size_A: float, *, label: str,
                  attrs: dict, fmt: str, overwrite: bool = False, imod_xzy: bool = False) -> str:
     """Write a (Z, Y, X) float32 volume as ``fmt`` (mrc, h5 or tiff), atomically; returns the path.
 
-    ``label`` names the run (MRC label, HDF5/TIFF attribute); ``attrs`` (JSON-serializable, e.g.
-    ``{"config": {...}}``) go to HDF5/TIFF attributes. An existing file is refused unless
-    ``overwrite``.
+    ``label`` names the run (MRC label "fasttomo <version> run <label>", HDF5/TIFF attribute; a
+    label that starts with "fasttomo " describes the volume itself: "fasttomo <version> <rest>");
+    ``attrs`` (JSON-serializable, e.g. ``{"config": {...}}``) go to HDF5/TIFF attributes. An
+    existing file is refused unless ``overwrite``.
     """
     fmt = _fmt(path, fmt)
     vol = _check_volume(path, volume_zyx, float(voxel_size_A))
@@ -66,7 +74,7 @@ def write_volume(path: str | os.PathLike, volume_zyx: np.ndarray, voxel_size_A: 
 
         extra = [XZY_LABEL] if imod_xzy else []
         out = write_mrc(path, to_imod_xzy(vol) if imod_xzy else vol, voxel_size_A,
-                        labels=[f"fasttomo {__version__} run {label}"], extra_labels=extra, overwrite=overwrite)
+                        labels=[mrc_label(label)], extra_labels=extra, overwrite=overwrite)
     elif fmt == "h5":
         from fasttomo.data.io.hdf5 import write_volume_h5
 

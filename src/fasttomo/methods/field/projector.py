@@ -139,15 +139,17 @@ class Projector(nn.Module):
 
 
 @torch.no_grad()
-def predict_views(field_projector, angles: np.ndarray, chunk: int = 1 << 15) -> np.ndarray:
-    """The images (n, H, W) that ``field_projector``'s field predicts at tilt ``angles`` (untouched
-    per-view poses; the learned tilt-axis rotation, common to every view, applied; no intensity
-    model): line integrals in the projector's normalized units."""
+def predict_views(field_projector, angles: np.ndarray, chunk: int = 1 << 15, initial: dict | None = None
+                  ) -> np.ndarray:
+    """The images (n, H, W) that ``field_projector``'s field predicts at tilt ``angles`` (per-view
+    poses ``initial``, e.g. a file alignment, or none; the learned tilt-axis rotation, common to
+    every view, applied; no intensity model): line integrals in the projector's normalized units."""
     from fasttomo.quality.scoring import render_views
 
     src = field_projector
     device = next(src.field.parameters()).device
-    poses = Poses(angles, int(np.argmin(np.abs(angles if angles.ndim == 1 else angles.mean(axis=1))))).to(device)
+    poses = Poses(angles, int(np.argmin(np.abs(angles if angles.ndim == 1 else angles.mean(axis=1)))),
+                  initial=initial).to(device)
     poses.axis.copy_(src.poses.axis.detach())   # a tilt-axis error turns the views set aside too
     proj = Projector(src.field, poses, src.box, src.image_hw, src.samples_per_ray)
     return render_views(proj, len(angles), chunk)

@@ -91,14 +91,16 @@ class SirtMethod:
 
     def scores(self, metrics: dict, exported_step: int) -> None:
         """The held-out views' reprojection scores (evaluation.holdout_views)."""
-        from fasttomo.methods.sirt.projectors import forward_project
+        from fasttomo.data.io.alignment import view_poses
         from fasttomo.geometry.poses import Poses
+        from fasttomo.methods.sirt.projectors import forward_project
         from fasttomo.quality.scoring import holdout_scores
 
         hold, ts = self.hold, self.ts
         if hold is None or self._x is None:
             return
-        hposes = Poses(hold.angles, int(np.argmin(np.abs(hold.angles)))).to(self.device)
+        hposes = Poses(hold.angles, int(np.argmin(np.abs(hold.angles))),
+                       initial=view_poses(ts.metadata, hold.view_numbers)).to(self.device)
         pred = forward_project(self._x.float(), hposes, self.box, (ts.height, ts.width)).cpu().numpy()
         metrics["holdout"] = holdout_scores(hold, pred + float(np.mean(self._bg)))
 
@@ -150,6 +152,7 @@ class _Prepared:
 
 
 def _prepare(cfg: Config, ts, box, device: torch.device) -> _Prepared:
+    from fasttomo.data.io.alignment import view_poses
     from fasttomo.geometry.poses import Poses
     from fasttomo.kernels import dispatch
     from fasttomo.quality.metrics import foreground_mask
@@ -158,7 +161,7 @@ def _prepare(cfg: Config, ts, box, device: torch.device) -> _Prepared:
     bg, bg_desc = background_of(cfg, ts)
     stack = torch.from_numpy((ts.stack - bg[:, None, None]).astype(np.float32)).to(device)
     valid = None if ts.valid is None else torch.from_numpy(ts.valid).to(device)
-    poses = Poses(ts.angles, ts.reference_index()).to(device)
+    poses = Poses(ts.angles, ts.reference_index(), initial=view_poses(ts.metadata)).to(device)
     truth = fg = None
     if ts.ground_truth is not None and cfg.evaluation.curve_every and ts.ground_truth.shape == box.shape_zyx:
         truth = torch.from_numpy(ts.ground_truth).to(device)

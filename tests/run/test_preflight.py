@@ -1,0 +1,115 @@
+"""The dry run and the checks before training (run/preflight.py): data without signal is refused
+in the dry run as in a run; the memory estimate matches what a CPU run really uses."""
+
+from __future__ import annotations
+
+import re
+
+import mrcfile
+import numpy as np
+import pytest
+import torch
+from cli_helpers import TINY_RUN, cli
+
+
+def test_the_dry_run_refuses_an_all_zero_stack_with_one_line(tmp_path):
+    stack = tmp_path / "zeros.mrc"
+    with mrcfile.new(stack) as m:
+        m.set_data(np.zeros((8, 20, 24), dtype=np.float32))
+        m.voxel_size = 10.0
+    angles = tmp_path / "zeros.tlt"
+    angles.write_text("\n".join(str(a) for a in np.linspace(-60, 60, 8)) + "\n")
+    res = cli([*TINY_RUN, "data=mrc", f"data.path={stack}", f"data.angles={angles}", "dry_run=true"], tmp_path)
+    text = res.stdout + res.stderr
+    assert res.returncode == 2, text
+    errors = [ln for ln in text.splitlines() if "[ERROR]" in ln]
+    assert "Traceback" not in text and len(errors) == 1, text
+    assert "every pixel of the stack holds the value 0; a constant stack carries no signal" in errors[0]
+    assert "config and data are valid" not in text and not (tmp_path / "outputs").exists()
+
+
+SHAPES = {  # three small CPU runs: the tiny phantom, the embedded default's data, a thick box
+    "tiny": ["data.width=24", "data.height=20", "data.n_tilts=15"],
+    "default": ["sampler.batch_size=1024", "projector.samples_per_ray=48"],
+    "thick": ["data.width=32", "data.height=32", "data.n_tilts=31", "data.thickness=96",
+              "projector.samples_per_ray=null", "sampler.batch_size=2048"],
+}
+PEAK = ("import resource, subprocess, sys; r = subprocess.run(sys.argv[1:]); "
+        "print('peak_rss_kib', resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss, r.returncode)")
+
+
+def _peak_rss(args: list[str], cwd) -> tuple[int, str]:
+    """Peak resident memory (bytes) of one run of fasttomo-reconstruct in its own child process."""
+    import subprocess
+    import sys
+
+    from cli_helpers import _env
+
+    res = subprocess.run([sys.executable, "-c", PEAK, sys.executable, "-m", "fasttomo.cli.reconstruct", *args],
+                         cwd=cwd, env=_env(), capture_output=True, text=True, timeout=600)
+    line = [ln for ln in res.stdout.splitlines() if ln.startswith("peak_rss_kib")][-1].split()
+    assert line[2] == "0", res.stdout[-3000:] + res.stderr[-3000:]
+    return int(line[1]) * 1024, res.stdout + res.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("shape", sorted(SHAPES))
+def test_the_dry_run_memory_estimate_is_within_25_percent_of_the_peak_rss(tmp_path, shape):
+    """The dry run's CPU estimate against the peak resident memory (getrusage of the child) of the
+    same run, done for real (short, but with validation, per-view residuals and the final scores)."""
+    args = ["experiment=quick", "runtime=cpu", "runtime.threads=1", "logging=quiet", "optim.steps=40",
+            *(["model.resolutions=[8,16]", "sampler.batch_size=128", "projector.samples_per_ray=24"]
+              if shape == "tiny" else []), *SHAPES[shape]]
+    dry = cli([*args, "dry_run=true"], tmp_path)
+    assert dry.returncode == 0, dry.stdout + dry.stderr
+    est = _estimate(dry.stdout + dry.stderr)
+    peak, text = _peak_rss([*args, f"hydra.run.dir={tmp_path / 'run'}"], tmp_path)
+    assert abs(est - peak) <= 0.25 * peak, f"{shape}: estimate {est / 1e6:.0f} MB, peak RSS {peak / 1e6:.0f} MB"
+
+
+def _estimate(text: str) -> float:
+    import re
+
+    m = re.search(r"memory on cpu \(estimate\): ([\d.]+) (kB|MB|GB)", text)
+    assert m, text[-3000:]
+    return float(m.group(1)) * {"kB": 1e3, "MB": 1e6, "GB": 1e9}[m.group(2)]
+
+
+def test_a_box_too_thick_for_memory_is_refused_with_a_thickness_that_fits(tmp_path):
+    """data.thickness sets the rays' length (and the size of a box-sized model): a thickness the
+    memory cannot hold is refused before anything is built, naming a thickness that fits (and that
+    one fits)."""
+    from fasttomo.cli.reconstruct import compose_config
+    from fasttomo.config import ConfigError
+    from fasttomo.data.load import load_tiltseries
+    from fasttomo.quality.scoring import free_memory_bytes
+    from fasttomo.run.build import build
+    from fasttomo.run.preflight import check_memory, estimate_memory_bytes, rss_bytes
+
+    free = free_memory_bytes(torch.device("cpu"))
+    if free is None or free > 100e9:
+        pytest.skip(f"needs a readable MemAvailable below 100 GB (free: {free})")
+    stack, angles = tmp_path / "s.mrc", tmp_path / "s.tlt"
+    with mrcfile.new(stack) as m:
+        m.set_data((np.random.default_rng(0).random((15, 20, 24)) + 1).astype(np.float32))
+        m.voxel_size = 10.0
+    angles.write_text("\n".join(str(a) for a in np.linspace(-60, 60, 15)) + "\n")
+
+    def config(thickness: int):
+        cfg = compose_config(["runtime=cpu", "data=mrc", f"data.path={stack}", f"data.angles={angles}",
+                              f"data.thickness={thickness}", "sampler.batch_size=1024",
+                              "model.resolutions=[8,16]"])  # the rays grow with the thickness, not the model
+        return cfg, load_tiltseries(cfg.data)
+
+    before = rss_bytes()
+    with pytest.raises(ConfigError, match=r"this run needs about .* more memory on cpu but .* is free .*training step "
+                                          r".*use a thinner box \(data\.thickness=200000 makes rays of \d+ samples; "
+                                          r"about data\.thickness=(\d+) or less fits\)") as info:
+        check_memory(*config(200000))
+    assert rss_bytes() - before < 200e6  # refused before the (box-sized) model was built
+    fits = int(re.search(r"about data\.thickness=(\d+) or less fits", str(info.value)).group(1))
+    assert 2 <= fits < 200000
+    cfg, ts = config(fits)
+    check_memory(cfg, ts)  # the thickness the message names is accepted ...
+    comps = build(cfg, ts)
+    assert sum(estimate_memory_bytes(cfg, comps).values()) < free  # ... and its built run's estimate fits
