@@ -69,21 +69,21 @@ def test_results_refused_by_a_full_run_folder_are_rescued(small_fs, tmp_path, mo
 
     from fasttomo.config import Config, from_dict
     from fasttomo.data.io.volume import read_volume
-    from fasttomo.run.outputs import rescue, save_checkpoint_file, write_volumes
+    from fasttomo.run.outputs import VolumeFiles, rescue, save_checkpoint_file, write_volumes
     from fasttomo.train.checkpoint import load_checkpoint
 
     mnt, fill = small_fs
     cfg = from_dict(Config, {"name": "full disk"})
     volume = np.random.default_rng(0).random((40, 40, 40), dtype=np.float32)
     fill()
-    written, failed = write_volumes(mnt, volume, cfg, 2.5, {})
+    written, failed = write_volumes(mnt, volume, cfg, VolumeFiles(2.5, {}))
     assert not written and set(failed) == {"volume.mrc", "volume.h5"}
     assert set(failed.values()) == {"No space left on device"}
     assert save_checkpoint_file(mnt / "last.pt", _state())[0] is None
     spare = tmp_path / "spare"
     spare.mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(spare))
-    saved = rescue(volume, _state(), cfg, 2.5, need_volume=True, need_checkpoint=True)
+    saved = rescue(volume, _state(), cfg, 2.5, {"volume", "checkpoint"})
     assert set(saved) == {"checkpoint", "volume"} and all(p.startswith(str(spare)) for p in saved.values())
     assert torch.equal(load_checkpoint(saved["checkpoint"])["model"]["w"], _state()["model"]["w"])
     data, voxel, _ = read_volume(saved["volume"])
