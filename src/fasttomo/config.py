@@ -939,8 +939,12 @@ class OutputConfig:
     results is refused (see overwrite); one holding only a failed run's files is reused."""
     volume_shape: Optional[list] = None
     """[Z, Y, X] of the exported volume; None: the reconstruction box at pixel sampling."""
-    formats: list = dataclasses.field(default_factory=lambda: ["mrc", "h5"])
-    """Volume files to write: any of mrc, h5, tiff."""
+    formats: list = dataclasses.field(default_factory=lambda: ["mrc"])
+    """Volume files to write: any of mrc, h5, tiff (e.g. [mrc, h5] for HDF5 too). With mrc, a
+    field's volume is evaluated and written slab by slab into volume.mrc, never whole in memory."""
+    slab_planes: Optional[int] = None
+    """Z planes of the volume evaluated and written at a time; None: sized from the free memory
+    of the device and the host (a quarter of the smaller)."""
     imod_xzy: bool = False
     """Also write the volume in IMOD's un-rotated XZY orientation (as before trimvol -rx)."""
     overwrite: bool = False
@@ -950,6 +954,9 @@ class OutputConfig:
     def __post_init__(self) -> None:
         for f in self.formats:
             _choice(f, ("mrc", "h5", "tiff"), "output.formats[]")
+        if self.slab_planes is not None and self.slab_planes < 1:
+            raise ConfigError(f"output.slab_planes={self.slab_planes}: must be >= 1, or null to size the slabs "
+                              "from the free memory.")
 
 
 @dataclasses.dataclass

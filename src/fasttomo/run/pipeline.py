@@ -78,7 +78,7 @@ def _write_text(path: Path, text: str, overwrite: bool) -> None:
 def run_reconstruction(cfg: Config) -> dict:
     """Run one reconstruction described by ``cfg`` (cfg.output.dir must be set); returns metrics."""
     from fasttomo.data.load import load_tiltseries
-    from fasttomo.run.outputs import save_checkpoint_file, write_volumes
+    from fasttomo.run.outputs import export_field, save_checkpoint_file
     from fasttomo.quality.scoring import attach_truth, split_holdout
     from fasttomo.run.preflight import check_free_space
     from fasttomo.run.resume import refuse_immutable, warn_changes
@@ -190,18 +190,9 @@ def run_reconstruction(cfg: Config) -> dict:
                 raise DivergenceError(f"{exc}{hint}") from None
             stop.phase = "saving"
             interrupted = stop.signum is not None and trainer.step < cfg.optim.steps
-            with trainer.exported_field() as exported_step:
-                volume = trainer.export_volume(cfg.output.volume_shape)  # collective
-            written, failed = {}, {}
-            finite = True
-            if main:
-                finite = bool(np.isfinite(volume).all())
-                attrs = {"run": cfg.name, "config": to_dict(cfg), "units": "input stack units per voxel"}
-                if finite:
-                    written, failed = write_volumes(out_dir, volume, cfg, ts.pixel_size, attrs)
-                else:
-                    log.error("the volume holds %d non-finite voxels (of %d); no volume file was written",
-                              int((~np.isfinite(volume)).sum()), volume.size)
+            attrs = {"run": cfg.name, "config": to_dict(cfg), "units": "input stack units per voxel"}
+            with trainer.exported_field() as exported_step:  # slab by slab into volume.mrc (outputs.py)
+                volume, written, failed, finite = export_field(trainer, cfg, out_dir, ts.pixel_size, attrs)
             finite = broadcast_object(finite)  # every rank takes the same branches (half sets are collective)
             state = trainer.state_dict()  # collective (gathers every rank's RNG states); rank 0 writes
             metrics: dict = {}
