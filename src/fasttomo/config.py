@@ -376,9 +376,10 @@ class KPlanesConfig(FieldConfig):
     channels: int = 8
     """C: feature channels per plane."""
     resolutions: Optional[list] = None
-    """Plane resolution per scale: an int (isotropic) or [rx, ry, rz] per scale. None: N, N/2, ...
-    with N the largest side of the reconstruction box, halving while a scale keeps >= 32 texels, at
-    most three scales ([32, 64] for the embedded phantom, [32, 64, 128] for a 128^3 box)."""
+    """Plane resolution per scale: an int (isotropic) or [rx, ry, rz] per scale. None: F, F/2, ...
+    with F the largest side N of the reconstruction box up to 256 and N/2 above, halving while a
+    scale keeps >= 32 texels, at most three scales ([32, 64] for the embedded phantom, [32, 64,
+    128] for a 128^3 box, [128, 256, 512] for a 1024-pixel camera; models.auto_resolutions)."""
     decoder: str = "hybrid"
     """Decoder head: linear (one layer) or hybrid (Linear-ReLU-Linear-ReLU-Linear)."""
     hidden: int = 32
@@ -628,8 +629,10 @@ SamplerConfig._options = {"device": SamplerConfig, "dataloader": DataLoaderSampl
 # --------------------------------------------------------------------------------------- optim
 @dataclasses.dataclass
 class OptimConfig:
-    steps: int = 1500
-    """Number of optimizer steps."""
+    steps: Optional[int] = None
+    """Number of optimizer steps (the total, over resumes). None: from the image size
+    (``run.build.auto_steps``): 1500 up to 256 pixels a side (the embedded phantom, 128^2 series),
+    more for camera-sized images (4000 at 1024, provisional above)."""
     lr_grids: float = 3e-2
     """Adam learning rate of the plane / voxel parameters (3e-2 with plane TV 1e-2 since e9a7674:
     bench_quality found the pair better than 2e-2 and 3e-3 on every case it ran, at the same fit
@@ -668,8 +671,8 @@ class OptimConfig:
     lowest validation loss; 0: never stop early."""
 
     def __post_init__(self) -> None:
-        _require(isinstance(self.steps, int) and self.steps >= 1, "optim.steps",
-                 f"must be an integer >= 1, got {self.steps!r}.")
+        _require(self.steps is None or (isinstance(self.steps, int) and self.steps >= 1), "optim.steps",
+                 f"must be an integer >= 1 (or null: from the image size), got {self.steps!r}.")
         for name in ("lr_grids", "lr_decoder", "lr_rotations", "lr_pose_rotations", "lr_pose_shifts",
                      "lr_intensity"):
             _nonneg(getattr(self, name), f"optim.{name}")

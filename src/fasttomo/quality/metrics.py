@@ -97,12 +97,13 @@ def streamed_volume_metrics(recon: np.ndarray, truth: np.ndarray, planes: int = 
         for key, (x, y) in (("all", (a, b)), ("fg", (a[fg], b[fg]))):
             sums[key] += (x.size, x.sum(), y.sum(), (x * x).sum(), (y * y).sum(), (x * y).sum())
 
-    def _r(n, sa, sb, saa, sbb, sab):
+    def _r(moments: np.ndarray) -> float:
+        n, sa, sb, saa, sbb, sab = moments
         cov, va, vb = sab - sa * sb / max(n, 1), saa - sa * sa / max(n, 1), sbb - sb * sb / max(n, 1)
         return float(cov / math.sqrt(va * vb)) if n > 0 and va > 0 and vb > 0 else float("nan")
 
     n = sums["all"][0]
-    return {"pearson_global": _r(*sums["all"]), "pearson_foreground": _r(*sums["fg"]),
+    return {"pearson_global": _r(sums["all"]), "pearson_foreground": _r(sums["fg"]),
             "foreground_fraction": float(sums["fg"][0] / n), "mse": sq / n}
 
 
@@ -409,8 +410,7 @@ def _crop_taper(shape_zyx, box) -> np.ndarray | None:
 
 
 def chunked_fsc(a: np.ndarray, b: np.ndarray, voxel_size_A: float, tilt_range_deg: Sequence[float] | None = None,
-                crop: int = CHUNK_FSC_CROP, max_crops: int = CHUNK_FSC_MAX_CROPS,
-                shell_width: float = 1.0) -> dict[str, FSCCurve]:
+                crop: int = CHUNK_FSC_CROP, max_crops: int = CHUNK_FSC_MAX_CROPS) -> dict[str, FSCCurve]:
     """FSC of two (Z, Y, X) volumes too large for one transform, from cubic crops of side
     ``crop`` (each side at most the volume's): the per-shell sums Re(A B*), |A|^2, |B|^2 and the
     voxel counts of every crop (each with its own weighted mean removed and its cut edges tapered,
@@ -427,7 +427,7 @@ def chunked_fsc(a: np.ndarray, b: np.ndarray, voxel_size_A: float, tilt_range_de
     (:func:`crop_starts`); above that they are an even sample of the volume. A crop that covers
     the whole volume gives exactly :func:`fsc` / :func:`sector_fsc`. Volumes may be memory maps:
     only one crop of each is read at a time."""
-    vx, sw = _check_scalars(voxel_size_A, shell_width, "chunked_fsc")
+    vx, sw = _check_scalars(voxel_size_A, 1.0, "chunked_fsc")
     if a.ndim != 3 or a.shape != b.shape:
         raise ValueError(f"chunked_fsc: volumes must be 3-D and of one shape, got {a.shape} and {b.shape}.")
     box = tuple(min(int(crop), n) for n in a.shape)

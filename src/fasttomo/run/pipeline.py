@@ -31,6 +31,7 @@ from __future__ import annotations
 import logging
 import sys
 import time
+from dataclasses import replace as dc_replace
 from pathlib import Path
 
 import numpy as np
@@ -151,6 +152,7 @@ def run_reconstruction(cfg: Config) -> dict:
             if cfg.model.kind == "sirt":
                 return _sirt_run(cfg, ts, hold, out_dir, folder, main, rank, world, local_rank, t0, joined)
             comps, trainer = _build_trainer(cfg, ts, out_dir, rank, world, local_rank)
+            cfg = dc_replace(cfg, optim=comps.cfg.optim)  # optim.steps=None resolved from the data (build.py)
             stop.device = comps.device
             trainer.stop = stop
             if resume_state is not None:
