@@ -193,8 +193,10 @@ def run_reconstruction(cfg: Config) -> dict:
             stop.phase = "saving"
             interrupted = stop.signum is not None and trainer.step < cfg.optim.steps
             attrs = {"run": cfg.name, "config": to_dict(cfg), "units": "input stack units per voxel"}
+            t_export = time.perf_counter()
             with trainer.exported_field() as exported_step:  # slab by slab into volume.mrc (outputs.py)
                 volume, written, failed, finite = export_field(trainer, cfg, out_dir, ts.pixel_size, attrs)
+            t_export = time.perf_counter() - t_export
             finite = broadcast_object(finite)  # every rank takes the same branches (half sets are collective)
             state = trainer.state_dict()  # collective (gathers every rank's RNG states); rank 0 writes
             metrics: dict = {}
@@ -205,7 +207,7 @@ def run_reconstruction(cfg: Config) -> dict:
                 else:
                     written["checkpoints/last.pt"] = ckpt_path
                 metrics = _summarize(cfg, comps, trainer, steps_before, trainer.train_seconds - seconds_before, volume)
-                metrics["timeline"] = _timeline(t0, t_fit, trainer)
+                metrics["timeline"] = {**_timeline(t0, t_fit, trainer), "export_s": round(t_export, 3)}
                 metrics["status"] = ("interrupted" if interrupted else "finished") if finite else "diverged"
                 metrics["guard"] = trainer.guard.summary()
                 if cfg.resume:
@@ -401,6 +403,8 @@ def _finish(cfg: Config, ts, out_dir: Path, volume, metrics: dict, written: dict
         from fasttomo import timeline
 
         metrics["timeline"]["process_to_end_s"] = round(timeline.since_start(), 3)
+        metrics["timeline"]["peak_gpu_bytes"] = (torch.cuda.max_memory_allocated() if torch.cuda.is_initialized()
+                                                 else None)
     try:
         _write_text(out_dir / "metrics.json", dumps(metrics), True)
     except OSError as exc:
@@ -420,8 +424,10 @@ def _pictures(cfg: Config, out_dir: Path, volume: np.ndarray, ts, metrics: dict,
 
     curves = None
     if ts.ground_truth is not None and volume.shape == ts.ground_truth.shape:
+        t_score = time.perf_counter()
         report, curves = truth_scores(volume, ts.ground_truth, ts.pixel_size, _tilt_range(ts))
         metrics.update(report)
+        metrics.setdefault("timeline", {})["scoring_s"] = round(time.perf_counter() - t_score, 3)
     truth = ts.ground_truth if metrics.get("pearson_global") else None
     jobs = [("slices.png", lambda: slices_png(out_dir / "slices.png", volume, ts.pixel_size, truth, True)),
             ("loss.png", lambda: _loss_plot(out_dir / "loss.png", metrics, True))]
