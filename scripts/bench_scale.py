@@ -194,7 +194,8 @@ def print_table(rows: list[dict]) -> None:
     print(head)
     for r in rows:
         fx = r["fixed_seconds"]
-        print(f"{r['case']:9s} {r['method']:14s} {_fmt(r['process_seconds'], '9.1f')} {_fmt(r['step_seconds'], '8.1f')} "
+        print(f"{r['case']:9s} {r['method']:14s} {_fmt(r['process_seconds'], '9.1f')} "
+              f"{_fmt(r['step_seconds'], '8.1f')} "
               f"{_fmt(fx['start'], '6.1f')} {_fmt(fx['data'], '7.1f')} {_fmt(fx['first_step'], '6.1f')} "
               f"{_fmt(fx['validation'], '6.1f')} {_fmt(fx['export'], '7.1f')} {_fmt(fx['scoring'], '6.1f')} "
               f"{_fmt(r['pearson'], '8.4f')} {_fmt(r['pearson_fg'], '7.4f')} {_fmt(r['fsc05_A'], '8.1f')} "
