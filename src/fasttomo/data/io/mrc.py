@@ -108,16 +108,18 @@ def _check_size(path: str) -> None:
 
 
 def _open(path: str) -> tuple[mrcfile.mrcfile.MrcFile, list[str]]:
+    """The file opened through a read-only memory map (mrcfile.mmap): the data block is paged in
+    as :func:`read_mrc` copies it out, so a stack is held in memory once, not twice."""
     notes: list[str] = []
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("error", RuntimeWarning)
-            return mrcfile.open(path, mode="r", permissive=False), notes
+            return mrcfile.mmap(path, mode="r", permissive=False), notes
     except (ValueError, RuntimeWarning) as err:
         notes.append(f"strict MRC parsing failed ({err}); opened permissively for this header quirk")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        m = mrcfile.open(path, mode="r", permissive=True)
+        m = mrcfile.mmap(path, mode="r", permissive=True)
     notes += [str(w.message) for w in caught]
     return m, notes
 
