@@ -290,6 +290,48 @@ def project(phantom: Phantom, angles_deg: np.ndarray, height: int | None = None,
     return out.astype(np.float32)
 
 
+PROJECT_CHUNK_PIXELS = 1 << 24
+"""project_views computes about this many pixels (views x H x W) at a time (its float64 work
+arrays: ~128 MB each), so a camera-sized series never needs (N, H, W) float64 arrays whole."""
+
+
+def _pose_chunk(poses: Mapping[str, Any] | None, lo: int, hi: int, n: int):
+    """The per-view entries (sequences of ``n``) of ``poses`` for views lo..hi-1; the rest as is."""
+    if poses is None:
+        return None
+    return {k: (list(v)[lo:hi] if isinstance(v, (list, tuple, np.ndarray)) and len(v) == n else v)
+            for k, v in poses.items()}
+
+
+def project_views(phantom: Phantom, angles_deg: np.ndarray, image_hw: tuple[int, int],
+                  poses: Mapping[str, Any] | None = None, chunk_pixels: int | None = None) -> np.ndarray:
+    """:func:`project` a few views at a time into one float32 (N, H, W) stack: each view's line
+    integrals are computed independently of the others, so the stack is :func:`project`'s, bit
+    for bit, whatever the chunk, with float64 work arrays of about ``chunk_pixels`` pixels."""
+    h, w = int(image_hw[0]), int(image_hw[1])
+    ang = np.asarray(angles_deg, dtype=np.float64)
+    n = ang.shape[0]
+    per = max(1, int(chunk_pixels or PROJECT_CHUNK_PIXELS) // max(1, h * w))
+    if per >= n:
+        return project(phantom, ang, h, w, poses=poses)
+    out = np.empty((n, h, w), dtype=np.float32)
+    for lo in range(0, n, per):
+        hi = min(n, lo + per)
+        out[lo:hi] = project(phantom, ang[lo:hi], h, w, poses=_pose_chunk(poses, lo, hi, n))
+    return out
+
+
+def add_noise(stack: np.ndarray, std: float, seed: int, chunk_pixels: int | None = None) -> None:
+    """Add Gaussian noise of ``std`` from numpy's default_rng(``seed``) to the float32 ``stack`` in
+    place, a few views at a time: the generator's stream does not depend on how the draws are
+    split, so the result equals ``(stack + rng.normal(0, std, stack.shape)).astype(float32)``."""
+    rng = np.random.default_rng(seed)
+    per = max(1, int(chunk_pixels or PROJECT_CHUNK_PIXELS) // max(1, stack.shape[1] * stack.shape[2]))
+    for lo in range(0, stack.shape[0], per):
+        part = stack[lo:lo + per]
+        part[...] = (part + rng.normal(0.0, std, size=part.shape)).astype(np.float32)
+
+
 def _dot3(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """Dot product over the last axis (3), written out: the same rounding whatever the shape."""
     return a[..., 0] * b[..., 0] + a[..., 1] * b[..., 1] + a[..., 2] * b[..., 2]
@@ -607,7 +649,7 @@ def make_tiltseries(cfg: Any) -> TiltSeries:
     if kind == "nanoparticle":
         stack = phantom.project(angles, cfg.height, cfg.width, poses=true_poses)
     else:
-        stack = project(phantom, angles, cfg.height, cfg.width, poses=true_poses)
+        stack = project_views(phantom, angles, (cfg.height, cfg.width), true_poses)
     relative_to = getattr(cfg, "noise_relative_to", "std")
     clean_std, clean_max = float(stack.std()), float(stack.max())
     if relative_to == "std":
@@ -617,8 +659,7 @@ def make_tiltseries(cfg: Any) -> TiltSeries:
     else:
         raise PhantomError(f"data.noise_relative_to: must be std or max, got {relative_to!r}.")
     if noise_std > 0:
-        rng = np.random.default_rng(seed)
-        stack = (stack + rng.normal(0.0, noise_std, size=stack.shape)).astype(np.float32)
+        add_noise(stack, noise_std, seed)
     if kind == "nanoparticle":
         pixel_size = pix
     else:
