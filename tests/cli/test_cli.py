@@ -89,7 +89,7 @@ def test_simulate_and_evaluate_have_their_own_help(tmp_path):
     ("+optim.stpes=10", "optim.stpes: no such key. Did you mean optim.steps"),
     ("optim.steps=1e3", "optim.steps: expected an integer, got 1e3 (Hydra reads it as the float 1000); write it as "
                         "a whole number, e.g. optim.steps=1000."),
-    ("optim.steps=abc", "optim.steps: expected an integer, got 'abc'; e.g. optim.steps=1500."),
+    ("optim.steps=abc", "optim.steps: expected an integer, got 'abc'; e.g. optim.steps=4."),  # null default: generic
     ("data.exclude_views=5", "data.exclude_views: expected a list, got 5; write data.exclude_views=[5]"),
     ("dry_run=maybe", "dry_run: expected true or false, got 'maybe'"),
     ("loss.plane_tv=[1,2]", "loss.plane_tv: expected a number, got a list ([1,2])"),
