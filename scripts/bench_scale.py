@@ -74,7 +74,7 @@ def best_recipe(size: int) -> list[str]:
     defaults of then), the resolutions scaled with the image side (at least 16 texels); bf16 from
     1024 pixels up (where it was measured)."""
     f = size / 1024
-    res = [max(16, int(round(r * f))) for r in (128, 256, 512)]
+    res = sorted({max(16, int(round(r * f))) for r in (128, 256, 512)})
     return [f"model.resolutions=[{','.join(map(str, res))}]", "optim.steps=4000",
             *(["precision=bf16"] if size >= 1024 else [])]
 
