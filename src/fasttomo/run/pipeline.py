@@ -32,6 +32,7 @@ from __future__ import annotations
 import logging
 import sys
 import time
+from dataclasses import replace as dc_replace
 from pathlib import Path
 
 import numpy as np
@@ -80,7 +81,7 @@ def _write_text(path: Path, text: str, overwrite: bool) -> None:
 def run_reconstruction(cfg: Config) -> dict:
     """Run one reconstruction described by ``cfg`` (cfg.output.dir must be set); returns metrics."""
     from fasttomo.data.load import load_tiltseries
-    from fasttomo.run.outputs import save_checkpoint_file, write_pose_files, write_volumes
+    from fasttomo.run.outputs import export_field, save_checkpoint_file, write_pose_files
     from fasttomo.quality.scoring import attach_truth, split_holdout
     from fasttomo.run.preflight import check_free_space, memory_problem
     from fasttomo.run.resume import refuse_immutable, warn_changes
@@ -156,6 +157,7 @@ def run_reconstruction(cfg: Config) -> dict:
             if problem:
                 raise ConfigError(problem)
             comps, trainer = _build_trainer(cfg, ts, out_dir, rank, world, local_rank)
+            cfg = dc_replace(cfg, optim=comps.cfg.optim)  # optim.steps=None resolved from the data (build.py)
             stop.device = comps.device
             trainer.stop = stop
             if resume_state is not None:
@@ -195,18 +197,11 @@ def run_reconstruction(cfg: Config) -> dict:
                 raise DivergenceError(f"{exc}{hint}") from None
             stop.phase = "saving"
             interrupted = stop.signum is not None and trainer.step < cfg.optim.steps
-            with trainer.exported_field() as exported_step:
-                volume = trainer.export_volume(cfg.output.volume_shape)  # collective
-            written, failed = {}, {}
-            finite = True
-            if main:
-                finite = bool(np.isfinite(volume).all())
-                attrs = {"run": cfg.name, "config": to_dict(cfg), "units": "input stack units per voxel"}
-                if finite:
-                    written, failed = write_volumes(out_dir, volume, cfg, ts.pixel_size, attrs)
-                else:
-                    log.error("the volume holds %d non-finite voxels (of %d); no volume file was written",
-                              int((~np.isfinite(volume)).sum()), volume.size)
+            attrs = {"run": cfg.name, "config": to_dict(cfg), "units": "input stack units per voxel"}
+            t_export = time.perf_counter()
+            with trainer.exported_field() as exported_step:  # slab by slab into volume.mrc (outputs.py)
+                volume, written, failed, finite = export_field(trainer, cfg, out_dir, ts.pixel_size, attrs)
+            t_export = time.perf_counter() - t_export
             finite = broadcast_object(finite)  # every rank takes the same branches (half sets are collective)
             state = trainer.state_dict()  # collective (gathers every rank's RNG states); rank 0 writes
             metrics: dict = {}
@@ -217,7 +212,7 @@ def run_reconstruction(cfg: Config) -> dict:
                 else:
                     written["checkpoints/last.pt"] = ckpt_path
                 metrics = _summarize(cfg, comps, trainer, steps_before, trainer.train_seconds - seconds_before, volume)
-                metrics["timeline"] = _timeline(t0, t_fit, trainer)
+                metrics["timeline"] = {**_timeline(t0, t_fit, trainer), "export_s": round(t_export, 3)}
                 metrics["status"] = ("interrupted" if interrupted else "finished") if finite else "diverged"
                 metrics["guard"] = trainer.guard.summary()
                 if cfg.resume:
@@ -417,6 +412,8 @@ def _finish(cfg: Config, ts, out_dir: Path, volume, metrics: dict, written: dict
         from fasttomo import timeline
 
         metrics["timeline"]["process_to_end_s"] = round(timeline.since_start(), 3)
+        metrics["timeline"]["peak_gpu_bytes"] = (torch.cuda.max_memory_allocated() if torch.cuda.is_initialized()
+                                                 else None)
     try:
         _write_text(out_dir / "metrics.json", dumps(metrics), True)
     except OSError as exc:
@@ -436,8 +433,10 @@ def _pictures(cfg: Config, out_dir: Path, volume: np.ndarray, ts, metrics: dict,
 
     curves = None
     if ts.ground_truth is not None and volume.shape == ts.ground_truth.shape:
+        t_score = time.perf_counter()
         report, curves = truth_scores(volume, ts.ground_truth, ts.pixel_size, _tilt_range(ts))
         metrics.update(report)
+        metrics.setdefault("timeline", {})["scoring_s"] = round(time.perf_counter() - t_score, 3)
     truth = ts.ground_truth if metrics.get("pearson_global") else None
     jobs = [("slices.png", lambda: slices_png(out_dir / "slices.png", volume, ts.pixel_size, truth, True)),
             ("loss.png", lambda: _loss_plot(out_dir / "loss.png", metrics, True))]

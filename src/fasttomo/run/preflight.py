@@ -19,6 +19,7 @@ The estimates are arithmetic on the built run (parameter count, volume shape, ba
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import shutil
@@ -303,7 +304,7 @@ def _measured_step_peak(comps) -> int | None:
 def dry_run(cfg: Config) -> dict:
     """Validate config and data, build the run, print the estimates and the folder's state; write
     nothing. Returns the report (also printed)."""
-    from fasttomo.run.build import build
+    from fasttomo.run.build import build, sizing_lines
     from fasttomo.data.load import load_tiltseries
     from fasttomo.run.folder import inspect_folder
     from fasttomo.train.checkpoint import find_checkpoint, load_checkpoint
@@ -318,6 +319,8 @@ def dry_run(cfg: Config) -> dict:
         return _dry_run_sirt(cfg, ts)
     check_memory(cfg, ts)  # before the build: a model too big for the memory is never allocated
     comps = build(cfg, ts)
+    sizing = sizing_lines(cfg, comps)  # what was sized from the data, and why
+    cfg = dataclasses.replace(cfg, optim=comps.cfg.optim)  # optim.steps=None resolved by build
     mem = estimate_memory_bytes(cfg, comps)
     files = estimate_output_bytes(cfg, comps, start)
     report = {
@@ -337,6 +340,7 @@ def dry_run(cfg: Config) -> dict:
              f"  model: {report['n_parameters']} parameters, box (Z, Y, X) = {tuple(comps.box.shape_zyx)}, "
              f"{cfg.optim.steps - start} steps of {comps.sampler.batch_size} rays x "
              f"{comps.projector.samples_per_ray} samples",
+             "  sizes:", *sizing,
              f"  memory on {comps.device} (estimate): {human(sum(mem.values()))} = "
              + ", ".join(f"{k} {human(v)}" for k, v in mem.items())]
     peak = _measured_step_peak(comps)
