@@ -430,9 +430,10 @@ class KPlanesConfig(FieldConfig):
     channels: int = 8
     """C: feature channels per plane."""
     resolutions: Optional[list] = None
-    """Plane resolution per scale: an int (isotropic) or [rx, ry, rz] per scale. None: N, N/2, ...
-    with N the largest side of the reconstruction box, halving while a scale keeps >= 32 texels, at
-    most three scales ([32, 64] for the embedded phantom, [32, 64, 128] for a 128^3 box)."""
+    """Plane resolution per scale: an int (isotropic) or [rx, ry, rz] per scale. None: F, F/2, ...
+    with F the largest side N of the reconstruction box up to 256 and N/2 above, halving while a
+    scale keeps >= 32 texels, at most three scales ([32, 64] for the embedded phantom, [32, 64,
+    128] for a 128^3 box, [128, 256, 512] for a 1024-pixel camera; models.auto_resolutions)."""
     decoder: str = "hybrid"
     """Decoder head: linear (one layer) or hybrid (Linear-ReLU-Linear-ReLU-Linear)."""
     hidden: int = 32
@@ -682,8 +683,10 @@ SamplerConfig._options = {"device": SamplerConfig, "dataloader": DataLoaderSampl
 # --------------------------------------------------------------------------------------- optim
 @dataclasses.dataclass
 class OptimConfig:
-    steps: int = 1500
-    """Number of optimizer steps."""
+    steps: Optional[int] = None
+    """Number of optimizer steps (the total, over resumes). None: from the image size
+    (``run.build.auto_steps``): 1500 up to 256 pixels a side (the embedded phantom, 128^2 series),
+    more for camera-sized images (4000 at 1024, provisional above)."""
     lr_grids: float = 3e-2
     """Adam learning rate of the plane / voxel parameters (3e-2 with plane TV 1e-2: bench_quality
     found the pair better than 2e-2 and 3e-3 on every case it ran, at the same fit time;
@@ -722,8 +725,8 @@ class OptimConfig:
     lowest validation loss; 0: never stop early."""
 
     def __post_init__(self) -> None:
-        _require(isinstance(self.steps, int) and self.steps >= 1, "optim.steps",
-                 f"must be an integer >= 1, got {self.steps!r}.")
+        _require(self.steps is None or (isinstance(self.steps, int) and self.steps >= 1), "optim.steps",
+                 f"must be an integer >= 1 (or null: from the image size), got {self.steps!r}.")
         for name in ("lr_grids", "lr_decoder", "lr_rotations", "lr_pose_rotations", "lr_pose_shifts",
                      "lr_intensity"):
             _nonneg(getattr(self, name), f"optim.{name}")
@@ -993,8 +996,12 @@ class OutputConfig:
     results is refused (see overwrite); one holding only a failed run's files is reused."""
     volume_shape: Optional[list] = None
     """[Z, Y, X] of the exported volume; None: the reconstruction box at pixel sampling."""
-    formats: list = dataclasses.field(default_factory=lambda: ["mrc", "h5"])
-    """Volume files to write: any of mrc, h5, tiff."""
+    formats: list = dataclasses.field(default_factory=lambda: ["mrc"])
+    """Volume files to write: any of mrc, h5, tiff (e.g. [mrc, h5] for HDF5 too). With mrc, a
+    field's volume is evaluated and written slab by slab into volume.mrc, never whole in memory."""
+    slab_planes: Optional[int] = None
+    """Z planes of the volume evaluated and written at a time; None: sized from the free memory
+    of the device and the host (a quarter of the smaller)."""
     imod_xzy: bool = False
     """Also write the volume in IMOD's un-rotated XZY orientation (as before trimvol -rx)."""
     half_volumes: bool = False
@@ -1009,6 +1016,9 @@ class OutputConfig:
     def __post_init__(self) -> None:
         for f in self.formats:
             _choice(f, ("mrc", "h5", "tiff"), "output.formats[]")
+        if self.slab_planes is not None and self.slab_planes < 1:
+            raise ConfigError(f"output.slab_planes={self.slab_planes}: must be >= 1, or null to size the slabs "
+                              "from the free memory.")
 
 
 @dataclasses.dataclass

@@ -352,3 +352,24 @@ def test_patch_config_errors_name_the_fix():
     big = make_ts(n=61, h=64, w=64)
     assert auto_batch_size(big) == 1024 and auto_batch_size(big, 8) == 1024
     assert auto_batch_size(big, 3) == 1026 and auto_batch_size(big, 64) == 4096
+
+
+@pytest.mark.parametrize("kind", ["device", "dataloader"])
+def test_validation_sample_is_even_bounded_and_whole_when_small(kind):
+    """A validation set larger than the budget is evaluated on every k-th id (the smallest k that
+    fits), spread over every view; one within the budget is evaluated whole (issue 26)."""
+    from fasttomo.config import DataLoaderSamplerConfig
+    from fasttomo.data.sampler import build_sampler
+
+    rng = np.random.default_rng(0)
+    ts = TiltSeries(stack=rng.random((9, 16, 20)).astype(np.float32), angles=np.linspace(-60, 60, 9), pixel_size=1.0,
+                    source="test")
+    cfg_cls = SamplerConfig if kind == "device" else DataLoaderSamplerConfig
+    s = build_sampler(ts, cfg_cls(batch_size=64, val_fraction=0.2), seed=0,
+                      device=torch.device("cpu"))
+    whole = torch.cat([b.tilt * 320 + b.row * 20 + b.col for b in s.val_batches(50)])
+    assert torch.equal(whole, s.val_ids) and s.n_val == 576
+    sample = torch.cat([b.tilt * 320 + b.row * 20 + b.col for b in s.val_batches(50, max_rays=100)])
+    assert torch.equal(sample, s.val_ids[::6]) and sample.numel() == 96   # k = ceil(576 / 100) = 6
+    assert set(torch.div(sample, 320, rounding_mode="floor").tolist()) == set(range(9))  # every view
+    assert torch.equal(torch.cat([b.tilt * 320 + b.row * 20 + b.col for b in s.val_batches(50, 576)]), s.val_ids)

@@ -189,3 +189,22 @@ def test_no_angles_anywhere_suggests_sibling(tmp_path):
     write_tlt(tmp_path / "n.rawtlt", ANGLES5)
     with pytest.raises(DataFileError, match=r"Found .*n\.rawtlt next to it: set data\.angles="):
         load_tiltseries(data_cfg(source="mrc", path=p))
+
+
+def test_reading_a_float32_stack_holds_it_in_memory_once(tmp_path):
+    """The data block is memory-mapped and copied out once (issue 26): a 16 MB stack costs
+    about 16 MB of numpy allocations, not twice that (a full read, then its copy)."""
+    import tracemalloc
+
+    from fasttomo.data.io.mrc import read_mrc, write_mrc
+
+    stack = np.random.default_rng(0).random((16, 512, 512), dtype=np.float32)
+    path = write_mrc(tmp_path / "s.mrc", stack, 2.0, image_stack=True)
+    tracemalloc.start()
+    try:
+        data = read_mrc(path).data
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    np.testing.assert_array_equal(data, stack)
+    assert peak < 1.25 * stack.nbytes, peak / stack.nbytes

@@ -187,3 +187,21 @@ def test_held_out_views_are_predicted_with_the_learned_tilt_axis_rotation():
         unturned = src(tilt, row, col).reshape(3, 16, 16).numpy()
     np.testing.assert_allclose(held, same, atol=1e-6)
     assert np.abs(held - unturned).max() > 0.05 * np.abs(same).max()
+
+
+def test_scores_of_a_volume_above_the_size_threshold_are_streamed_and_agree(monkeypatch):
+    """Above WHOLE_VOLUME_MAX_VOXELS (lowered here to 1000) Pearson and MSE come from slab sums and
+    the FSC from crops; on a volume the 256-voxel crop covers, the numbers are the whole-volume ones."""
+    import fasttomo.quality.scoring as scoring
+
+    rng = np.random.default_rng(1)
+    truth = rng.normal(size=(12, 20, 24)).astype(np.float32) + 2.0
+    vol = (truth + 0.5 * rng.normal(size=truth.shape)).astype(np.float32)
+    whole, _ = scoring.score_against_truth(vol, truth, 2.0, tilt_range=(-60, 60))
+    monkeypatch.setattr(scoring, "WHOLE_VOLUME_MAX_VOXELS", 1000)
+    streamed, curves = scoring.score_against_truth(vol, truth, 2.0, tilt_range=(-60, 60))
+    assert "fsc_crops" in streamed and "fsc_crops" not in whole and set(curves) == {"all", "measured", "wedge"}
+    for key in ("pearson_global", "pearson_foreground", "foreground_fraction", "mse", "psnr_dB"):
+        assert streamed[key] == pytest.approx(whole[key], rel=1e-9), key
+    for region in ("fsc", "fsc_measured", "fsc_wedge"):
+        assert streamed[region]["fsc"] == whole[region]["fsc"]

@@ -92,7 +92,7 @@ def test_checkpoint_write_failure_keeps_the_volume_and_rescues_the_checkpoint(tm
     with pytest.raises(OutputWriteError) as info:
         run(compose_config([*TINY, "optim.steps=3", f"output.dir={out}"]))
     msg = str(info.value)
-    assert (out / "volume.mrc").is_file() and (out / "volume.h5").is_file()  # written first, kept
+    assert (out / "volume.mrc").is_file()  # written first, kept
     assert "checkpoints/last.pt (Permission denied)" in msg and f"saved: {out / 'volume.mrc'}" in msg
     rescued = _rescued(msg, "last.pt")
     assert load_checkpoint(rescued)["step"] == 3
@@ -105,12 +105,12 @@ def test_checkpoint_write_failure_keeps_the_volume_and_rescues_the_checkpoint(tm
 def test_volume_write_failure_keeps_the_checkpoint(tmp_path, monkeypatch):
     import errno
 
-    import fasttomo.data.io.volume as vol
+    import fasttomo.data.io.mrc as mrc
 
-    out = tmp_path / "run"
-    monkeypatch.setattr(vol, "write_volume", _fail_inside(out, vol.write_volume,
-                                                          OSError(errno.ENOSPC, "No space left on device")))
-    with pytest.raises(OutputWriteError, match=r"volume\.mrc, volume\.h5 \(No space left on device\)") as info:
+    out = tmp_path / "run"  # the MRC writer under both the slab-wise and the one-shot export
+    monkeypatch.setattr(mrc, "write_mrc_slabs", _fail_inside(out, mrc.write_mrc_slabs,
+                                                             OSError(errno.ENOSPC, "No space left on device")))
+    with pytest.raises(OutputWriteError, match=r"volume\.mrc \(No space left on device\)") as info:
         run(compose_config([*TINY, "optim.steps=3", f"output.dir={out}"]))
     msg = str(info.value)
     assert load_checkpoint(out / "checkpoints" / "last.pt")["step"] == 3
@@ -185,8 +185,7 @@ def test_overwrite_removes_every_file_of_the_previous_run_and_nothing_else(tmp_p
     run(compose_config([*TINY, "optim.steps=3", "output.overwrite=true", f"output.dir={out}"]))
     after = sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file())
     assert after == ["checkpoints/last.pt", "config.yaml", "fsc_truth.png", "loss.png", "manifest.json",
-                     "metrics.json", "notes.txt", "reconstruct.log", "report.png", "slices.png", "volume.h5",
-                     "volume.mrc"]
+                     "metrics.json", "notes.txt", "reconstruct.log", "report.png", "slices.png", "volume.mrc"]
     assert not (out / "tb").exists()
     assert "removed the" in (out / "reconstruct.log").read_text()
 

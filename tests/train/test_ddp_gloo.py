@@ -104,7 +104,7 @@ def test_two_gloo_ranks_train_identically_and_resume_exactly(tmp_path):
     # only rank 0 writes into the shared run folder
     assert _inside(r1["writes"], run1) == []
     written = _inside(r0["writes"], run1)
-    for name in ("config.yaml", "metrics.json", "volume.mrc", "volume.h5", "slices.png", "reconstruct.log",
+    for name in ("config.yaml", "metrics.json", "volume.mrc", "slices.png", "reconstruct.log",
                  "checkpoints/last.pt", f"checkpoints/step{N:07d}.pt"):
         assert str((run1 / name).resolve()) in written, name
         assert (run1 / name).is_file(), name

@@ -5,7 +5,7 @@ schemas (``fasttomo.config`` and the entry points' own), the text of a key from 
 docstring under its field (read with ``ast``), the groups and their options from the ``configs/``
 folders, and an option's line from the first comment of its YAML file. The defaults shown are
 the composed ones (the schema's, then the primary config's default group options and its own
-values), so ``optim.steps`` shows 1500 from ``configs/optim/adam.yaml``.
+values), so a key shows the value a plain run uses.
 
     fasttomo-reconstruct --help              # what the program does, groups, most used keys
     fasttomo-reconstruct --help optim        # a group: its options and every key, documented

@@ -70,8 +70,8 @@ def detect(projections: np.ndarray, cfg: Any, seed: int) -> tuple[np.ndarray, di
     else:
         raise PhantomError(f"data.noise_relative_to: must be std or max, got {relative_to!r}.")
     if noise_std > 0:
-        rng = np.random.default_rng(seed)
-        stack = (stack + rng.normal(0.0, noise_std, size=stack.shape)).astype(np.float32)
+        stack = stack.copy() if stack is projections else stack
+        add_noise(stack, noise_std, seed)
     invert = getattr(cfg, "invert", None)
     invert = (dose is not None) if invert is None else bool(invert)
     if invert:
@@ -80,3 +80,19 @@ def detect(projections: np.ndarray, cfg: Any, seed: int) -> tuple[np.ndarray, di
         meta["inverted_about"] = top
     meta.update(noise_std=noise_std, inverted=invert)
     return stack, meta
+
+
+PROJECT_CHUNK_PIXELS = 1 << 24
+"""project_views computes about this many pixels (views x H x W) at a time (its float64 work
+arrays: ~128 MB each), so a camera-sized series never needs (N, H, W) float64 arrays whole."""
+
+
+def add_noise(stack: np.ndarray, std: float, seed: int, chunk_pixels: int | None = None) -> None:
+    """Add Gaussian noise of ``std`` from numpy's default_rng(``seed``) to the float32 ``stack`` in
+    place, a few views at a time: the generator's stream does not depend on how the draws are
+    split, so the result equals ``(stack + rng.normal(0, std, stack.shape)).astype(float32)``."""
+    rng = np.random.default_rng(seed)
+    per = max(1, int(chunk_pixels or PROJECT_CHUNK_PIXELS) // max(1, stack.shape[1] * stack.shape[2]))
+    for lo in range(0, stack.shape[0], per):
+        part = stack[lo:lo + per]
+        part[...] = (part + rng.normal(0.0, std, size=part.shape)).astype(np.float32)

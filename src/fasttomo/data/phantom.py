@@ -34,7 +34,7 @@ on how many are drawn), and the pose errors ``SeedSequence(seed, spawn_key=(2,))
 from __future__ import annotations
 
 import math
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
@@ -42,6 +42,7 @@ from fasttomo.data.ellipsoids import (Ellipsoid, Phantom, _uniform_rotation, pro
                                        voxelize)
 from fasttomo.data.specimen import (POSE_KEYS, PhantomError, _pose_arrays, _stream,  # noqa: F401 - public here too
                                      euler_zxz, pose_rotations)
+from fasttomo.data.dose import PROJECT_CHUNK_PIXELS, add_noise  # noqa: F401 - public here too
 from fasttomo.data.tiltseries import TiltSeries
 
 __all__ = [
@@ -61,6 +62,32 @@ __all__ = [
 
 DEFAULT_PIXEL_SIZE = 10.0
 """Pixel (and voxel) size in Angstrom of the built-in phantom when data.pixel_size is not set."""
+
+
+def _pose_chunk(poses: Mapping[str, Any] | None, lo: int, hi: int, n: int):
+    """The per-view entries (sequences of ``n``) of ``poses`` for views lo..hi-1; the rest as is."""
+    if poses is None:
+        return None
+    return {k: (list(v)[lo:hi] if isinstance(v, (list, tuple, np.ndarray)) and len(v) == n else v)
+            for k, v in poses.items()}
+
+
+def project_views(phantom: Phantom, angles_deg: np.ndarray, image_hw: tuple[int, int],
+                  poses: Mapping[str, Any] | None = None, chunk_pixels: int | None = None) -> np.ndarray:
+    """:func:`project` a few views at a time into one float32 (N, H, W) stack: each view's line
+    integrals are computed independently of the others, so the stack is :func:`project`'s, bit
+    for bit, whatever the chunk, with float64 work arrays of about ``chunk_pixels`` pixels."""
+    h, w = int(image_hw[0]), int(image_hw[1])
+    ang = np.asarray(angles_deg, dtype=np.float64)
+    n = ang.shape[0]
+    per = max(1, int(chunk_pixels or PROJECT_CHUNK_PIXELS) // max(1, h * w))
+    if per >= n:
+        return project(phantom, ang, h, w, poses=poses)
+    out = np.empty((n, h, w), dtype=np.float32)
+    for lo in range(0, n, per):
+        hi = min(n, lo + per)
+        out[lo:hi] = project(phantom, ang[lo:hi], h, w, poses=_pose_chunk(poses, lo, hi, n))
+    return out
 
 
 # --------------------------------------------------------------------------------------- default phantom
@@ -304,7 +331,7 @@ def make_tiltseries(cfg: Any) -> TiltSeries:
     true_poses = (random_pose_errors(angles, shift_err, rot_err, seed, axis=axis_err)
                   if (shift_err > 0 or rot_err > 0 or axis_err != 0) else None)
     analytic = isinstance(specimen, Phantom)
-    clean = (project(specimen, angles, cfg.height, cfg.width, poses=true_poses) if analytic
+    clean = (project_views(specimen, angles, (cfg.height, cfg.width), true_poses) if analytic
              else specimen.project(angles, cfg.height, cfg.width, poses=true_poses))
     stack, detector = detect(clean, cfg, seed)
     metadata = {

@@ -323,8 +323,19 @@ class RaySampler:
         self.epoch = epoch
         self.position = 0
 
-    def val_batches(self, batch_size: int | None = None) -> Iterator[Batch]:
+    def val_batches(self, batch_size: int | None = None, max_rays: int | None = None) -> Iterator[Batch]:
+        """The validation set (or, when it holds more than ``max_rays``, an even sample of it) in
+        batches of ``batch_size``."""
         raise NotImplementedError
+
+    def val_sample(self, max_rays: int | None) -> torch.Tensor:
+        """Sorted validation ids to evaluate (CPU): all of them, or every k-th with the smallest k
+        that leaves at most ``max_rays`` (spread evenly over every view; the same on every rank,
+        every check and after a resume)."""
+        ids = self._val_ids_cpu
+        if max_rays is None or self.n_val <= max_rays:
+            return ids
+        return ids[:: -(-self.n_val // max(1, int(max_rays)))]
 
     @property
     def val_ids(self) -> torch.Tensor:
@@ -484,11 +495,12 @@ class DeviceBatchSampler(RaySampler):
         self.position += 1
         return self._fill(self._order_d[lo:hi])
 
-    def val_batches(self, batch_size: int | None = None) -> Iterator[Batch]:
-        """The whole validation set in sorted id order, fresh tensors (not the training buffers)."""
+    def val_batches(self, batch_size: int | None = None, max_rays: int | None = None) -> Iterator[Batch]:
+        """The validation set (:meth:`val_sample`) in sorted id order, fresh tensors (not the
+        training buffers)."""
         bs = int(batch_size or self.batch_size)
-        ids_all = self._val_ids_cpu.to(self.device)
-        for lo in range(0, self.n_val, bs):
+        ids_all = self.val_sample(max_rays).to(self.device)
+        for lo in range(0, ids_all.numel(), bs):
             ids = ids_all[lo:lo + bs]
             tilt = torch.div(ids, self._hw, rounding_mode="floor")
             rem = ids - tilt * self._hw
@@ -603,9 +615,9 @@ class DataLoaderSampler(RaySampler):
         super().load_state_dict(state)
         self._iter = None
 
-    def val_batches(self, batch_size: int | None = None) -> Iterator[Batch]:
+    def val_batches(self, batch_size: int | None = None, max_rays: int | None = None) -> Iterator[Batch]:
         bs = int(batch_size or self.batch_size)
-        for b in self._loader(self._val_ids_cpu, bs, False):
+        for b in self._loader(self.val_sample(max_rays), bs, False):
             yield self._to_device(b)
 
 

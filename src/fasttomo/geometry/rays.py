@@ -192,13 +192,16 @@ def project_points(xyz_voxel: torch.Tensor, R: torch.Tensor, shift: torch.Tensor
 
 
 def voxel_grid(box: Box, shape_zyx: tuple[int, int, int] | None = None, device=None,
-               dtype: torch.dtype = torch.float32) -> torch.Tensor:
+               dtype: torch.dtype = torch.float32, z_range: tuple[int, int] | None = None) -> torch.Tensor:
     """(Z, Y, X, 3) normalized xyz of the voxel centres of a grid spanning the box.
 
     ``shape_zyx`` defaults to the box's own shape (voxel = pixel); another shape resamples the
-    same box (centres at (2k + 1)/n - 1 on each axis).
+    same box (centres at (2k + 1)/n - 1 on each axis). ``z_range`` (lo, hi) gives only the planes
+    lo..hi-1 of that grid (the same values, without building the rest).
     """
     shape = tuple(box.shape_zyx if shape_zyx is None else shape_zyx)
     z, y, x = (((torch.arange(n, device=device, dtype=dtype) * 2 + 1) / n) - 1 for n in shape)
+    if z_range is not None:
+        z = z[z_range[0]:z_range[1]]
     gz, gy, gx = torch.meshgrid(z, y, x, indexing="ij")
     return torch.stack((gx, gy, gz), dim=-1)

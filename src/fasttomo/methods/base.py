@@ -17,6 +17,8 @@ import numpy as np
 class Method(Protocol):
     """A reconstruction method inside a run."""
 
+    cfg: object
+    """The run's config as the method sized it from the data (e.g. optim.steps=None resolved)."""
     label: str
     """Shown after the run's name in report.png's title ("" for the field, "SIRT")."""
     step: int
@@ -34,6 +36,10 @@ class Method(Protocol):
     def export(self) -> tuple[np.ndarray | None, int]:
         """(the volume (Z, Y, X) float32 in stack units per voxel, the step it is of); None on the
         ranks other than 0. Collective."""
+
+    # optional: export_files(out_dir, attrs) -> (volume, step, written, failed, finite), a method
+    # that writes its volume files as it evaluates the volume (the field: slab by slab into
+    # volume.mrc); without it the run writes the volume :meth:`export` returns
 
     def state(self) -> dict | None:
         """The checkpoint of the run so far, None when the method keeps none. Collective."""

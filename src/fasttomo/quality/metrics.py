@@ -77,6 +77,36 @@ def volume_metrics(recon: np.ndarray, truth: np.ndarray) -> dict:
     }
 
 
+def streamed_volume_metrics(recon: np.ndarray, truth: np.ndarray, planes: int = 16) -> dict:
+    """:func:`volume_metrics` plus ``mse`` of volumes too large for whole-volume temporaries (memory
+    maps welcome): float64 moment sums over slabs of ``planes`` Z planes, each volume shifted by
+    its first slab's mean against cancellation. Equal to the whole-volume values up to float64
+    rounding (the summation order differs)."""
+    if recon.shape != truth.shape:
+        raise ValueError(f"streamed_volume_metrics: shapes differ, {recon.shape} vs {truth.shape}")
+    top = float(np.max(truth))
+    s0 = (float(np.mean(recon[:planes], dtype=np.float64)), float(np.mean(truth[:planes], dtype=np.float64)))
+    sums = {"all": np.zeros(6), "fg": np.zeros(6)}  # n, a, b, aa, bb, ab
+    sq = 0.0
+    for z0 in range(0, recon.shape[0], planes):
+        a = np.asarray(recon[z0:z0 + planes], dtype=np.float64) - s0[0]
+        b = np.asarray(truth[z0:z0 + planes], dtype=np.float64)
+        fg = b > 0.05 * top
+        b -= s0[1]
+        sq += float(np.sum((a - b + (s0[0] - s0[1])) ** 2))
+        for key, (x, y) in (("all", (a, b)), ("fg", (a[fg], b[fg]))):
+            sums[key] += (x.size, x.sum(), y.sum(), (x * x).sum(), (y * y).sum(), (x * y).sum())
+
+    def _r(moments: np.ndarray) -> float:
+        n, sa, sb, saa, sbb, sab = moments
+        cov, va, vb = sab - sa * sb / max(n, 1), saa - sa * sa / max(n, 1), sbb - sb * sb / max(n, 1)
+        return float(cov / math.sqrt(va * vb)) if n > 0 and va > 0 and vb > 0 else float("nan")
+
+    n = sums["all"][0]
+    return {"pearson_global": _r(sums["all"]), "pearson_foreground": _r(sums["fg"]),
+            "foreground_fraction": float(sums["fg"][0] / n), "mse": sq / n}
+
+
 def mse(a: np.ndarray, b: np.ndarray) -> float:
     """Mean squared difference of two arrays of the same shape (float64)."""
     a = np.asarray(a, dtype=np.float64)
@@ -258,21 +288,31 @@ def _check_pair(a, b, mask, what: str) -> tuple[np.ndarray, np.ndarray]:
     return out[0], out[1]
 
 
-def _fsc_curves(a, b, voxel_size_A: float, mask, shell_width: float, tilt_range_deg, what: str
-                ) -> dict[str, FSCCurve]:
+def _check_scalars(voxel_size_A, shell_width, what: str) -> tuple[float, float]:
     vx = float(voxel_size_A)
     if not math.isfinite(vx) or vx <= 0:
         raise ValueError(f"{what}: voxel_size_A must be a positive number of Angstrom, got {voxel_size_A!r}.")
     sw = float(shell_width)
     if not math.isfinite(sw) or sw <= 0:
         raise ValueError(f"{what}: shell_width must be > 0 Fourier voxels, got {shell_width!r}.")
+    return vx, sw
+
+
+def _fsc_curves(a, b, voxel_size_A: float, mask, shell_width: float, tilt_range_deg, what: str
+                ) -> dict[str, FSCCurve]:
+    vx, sw = _check_scalars(voxel_size_A, shell_width, what)
     a, b = _check_pair(a, b, mask, what)
+    sums = _shell_sums(a, b, vx, sw, tilt_range_deg)
+    return _curves(sums, a.shape, vx, sw)
+
+
+def _shell_sums(a: np.ndarray, b: np.ndarray, vx: float, sw: float, tilt_range_deg) -> dict[str, np.ndarray]:
+    """Per region, (4, n_shells) sums over the full Fourier grid of two prepared (mean-removed)
+    volumes: Re(A B*), |A|^2, |B|^2 and the voxel count per shell."""
     z, y, x = a.shape
     measured = None if tilt_range_deg is None else measured_region(a.shape, tilt_range_deg)
     fa = np.fft.rfftn(a)
-    del a
     fb = np.fft.rfftn(b)
-    del b
     width = sw / (max(z, y, x) * vx)                      # shell width in 1/A
     n_shells = int(math.floor(0.5 / vx / width + 1e-9)) + 1   # shells 0 .. Nyquist
     kz = np.fft.fftfreq(z, d=vx)
@@ -301,10 +341,16 @@ def _fsc_curves(a, b, voxel_size_A: float, mask, shell_width: float, tilt_range_
             idx = shell[sel]
             for k, p in enumerate(parts):
                 sums[r][k] += np.bincount(idx, weights=p[sel], minlength=n_shells)
-    freq = np.arange(1, n_shells) * width
+    return sums
+
+
+def _curves(sums: dict[str, np.ndarray], shape_zyx, vx: float, sw: float) -> dict[str, FSCCurve]:
+    """FSC curves (shell 1 up to Nyquist) from :func:`_shell_sums` of a box of ``shape_zyx``."""
+    width = sw / (max(shape_zyx) * vx)
     out = {}
-    for r in regions:
-        num, pa, pb, cnt = sums[r][:, 1:]
+    for r, s in sums.items():
+        num, pa, pb, cnt = s[:, 1:]
+        freq = np.arange(1, s.shape[1]) * width
         den = np.sqrt(pa * pb)
         with np.errstate(invalid="ignore", divide="ignore"):
             curve = np.where((den > 0) & (cnt > 0), num / np.where(den > 0, den, 1.0), np.nan)
@@ -335,6 +381,80 @@ def sector_fsc(a: np.ndarray, b: np.ndarray, voxel_size_A: float, tilt_range_deg
     of a region has NaN there.
     """
     return _fsc_curves(a, b, voxel_size_A, mask, shell_width, tilt_range_deg, "sector_fsc")
+
+
+CHUNK_FSC_CROP = 256
+"""Side of the cubic crops of :func:`chunked_fsc` (voxels)."""
+CHUNK_FSC_MAX_CROPS = 64
+"""At most this many crops per volume in :func:`chunked_fsc`."""
+
+
+def crop_starts(n: int, crop: int, max_positions: int) -> list[int]:
+    """Start indices of crops of ``crop`` voxels along an axis of ``n``: evenly spread from 0 to
+    n - crop, at most half a crop apart (overlapping by half or more) or, when that needs more
+    than ``max_positions``, that many positions evenly spread (a sample of the axis; one: the
+    central crop)."""
+    if crop >= n:
+        return [0]
+    count = min(max_positions, math.ceil((n - crop) / (crop / 2)) + 1)
+    if count <= 1:
+        return [(n - crop) // 2]  # the central crop
+    return sorted({int(round(i * (n - crop) / (count - 1))) for i in range(count)})
+
+
+def _crop_taper(shape_zyx, box) -> np.ndarray | None:
+    """A separable raised-cosine edge taper (1/8 of the crop at each end) along each axis the
+    crop cuts (shorter than the volume), so the cut's edges add no false high-frequency power;
+    None when the crop is the whole volume."""
+    if tuple(box) == tuple(shape_zyx):
+        return None
+    axes = []
+    for n, c in zip(shape_zyx, box):
+        w = np.ones(c, dtype=np.float32)
+        m = max(1, c // 8)
+        if c < n:
+            ramp = (0.5 - 0.5 * np.cos(np.pi * (np.arange(m) + 0.5) / m)).astype(np.float32)
+            w[:m], w[-m:] = ramp, ramp[::-1]
+        axes.append(w)
+    return axes[0][:, None, None] * axes[1][None, :, None] * axes[2][None, None, :]
+
+
+def chunked_fsc(a: np.ndarray, b: np.ndarray, voxel_size_A: float, tilt_range_deg: Sequence[float] | None = None,
+                crop: int = CHUNK_FSC_CROP, max_crops: int = CHUNK_FSC_MAX_CROPS) -> dict[str, FSCCurve]:
+    """FSC of two (Z, Y, X) volumes too large for one transform, from cubic crops of side
+    ``crop`` (each side at most the volume's): the per-shell sums Re(A B*), |A|^2, |B|^2 and the
+    voxel counts of every crop (each with its own weighted mean removed and its cut edges tapered,
+    :func:`_crop_taper`) are added up before the ratio is taken, on the crop's shell grid. Returns the curves by region like
+    :func:`sector_fsc` (``{"all": ...}`` without ``tilt_range_deg``).
+
+    Why crops summed, not the central crop alone: the FSC of a tomogram varies across it (the
+    specimen is not centred, the edges hold less), and summing the spectra of crops spread over
+    the whole volume estimates the same shell correlation as the whole-volume FSC (a Welch-style
+    average: each shell's cross and auto powers, accumulated) with a bounded transform size and
+    memory, whatever the volume's size. The price is frequency resolution: shells are
+    1 / (crop x voxel size) wide instead of 1 / (largest side x voxel size), so a crossing moves
+    by at most about one crop shell. The crops overlap by half while at most ``max_crops`` fit
+    (:func:`crop_starts`); above that they are an even sample of the volume. A crop that covers
+    the whole volume gives exactly :func:`fsc` / :func:`sector_fsc`. Volumes may be memory maps:
+    only one crop of each is read at a time."""
+    vx, sw = _check_scalars(voxel_size_A, 1.0, "chunked_fsc")
+    if a.ndim != 3 or a.shape != b.shape:
+        raise ValueError(f"chunked_fsc: volumes must be 3-D and of one shape, got {a.shape} and {b.shape}.")
+    box = tuple(min(int(crop), n) for n in a.shape)
+    starts = [crop_starts(n, c, max(1, int(max_crops))) for n, c in zip(a.shape, box)]
+    while math.prod(len(s) for s in starts) > max_crops:  # thin the longest list of positions
+        i = max(range(3), key=lambda k: len(starts[k]))
+        starts[i] = crop_starts(a.shape[i], box[i], len(starts[i]) - 1)
+    taper = _crop_taper(a.shape, box)
+    total: dict[str, np.ndarray] | None = None
+    for z0 in starts[0]:
+        for y0 in starts[1]:
+            for x0 in starts[2]:
+                cut = (slice(z0, z0 + box[0]), slice(y0, y0 + box[1]), slice(x0, x0 + box[2]))
+                ca, cb = _check_pair(a[cut], b[cut], taper, "chunked_fsc")
+                sums = _shell_sums(ca, cb, vx, sw, tilt_range_deg)
+                total = sums if total is None else {r: total[r] + sums[r] for r in total}
+    return _curves(total, box, vx, sw)
 
 
 # --------------------------------------------------------------------------------------- projections

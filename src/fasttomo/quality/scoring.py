@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from fasttomo.data.tiltseries import TiltSeries, TiltSeriesError
+from fasttomo.quality.metrics import CHUNK_FSC_CROP
 
 
 class EvaluateError(ValueError):
@@ -71,7 +72,10 @@ def pair_fsc(a: np.ndarray, b: np.ndarray, voxel_size: float, tilt_range: tuple[
     """FSC of two independent reconstructions (e.g. even/odd half sets), by region; flat keys too."""
     from fasttomo.quality.metrics import fsc, sector_fsc
 
-    curves = {"all": fsc(a, b, voxel_size)} if tilt_range is None else sector_fsc(a, b, voxel_size, tilt_range)
+    if a.size > WHOLE_VOLUME_MAX_VOXELS:
+        curves = large_fsc(a, b, voxel_size, tilt_range)
+    else:
+        curves = {"all": fsc(a, b, voxel_size)} if tilt_range is None else sector_fsc(a, b, voxel_size, tilt_range)
     report = {("fsc" if r == "all" else f"fsc_{r}"): c.summary() for r, c in curves.items()}
     report.update(fsc_flat(report))
     return report, curves
@@ -247,6 +251,22 @@ def holdout_scores(hold: Holdout, predicted: np.ndarray) -> dict:
             "pearson_mean": summary["pearson_mean"], "pearson_min": summary["pearson_min"]}
 
 
+WHOLE_VOLUME_MAX_VOXELS = 1 << 28
+"""Above this many voxels (1024 x 1024 x 256) scores against a truth are streamed: Pearson and MSE
+from slab-wise sums, the FSC from summed crops (``quality.metrics.chunked_fsc``), so a camera-sized
+volume needs no whole-volume transform or float64 copy."""
+
+
+def large_fsc(a: np.ndarray, b: np.ndarray, voxel_size_A: float, tilt_range) -> dict:
+    """FSC curves by region (``{"all"}``, plus measured and wedge with ``tilt_range``) of two
+    large volumes from crops (``quality.metrics.chunked_fsc``, crops of CHUNK_FSC_CROP voxels)."""
+    from fasttomo.quality.metrics import chunked_fsc
+
+    log.info("FSC of a %s volume from crops of %d^3 voxels (more than %d voxels)", tuple(a.shape), CHUNK_FSC_CROP,
+             WHOLE_VOLUME_MAX_VOXELS)
+    return chunked_fsc(a, b, voxel_size_A, tilt_range)
+
+
 def score_against_truth(vol: np.ndarray, truth: np.ndarray, voxel_size_A: float, *, tilt_range=None,
                         data_range: float | None = None, mask: np.ndarray | None = None) -> tuple[dict, dict]:
     """Pearson (global, foreground), MSE, PSNR, FSC (and measured/wedge FSC with ``tilt_range``).
@@ -256,12 +276,13 @@ def score_against_truth(vol: np.ndarray, truth: np.ndarray, voxel_size_A: float,
     ``data_range_source``, ``fsc`` and, with a tilt range, ``tilt_range_deg``, ``fsc_measured``,
     ``fsc_wedge``) and the :class:`~fasttomo.quality.metrics.FSCCurve` objects by region.
     """
-    from fasttomo.quality.metrics import fsc, mse, psnr, sector_fsc, volume_metrics
+    from fasttomo.quality.metrics import fsc, mse, psnr, sector_fsc, streamed_volume_metrics, volume_metrics
 
     if vol.shape != truth.shape:
         raise EvaluateError(f"the volume has shape (Z, Y, X) = {vol.shape} but the truth has {truth.shape}; they must "
                             "match voxel for voxel. Crop or resample one of them.")
-    out = volume_metrics(vol, truth)
+    large = mask is None and vol.size > WHOLE_VOLUME_MAX_VOXELS
+    out = streamed_volume_metrics(vol, truth) if large else volume_metrics(vol, truth)
     if data_range is None:
         span = float(truth.max() - truth.min())
         if not span > 0:
@@ -269,12 +290,19 @@ def score_against_truth(vol: np.ndarray, truth: np.ndarray, voxel_size_A: float,
         out["data_range"], out["data_range_source"] = span, "truth max - min"
     else:
         out["data_range"], out["data_range_source"] = float(data_range), "data_range="
-    out["mse"] = mse(vol, truth)
-    out["psnr_dB"] = psnr(vol, truth, out["data_range"])
-    if tilt_range is None:
+    if not large:
+        out["mse"] = mse(vol, truth)
+        out["psnr_dB"] = psnr(vol, truth, out["data_range"])
+    else:
+        out["psnr_dB"] = math.inf if out["mse"] == 0 else 10.0 * math.log10(out["data_range"] ** 2 / out["mse"])
+    if large:
+        curves = large_fsc(vol, truth, voxel_size_A, tilt_range)
+        out["fsc_crops"] = CHUNK_FSC_CROP
+    elif tilt_range is None:
         curves = {"all": fsc(vol, truth, voxel_size_A, mask=mask)}
     else:
         curves = sector_fsc(vol, truth, voxel_size_A, tilt_range, mask=mask)
+    if tilt_range is not None:
         out["tilt_range_deg"] = [float(t) for t in tilt_range]
     out["fsc_masked"] = mask is not None
     for region, curve in curves.items():

@@ -4,9 +4,11 @@ probe as hooks, the divergence hint, its summary and evaluation entries of metri
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -20,7 +22,7 @@ from fasttomo.quality.metrics import volume_metrics
 from fasttomo.quality.report import number_text
 from fasttomo.quality.scoring import holdout_scores, view_residuals
 from fasttomo.run.build import build, make_trainer
-from fasttomo.run.outputs import save_checkpoint_file
+from fasttomo.run.outputs import export_field, save_checkpoint_file
 from fasttomo.run.place import Place
 from fasttomo.run.preflight import check_free_space, memory_problem
 from fasttomo.train.distributed import broadcast_object
@@ -43,6 +45,7 @@ class FieldMethod:
             if problem:
                 raise ConfigError(problem)
         self.comps = build(cfg, ts, rank=place.rank, world_size=place.world, local_rank=place.local_rank)
+        self.cfg = cfg = dataclasses.replace(cfg, optim=self.comps.cfg.optim)  # optim.steps=None sized by build
         probe = truth_probe(ts) if ts.ground_truth is not None and cfg.evaluation.curve_every else None
         if stop is not None:
             stop.device = self.comps.device
@@ -50,6 +53,7 @@ class FieldMethod:
         self.steps_before, self.seconds_before = 0, 0.0
         self.resumed_from: dict | None = None
         self._t_fit = time.perf_counter()
+        self._export_s = 0.0
 
     @property
     def step(self) -> int:
@@ -99,6 +103,15 @@ class FieldMethod:
         with self.trainer.exported_field() as exported_step:
             return self.trainer.export_volume(self.cfg.output.volume_shape), exported_step  # collective
 
+    def export_files(self, out_dir: Path, attrs: dict):
+        """(volume, step, written, failed, finite): the volume evaluated and written as it goes
+        (slab by slab into volume.mrc, fasttomo.run.outputs.export_field). Collective."""
+        t_export = time.perf_counter()
+        with self.trainer.exported_field() as exported_step:
+            volume, written, failed, finite = export_field(self.trainer, self.cfg, out_dir, self.ts.pixel_size, attrs)
+        self._export_s = time.perf_counter() - t_export
+        return volume, exported_step, written, failed, finite
+
     def state(self) -> dict | None:
         return self.trainer.state_dict()  # collective (gathers every rank's RNG states)
 
@@ -106,7 +119,7 @@ class FieldMethod:
         """Speeds are of this process's training (after the resume, if any); ``train_seconds`` is
         the total over the whole run."""
         m = _summarize(self, volume)
-        m["timeline"] = _timeline(self.place.t0, self._t_fit, self.trainer)
+        m["timeline"] = {**_timeline(self.place.t0, self._t_fit, self.trainer), "export_s": round(self._export_s, 3)}
         m["guard"] = self.trainer.guard.summary()
         if self.resumed_from is not None:
             m["resumed_from"] = {"checkpoint": self.resumed_from["checkpoint"], "step": self.steps_before}

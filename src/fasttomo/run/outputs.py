@@ -82,22 +82,24 @@ def _reason(exc: BaseException, folder: Path | None = None) -> str:
 @dataclasses.dataclass(frozen=True)
 class VolumeFiles:
     """What a volume's files carry and are called: the voxel size (A), the attributes (HDF5),
-    the file stem, and whether an IMOD x-z-y copy is written (None: as output.imod_xzy says)."""
+    the file stem, whether an IMOD x-z-y copy is written (None: as output.imod_xzy says), and the
+    names not to write (already written, e.g. the slab-wise volume.mrc)."""
 
     pixel_size: float
     attrs: dict
     stem: str = "volume"
     xzy: bool | None = None
+    skip: tuple = ()
 
 
 def write_volumes(out_dir: Path, volume: np.ndarray, cfg, files: VolumeFiles) -> tuple[dict[str, str], dict[str, str]]:
-    """Write every configured volume file (each atomically; names of :func:`volume_names`).
-    Returns ({name: path}, {name: error})."""
+    """Write every configured volume file (each atomically; names of :func:`volume_names`, but
+    those in ``files.skip``). Returns ({name: path}, {name: error})."""
     from fasttomo.data.io.volume import write_volume
 
     written, failed = {}, {}
     pixel_size, attrs = files.pixel_size, files.attrs
-    for name in volume_names(cfg, files.stem, files.xzy):
+    for name in (n for n in volume_names(cfg, files.stem, files.xzy) if n not in files.skip):
         rotated = name.endswith("_xzy.mrc")
         fmt = "mrc" if rotated else {v: k for k, v in VOLUME_SUFFIX.items()}[name.rsplit(".", 1)[1]]
         try:
@@ -228,3 +230,94 @@ def write_pose_files(out_dir: Path, poses: dict, ts, written: dict, failed: dict
         return
     written.update({os.path.basename(p): p for p in paths})
     log.info("poses written for IMOD and AreTomo: %s", ", ".join(paths))
+
+
+# --------------------------------------------------------------------------------------- slab-wise export
+EXPORT_BYTES_PER_VOXEL = 24
+"""Bytes one voxel of a slab costs while it is evaluated: its normalized point (12), its density
+(4), the density times the scale (4) and the host copy (4); the field's own work runs in chunks
+of a fixed number of points."""
+
+
+def free_memory_bytes(device: torch.device | None) -> int:
+    """Free bytes of ``device`` (CUDA: the driver's count) and of the host (MemAvailable),
+    whichever is smaller; a large number when neither can be read."""
+    import torch
+
+    free = []
+    if device is not None and device.type == "cuda" and torch.cuda.is_available():
+        free.append(int(torch.cuda.mem_get_info(device)[0]))
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    free.append(int(line.split()[1]) * 1024)
+    except OSError:
+        pass
+    return min(free) if free else 1 << 40
+
+
+def slab_planes(shape_zyx, free_bytes: int) -> int:
+    """Z planes per export slab: a quarter of ``free_bytes`` at :data:`EXPORT_BYTES_PER_VOXEL`
+    per voxel, at least one plane, at most the whole volume."""
+    plane = EXPORT_BYTES_PER_VOXEL * int(shape_zyx[1]) * int(shape_zyx[2])
+    return int(max(1, min(int(shape_zyx[0]), free_bytes // 4 // plane)))
+
+
+def field_slabs(projector, scale: float, shape_zyx, planes: int):
+    """(z0, density of planes z0.. times ``scale``) of ``projector``'s volume, ``planes`` Z planes
+    at a time, on the host as float32: the values of the one-shot export, slab by slab."""
+    for lo in range(0, int(shape_zyx[0]), planes):
+        hi = min(int(shape_zyx[0]), lo + planes)
+        yield lo, (projector.volume(tuple(shape_zyx), z_range=(lo, hi)) * scale).cpu().numpy()
+
+
+def export_field(trainer, cfg, out_dir: Path, pixel_size: float, attrs: dict):
+    """Evaluate the trainer's field and write the configured volume files; returns (volume,
+    written, failed, finite). Collective under DDP (call it on every rank, inside
+    ``trainer.exported_field()``; ranks other than 0 get (None, {}, {}, True)).
+
+    One process with mrc among the formats: the volume is evaluated slab by slab (output.slab_planes,
+    or sized from the free memory) straight into volume.mrc through a memory map, and the volume
+    handed back is a read-only map of that file, so the other formats, the pictures (central
+    slices) and the scores page it in as they need it. Otherwise (DDP, no mrc, a volume.mrc that
+    cannot be written or a non-finite slab) the whole volume is evaluated in memory as before."""
+    from fasttomo.data.io.mrc import NonFiniteSlab, mrc_memmap
+
+    shape = tuple(cfg.output.volume_shape) if cfg.output.volume_shape is not None else trainer.projector.box.shape_zyx
+    names = volume_names(cfg)
+    if trainer.world_size == 1 and "volume.mrc" in names:
+        planes = cfg.output.slab_planes or slab_planes(shape, free_memory_bytes(trainer.device))
+        slabs = field_slabs(trainer.projector, trainer.sampler.scale, shape, planes)
+        log.info("exporting the volume %s in slabs of %d Z planes", shape, planes)
+        try:
+            path = write_volume_slabs(out_dir / "volume.mrc", shape, slabs, pixel_size, cfg.name)
+            volume = mrc_memmap(path)
+            written, failed = write_volumes(out_dir, volume, cfg, VolumeFiles(pixel_size, attrs, skip=("volume.mrc",)))
+            return volume, {"volume.mrc": path, **written}, failed, True
+        except NonFiniteSlab:
+            log.warning("the volume holds non-finite values; evaluating it whole to count them")
+        except OSError as exc:
+            log.error("could not write %s (%s); evaluating the volume in memory", out_dir / "volume.mrc",
+                      _reason(exc))
+    volume = trainer.export_volume(shape)  # collective
+    if not trainer.main:
+        return None, {}, {}, True
+    if not np.isfinite(volume).all():
+        log.error("the volume holds %d non-finite voxels (of %d); no volume file was written",
+                  int((~np.isfinite(volume)).sum()), volume.size)
+        return volume, {}, {}, False
+    written, failed = write_volumes(out_dir, volume, cfg, VolumeFiles(pixel_size, attrs))
+    return volume, written, failed, True
+
+
+def write_volume_slabs(path: Path, shape_zyx, slabs, pixel_size: float, run_name: str) -> str:
+    """volume.mrc of a run from ``slabs`` ((z0, array) in Z order), atomically, with the labels
+    :func:`fasttomo.data.io.volume.write_volume` gives it: the same bytes as the one-shot write."""
+    from fasttomo.data.io.mrc import MrcHeader, write_mrc_slabs
+    from fasttomo.data.io.volume import mrc_label
+
+    header = MrcHeader(pixel_size, (mrc_label(run_name),))
+    out = write_mrc_slabs(path, shape_zyx, slabs, header, overwrite=True)
+    log.info("wrote mrc volume %s slab by slab (Z, Y, X = %s, voxel %.4g A)", out, tuple(shape_zyx), pixel_size)
+    return out

@@ -19,6 +19,7 @@ The estimates are arithmetic on the built run (parameter count, volume shape, ba
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import shutil
@@ -318,11 +319,13 @@ def dry_run(cfg: Config) -> dict:
 def dry_run_field(cfg: Config, ts, start: int = 0) -> dict:
     """The dry run of a field: data, box, parameters, memory and file estimates, the folder's
     state and its free space; nothing is written."""
-    from fasttomo.run.build import build
+    from fasttomo.run.build import build, sizing_lines
     from fasttomo.run.folder import inspect_folder
 
     check_memory(cfg, ts)  # before the build: a model too big for the memory is never allocated
     comps = build(cfg, ts)
+    sizing = sizing_lines(cfg, comps)  # what was sized from the data, and why
+    cfg = dataclasses.replace(cfg, optim=comps.cfg.optim)  # optim.steps=None resolved by build
     mem = estimate_memory_bytes(cfg, comps)
     files = estimate_output_bytes(cfg, comps, start)
     report = {
@@ -342,6 +345,7 @@ def dry_run_field(cfg: Config, ts, start: int = 0) -> dict:
              f"  model: {report['n_parameters']} parameters, box (Z, Y, X) = {tuple(comps.box.shape_zyx)}, "
              f"{cfg.optim.steps - start} steps of {comps.sampler.batch_size} rays x "
              f"{comps.projector.samples_per_ray} samples",
+             "  sizes:", *sizing,
              f"  memory on {comps.device} (estimate): {human(sum(mem.values()))} = "
              + ", ".join(f"{k} {human(v)}" for k, v in mem.items())]
     peak = _measured_step_peak(comps)

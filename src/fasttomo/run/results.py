@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import torch
 
 from fasttomo import timeline
 from fasttomo.config import Config, ConfigError
@@ -136,6 +137,8 @@ def finish_files(run, pictures: bool = True) -> None:
     metrics["wall_seconds"] = time.perf_counter() - run.place.t0
     if "timeline" in metrics:
         metrics["timeline"]["process_to_end_s"] = round(timeline.since_start(), 3)
+        metrics["timeline"]["peak_gpu_bytes"] = (torch.cuda.max_memory_allocated() if torch.cuda.is_initialized()
+                                                 else None)
     try:
         write_text(run.out_dir / "metrics.json", dumps(metrics), True)
     except OSError as exc:
@@ -151,8 +154,10 @@ def _pictures(run) -> None:
     cfg, out_dir, volume, ts, metrics = run.cfg, run.out_dir, run.volume, run.ts, run.metrics
     curves = None
     if ts.ground_truth is not None and volume.shape == ts.ground_truth.shape:
+        t_score = time.perf_counter()
         report, curves = truth_scores(volume, ts.ground_truth, ts.pixel_size, tilt_range(ts))
         metrics.update(report)
+        metrics.setdefault("timeline", {})["scoring_s"] = round(time.perf_counter() - t_score, 3)
     truth = ts.ground_truth if metrics.get("pearson_global") else None
     jobs = [("slices.png", lambda: slices_png(out_dir / "slices.png", volume, ts.pixel_size, truth, True)),
             ("loss.png", lambda: _loss_plot(out_dir / "loss.png", metrics, True))]

@@ -123,6 +123,7 @@ class Run:
             attach_truth(ts, cfg.evaluation.truth, cfg.data.thickness)
         self.ts, self.hold = split_holdout(ts, cfg.evaluation.holdout_views)
         self.method = make_method(cfg, self.ts, self.hold, self.place, self.stop)
+        self.cfg = self.method.cfg  # as the method sized it from the data (optim.steps=None)
         if resume_state is not None:
             self.method.load(resume_state, str(resume_path))
 
@@ -172,22 +173,31 @@ class Run:
         self.interrupted = self.stop.signum is not None and self.method.step < self.cfg.optim.steps
 
     def export(self) -> None:
-        """The volume (collective), its files when it is finite (rank 0), the checkpoint (its
-        state is collective; rank 0 writes it)."""
+        """The volume (collective), its files when it is finite (rank 0; a method with
+        ``export_files`` writes them as it evaluates the volume), the checkpoint (its state is
+        collective; rank 0 writes it)."""
+        attrs = {"run": self.cfg.name, "config": to_dict(self.cfg), "units": "input stack units per voxel"}
+        if hasattr(self.method, "export_files"):
+            self.volume, self.exported_step, self.written, self.failed, self.finite = self.method.export_files(
+                self.out_dir, attrs)
+        else:
+            self._export_whole(attrs)
+        self.finite = broadcast_object(self.finite)  # every rank takes the same branches (half sets are collective)
+        self.state = self.method.state()
+        if self.main and self.state is not None:
+            results.save_checkpoint(self.out_dir, self.state, self.written, self.failed)
+
+    def _export_whole(self, attrs: dict) -> None:
+        """The volume evaluated whole (collective), then its files when it is finite (rank 0)."""
         self.volume, self.exported_step = self.method.export()
         if self.main:
             self.finite = bool(np.isfinite(self.volume).all())
-            attrs = {"run": self.cfg.name, "config": to_dict(self.cfg), "units": "input stack units per voxel"}
             if self.finite:
                 self.written, self.failed = results.write_volumes(self.out_dir, self.volume, self.cfg,
                                                                   results.VolumeFiles(self.ts.pixel_size, attrs))
             else:
                 log.error("the volume holds %d non-finite voxels (of %d); no volume file was written",
                           int((~np.isfinite(self.volume)).sum()), self.volume.size)
-        self.finite = broadcast_object(self.finite)  # every rank takes the same branches (half sets are collective)
-        self.state = self.method.state()
-        if self.main and self.state is not None:
-            results.save_checkpoint(self.out_dir, self.state, self.written, self.failed)
 
     def score(self) -> None:
         """metrics (rank 0): the fit's summary, the status, the method's scores, the learned poses'

@@ -89,9 +89,9 @@ def atomic_write(path: str | os.PathLike, writer_fn: Callable[[str], object], ov
     try:
         try:
             writer_fn(tmp)
-        except OSError:
-            raise
-        except Exception as exc:  # noqa: BLE001 - any failure of a writer is a write failure
+        except (OSError, ValueError):
+            raise  # an OSError already says why; a ValueError is the caller's data (no file is written)
+        except Exception as exc:  # noqa: BLE001 - any other failure of a writer is a write failure
             raise write_failed(folder, exc) from exc
         with open(tmp, "rb+") as f:
             f.flush()

@@ -15,8 +15,11 @@ Reading (:func:`read_mrc`):
   * The voxel size comes from the header (cella / mx). fasttomo's own writer also stores the exact
     value in a label (``fasttomo voxel_size_A=...``) so round trips are exact beyond float32.
 
-Writing (:func:`write_mrc`): float32 (mode 2), voxel size in Angstrom, origin 0, labels naming
-fasttomo; the array (Z, Y, X) goes unchanged to (nz, ny, nx); always through :func:`atomic_write`.
+Writing (:func:`write_mrc`, :func:`write_mrc_slabs`): float32 (mode 2), voxel size in Angstrom,
+origin 0, labels naming fasttomo; the array (Z, Y, X) goes unchanged to (nz, ny, nx); always
+through :func:`atomic_write`. A volume can be written slab by slab through a memory map, never
+whole in memory, with the same bytes as the one-shot write; :func:`mrc_memmap` maps a float32
+file back read-only.
 """
 
 from __future__ import annotations
@@ -124,16 +127,18 @@ def _check_size(path: str) -> None:
 
 
 def _open(path: str) -> tuple[mrcfile.mrcfile.MrcFile, list[str]]:
+    """The file opened through a read-only memory map (mrcfile.mmap): the data block is paged in
+    as :func:`read_mrc` copies it out, so a stack is held in memory once, not twice."""
     notes: list[str] = []
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("error", RuntimeWarning)
-            return mrcfile.open(path, mode="r", permissive=False), notes
+            return mrcfile.mmap(path, mode="r", permissive=False), notes
     except (ValueError, RuntimeWarning) as err:
         notes.append(f"strict MRC parsing failed ({err}); opened permissively for this header quirk")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        m = mrcfile.open(path, mode="r", permissive=True)
+        m = mrcfile.mmap(path, mode="r", permissive=True)
     notes += [str(w.message) for w in caught]
     return m, notes
 
@@ -171,6 +176,24 @@ def read_mrc(path: str | os.PathLike) -> MrcData:
         out = MrcData(path=path, data=data, voxel_size=voxel, labels=labels, mode=mode, notes=notes)
         _read_extended(mrc, raw, order, out)
     return out
+
+
+def mrc_memmap(path: str | os.PathLike) -> np.ndarray | None:
+    """The data of a float32 (mode 2) MRC file as a read-only memory map (nz, ny, nx), after the
+    same size checks as :func:`read_mrc`: pages are read as they are used, nothing is copied.
+    None for any other mode (read those with :func:`read_mrc`)."""
+    path = os.fspath(path)
+    _check_size(path)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with mrcfile.open(path, header_only=True, permissive=True) as m:
+            h = m.header
+            if int(h.mode) != 2:
+                return None
+            order = h.mode.dtype.byteorder if h.mode.dtype.byteorder in "<>" else "="
+            shape = (int(h.nz), int(h.ny), int(h.nx))
+            offset = HEADER_BYTES + int(h.nsymbt)
+    return np.memmap(path, dtype=np.dtype(order + "f4"), mode="r", offset=offset, shape=shape)
 
 
 def _exact_voxel(voxel: tuple[float, float, float], labels: list[str]) -> tuple[float, float, float]:
@@ -246,25 +269,99 @@ def write_mrc(path: str | os.PathLike, data: np.ndarray, voxel_size: float, *, l
     """Write ``data`` (Z, Y, X) unchanged as float32 MRC (nx = X, ny = Y, nz = Z), atomically.
 
     ``image_stack`` marks a tilt series (ispg 0) instead of a volume (ispg 1). The voxel size
-    (Angstrom) goes to the header and, exactly, to a label; origin is 0.
+    (Angstrom) goes to the header and, exactly, to a label; origin is 0. The file is the one
+    :func:`write_mrc_slabs` writes from the same values in any slabs (one writer, per-plane
+    statistics).
     """
-    arr = np.ascontiguousarray(data, dtype=np.float32)
+    arr = np.asarray(data)
     if arr.ndim != 3:
         raise DataFileError(f"{path}: can only write 3-D arrays to MRC, got shape {arr.shape}.")
-    vx = float(voxel_size)
-    all_labels = [*labels, f"fasttomo voxel_size_A={vx!r}", *extra_labels]
+    header = MrcHeader(voxel_size, tuple(labels), image_stack, tuple(extra_labels))
+    return write_mrc_slabs(path, arr.shape, [(0, arr)], header, overwrite=overwrite)
+
+
+@dataclass(frozen=True)
+class MrcHeader:
+    """What :func:`write_mrc_slabs` puts in the header besides the shape and the statistics."""
+
+    voxel_size: float
+    """Angstrom per voxel (header cell and an exact label)."""
+    labels: tuple = ()
+    image_stack: bool = False
+    """A tilt series (ispg 0) instead of a volume (ispg 1)."""
+    extra_labels: tuple = ()
+
+
+class NonFiniteSlab(ValueError):
+    """A slab handed to :func:`write_mrc_slabs` held NaN or Inf; no file was written."""
+
+
+@dataclass
+class _PlaneStats:
+    """Running min, max, mean and sum of squared deviations, combined plane by plane in Z order
+    (Chan et al.'s pairwise update in float64), so the result depends on the values alone, never
+    on how the planes were grouped into slabs."""
+
+    n: int = 0
+    mean: float = 0.0
+    m2: float = 0.0
+    lo: float = math.inf
+    hi: float = -math.inf
+
+    def add_plane(self, plane: np.ndarray) -> None:
+        k = plane.size
+        if k == 0:
+            return
+        mean = float(plane.mean(dtype=np.float64))
+        m2 = float(np.square(plane - np.float32(mean), dtype=np.float64).sum())
+        delta, total = mean - self.mean, self.n + k
+        self.mean += delta * k / total
+        self.m2 += m2 + delta * delta * self.n * k / total
+        self.n = total
+        self.lo, self.hi = min(self.lo, float(plane.min())), max(self.hi, float(plane.max()))
+
+    def write_to(self, header) -> None:
+        header.dmin, header.dmax = np.float32(self.lo), np.float32(self.hi)
+        header.dmean = np.float32(self.mean)
+        header.rms = np.float32(math.sqrt(max(self.m2, 0.0) / max(self.n, 1)))
+
+
+def write_mrc_slabs(path: str | os.PathLike, shape_zyx: tuple[int, int, int], slabs, header: MrcHeader, *,
+                    overwrite: bool = False) -> str:
+    """Write a float32 MRC (Z, Y, X) = ``shape_zyx`` from ``slabs``, an iterable of
+    ``(z0, array (dz, Y, X))`` that covers the planes 0..Z-1 once each, in order, without ever
+    holding more than one slab in memory: the file is created at its full size (header first),
+    each slab is copied into its planes through a memory map, and the header statistics are
+    combined plane by plane (:class:`_PlaneStats`), so any slab partition gives the same bytes.
+    Atomic (a temporary name, renamed when complete). A slab with NaN/Inf raises
+    :class:`NonFiniteSlab` and leaves no file."""
+    shape = tuple(int(n) for n in shape_zyx)
+    if len(shape) != 3 or min(shape) <= 0:
+        raise DataFileError(f"{path}: an MRC volume needs a 3-D shape with every side > 0, got {shape}.")
+    vx = float(header.voxel_size)
+    all_labels = [*header.labels, f"fasttomo voxel_size_A={vx!r}", *header.extra_labels]
 
     def _write(tmp: str) -> None:
-        with mrcfile.new(tmp, overwrite=True) as m:
-            m.set_data(arr)
-            if image_stack:
-                m.set_image_stack()
-            else:
-                m.set_volume()
+        stats, nxt = _PlaneStats(), 0
+        with mrcfile.new_mmap(tmp, shape, mrc_mode=2, overwrite=True) as m:
+            for z0, slab in slabs:
+                part = np.asarray(slab, dtype=np.float32)
+                if z0 != nxt or part.ndim != 3 or part.shape[1:] != shape[1:] or z0 + part.shape[0] > shape[0]:
+                    raise DataFileError(f"{path}: slab at z={z0} of shape {part.shape} does not continue the volume "
+                                        f"{shape} at plane {nxt}.")
+                if not np.isfinite(part).all():
+                    raise NonFiniteSlab(f"{path}: planes {z0}..{z0 + part.shape[0] - 1} hold non-finite values.")
+                m.data[z0:z0 + part.shape[0]] = part
+                for plane in part:
+                    stats.add_plane(plane)
+                nxt = z0 + part.shape[0]
+            if nxt != shape[0]:
+                raise DataFileError(f"{path}: the slabs ended at plane {nxt} of {shape[0]}.")
+            m.set_image_stack() if header.image_stack else m.set_volume()
             m.voxel_size = vx
             m.header.origin = (0.0, 0.0, 0.0)
             m.header.nxstart = m.header.nystart = m.header.nzstart = 0
-            m.update_header_stats()
+            stats.write_to(m.header)
             for lab in all_labels:
                 m.add_label(_ascii80(lab))
 

@@ -40,13 +40,34 @@ def from_imod_xzy(volume_xzy: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(np.rot90(volume_xzy, k=1, axes=(0, 1)))
 
 
+SLAB_BYTES = 256 << 20
+"""Bytes of float32 a volume file is written in at a time from an array or a memory map."""
+
+
+def array_slabs(vol: np.ndarray, planes: int | None = None):
+    """(z0, planes z0..) of ``vol`` in slabs of ``planes`` Z planes (default: ~:data:`SLAB_BYTES`),
+    as float32 views where possible, so a memory-mapped volume is paged in one slab at a time."""
+    per = planes or max(1, SLAB_BYTES // max(1, 4 * vol.shape[1] * vol.shape[2]))
+    for z0 in range(0, vol.shape[0], per):
+        yield z0, np.asarray(vol[z0:z0 + per], dtype=np.float32)
+
+
+def xzy_slabs(vol: np.ndarray, planes: int | None = None):
+    """The planes of :func:`to_imod_xzy` of ``vol`` (one per Y of ``vol``), slab by slab: the same
+    values, without rotating the whole volume in memory."""
+    per = planes or max(1, SLAB_BYTES // max(1, 4 * vol.shape[0] * vol.shape[2]))
+    for y0 in range(0, vol.shape[1], per):
+        yield y0, np.rot90(np.asarray(vol[:, y0:y0 + per], dtype=np.float32), k=-1, axes=(0, 1))
+
+
 def _check_volume(path, volume_zyx: np.ndarray, voxel_size_A: float) -> np.ndarray:
-    vol = np.asarray(volume_zyx)
+    """The volume as float32 (Z, Y, X); a float32 array or memory map is passed on uncopied."""
+    vol = volume_zyx if isinstance(volume_zyx, np.ndarray) else np.asarray(volume_zyx)
     if vol.ndim != 3:
         raise DataFileError(f"{path}: a volume must be 3-D (Z, Y, X), got shape {vol.shape}.")
     if not np.isfinite(voxel_size_A) or voxel_size_A <= 0:
         raise DataFileError(f"{path}: voxel size must be a positive number of Angstrom, got {voxel_size_A!r}.")
-    return np.ascontiguousarray(vol, dtype=np.float32)
+    return vol if vol.dtype == np.float32 else vol.astype(np.float32)
 
 
 def mrc_label(label: str) -> str:
@@ -70,11 +91,13 @@ def write_volume(path: str | os.PathLike, volume_zyx: np.ndarray, voxel_size_A: 
     if imod_xzy and fmt != "mrc":
         raise DataFileError(f"{path}: imod_xzy orientation is only written as MRC (IMOD's format); use fmt='mrc'.")
     if fmt == "mrc":
-        from fasttomo.data.io.mrc import write_mrc
+        from fasttomo.data.io.mrc import MrcHeader, write_mrc_slabs
 
-        extra = [XZY_LABEL] if imod_xzy else []
-        out = write_mrc(path, to_imod_xzy(vol) if imod_xzy else vol, voxel_size_A,
-                        labels=[mrc_label(label)], extra_labels=extra, overwrite=overwrite)
+        header = MrcHeader(voxel_size_A, (mrc_label(label),), False,
+                           (XZY_LABEL,) if imod_xzy else ())
+        shape = (vol.shape[1], vol.shape[0], vol.shape[2]) if imod_xzy else vol.shape
+        slabs = xzy_slabs(vol) if imod_xzy else array_slabs(vol)
+        out = write_mrc_slabs(path, shape, slabs, header, overwrite=overwrite)
     elif fmt == "h5":
         from fasttomo.data.io.hdf5 import write_volume_h5
 

@@ -122,11 +122,10 @@ class Projector(nn.Module):
     def volume(self, shape_zyx: tuple[int, int, int] | None = None, chunk: int = 1 << 18,
                z_range: tuple[int, int] | None = None) -> torch.Tensor:
         """Density at voxel centres of the box (or of ``shape_zyx`` resampling it), fp32 (Z, Y, X).
-        ``z_range`` selects a slab of Z planes (used to shard the export across ranks). The volume is
+        ``z_range`` selects a slab of Z planes (the export's slabs, and its shards across ranks);
+        only that slab's grid is built. The volume is
         given in the frame where the reference view's shift is zero (``Poses.gauge_translation``)."""
-        grid = voxel_grid(self.box, shape_zyx)  # (Z, Y, X, 3) normalized xyz
-        if z_range is not None:
-            grid = grid[z_range[0]:z_range[1]]
+        grid = voxel_grid(self.box, shape_zyx, z_range=z_range)  # (Z, Y, X, 3) normalized xyz
         param = next(self.field.parameters())
         pts = grid.reshape(-1, 3).to(param.device)
         if self.poses.free_reference_shift:

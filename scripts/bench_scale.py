@@ -1,0 +1,244 @@
+#!/usr/bin/env python
+"""bench_scale: camera-sized tilt series, run as a user runs them -- where does the time go, what
+memory does it take, and what quality comes out?
+
+Every case is written to files first (MRC stack + .rawtlt angles, and the ground-truth MRC where
+the case keeps one), then each method is a separate ``python -m fasttomo.cli.reconstruct`` process
+with ``data=mrc`` and only the path, the angles and the thickness given, plus the method's own
+overrides and ``evaluation.truth`` (scoring only). The numbers come from each run's metrics.json
+(its ``timeline``) and the process itself:
+
+    process_seconds   the process's wall time, interpreter start to exit
+    step_seconds      training steps alone: the training time less the first step, validation and images
+    fixed_seconds     start (process start to the run's start: imports, Hydra), data (reading,
+                      preparing, building, up to the first training step), first_step (compile,
+                      capture), validation, export (the volume evaluated and written), scoring
+                      (against the truth)
+    pearson, pearson_fg, fsc05_A      against the truth (null without one)
+    halfset_fsc0143_A                  with --half-sets (a second, even/odd run of each method)
+    peak_gpu_GB, peak_host_GB          torch's peak allocation; the process's peak resident memory
+
+Cases (5 % noise relative to the clean projections' maximum; 8 random ellipsoids; +-60 degrees):
+
+    tiny       64^2 x 21 views, thickness 32, 150 steps (a smoke run for a CPU)
+    camera1k   1024^2 x 61 views, thickness 256
+    camera2k   2048^2 x 121 views, thickness 512
+    camera4k   4096^2 x 121 views, thickness 256 (no truth file: the box alone is 17 GB)
+
+Methods (``--methods``):
+
+    field-default   nothing but the data (the defaults, sized from it)
+    field-best      the best recipe known for the size: the 1024 one measured on an H200
+                    (model.resolutions=[128,256,512] optim.steps=4000 precision=bf16), its
+                    resolutions scaled with the image side
+    sirt            model=sirt, scored every SIRT_CURVE_EVERY iterations up to SIRT_ITERATIONS: the
+                    row is the best of them (by Pearson to the truth; the last without a truth)
+
+    python scripts/bench_scale.py --cases tiny
+    python scripts/bench_scale.py --cases camera1k camera2k --methods field-default sirt
+
+Prints a table, writes benchmarks/results/bench_scale-<case>-<device>-<commit>.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "scripts"))
+sys.path.insert(0, str(ROOT / "src"))
+
+from benchlib import write_result  # noqa: E402
+
+SEED = 0
+SIRT_ITERATIONS = 50
+SIRT_CURVE_EVERY = 10
+"""SIRT is scored against the truth every this many iterations (the row: the best of them)."""
+CASES = {
+    "tiny": {"size": 64, "n_tilts": 21, "thickness": 32, "truth": True, "field": ["optim.steps=150"]},
+    "camera1k": {"size": 1024, "n_tilts": 61, "thickness": 256, "truth": True},
+    "camera2k": {"size": 2048, "n_tilts": 121, "thickness": 512, "truth": True},
+    "camera4k": {"size": 4096, "n_tilts": 121, "thickness": 256, "truth": False},
+}
+
+
+def best_recipe(size: int) -> list[str]:
+    """field-best: the 1024 recipe measured on an H200 (FSC 0.5 at 21.9 A against 43.4 A for the
+    defaults of then), the resolutions scaled with the image side (at least 16 texels); bf16 from
+    1024 pixels up (where it was measured)."""
+    f = size / 1024
+    res = sorted({max(16, int(round(r * f))) for r in (128, 256, 512)})
+    return [f"model.resolutions=[{','.join(map(str, res))}]", "optim.steps=4000",
+            *(["precision=bf16"] if size >= 1024 else [])]
+
+
+def make_case(name: str, work: Path) -> dict:
+    """Write the case's stack, angles and (if kept) truth once; returns their paths."""
+    from fasttomo.config import DataConfig
+    from fasttomo.data.io import write_tiltseries
+    from fasttomo.data.io.volume import write_volume
+    from fasttomo.data.phantom import make_tiltseries
+
+    spec = CASES[name]
+    folder = work / "cases" / name
+    folder.mkdir(parents=True, exist_ok=True)
+    base = folder / name
+    files = {"stack": f"{base}.mrc", "angles": f"{base}.rawtlt", "thickness": spec["thickness"],
+             "truth": f"{base}_truth.mrc" if spec["truth"] else None}
+    if Path(files["stack"]).exists() and Path(files["angles"]).exists():
+        return files
+    ts = make_tiltseries(DataConfig(phantom="ellipsoids", width=spec["size"], height=spec["size"],
+                                    thickness=spec["thickness"], n_tilts=spec["n_tilts"], tilt_min=-60.0,
+                                    tilt_max=60.0, noise=0.05, noise_relative_to="max", phantom_seed=SEED))
+    if files["truth"]:
+        write_volume(files["truth"], ts.ground_truth, ts.pixel_size, label=f"bench_scale {name} truth", attrs={},
+                     fmt="mrc", overwrite=True)
+    write_tiltseries(files["stack"], ts, "mrc", overwrite=True)  # last: its presence means the case is whole
+    return files
+
+
+def cli_args(case: str, files: dict, method: str, work: Path, half_sets: bool) -> tuple[str, Path, list[str]]:
+    """(tag, run folder, fasttomo-reconstruct arguments) of one run."""
+    tag = f"{case}-{method}" + ("-halfsets" if half_sets else "")
+    out = work / "runs" / tag
+    args = ["data=mrc", f"data.path={files['stack']}", f"data.angles={files['angles']}",
+            f"data.thickness={files['thickness']}", "logging=quiet", f"hydra.run.dir={out}"]
+    if files["truth"]:
+        args.append(f"evaluation.truth={files['truth']}")
+    if method == "field-best":
+        args += best_recipe(CASES[case]["size"])
+    if method != "sirt":
+        args += CASES[case].get("field", [])  # the tiny case's short fit (a CPU smoke run)
+    else:
+        args += ["model=sirt", f"model.iterations={SIRT_ITERATIONS}"]
+        if files["truth"]:
+            args.append(f"evaluation.curve_every={SIRT_CURVE_EVERY}")
+    if half_sets:
+        args += ["evaluation.half_sets=true", "evaluation.curve_every=0"]
+    return tag, out, args
+
+
+def run_method(case: str, files: dict, method: str, work: Path, half_sets: bool, python: str) -> dict:
+    """One fasttomo-reconstruct process; returns its metrics.json plus the process's wall time and
+    peak resident memory (os.wait4 of that child alone)."""
+    tag, out, args = cli_args(case, files, method, work, half_sets)
+    if out.exists():
+        import shutil
+
+        shutil.rmtree(out)
+    cmd = [python, "-m", "fasttomo.cli.reconstruct", *args]
+    log = work / "runs" / f"{tag}.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src") + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    t0 = time.perf_counter()
+    with open(log, "w") as f:
+        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, cwd=work, env=env)
+        _, status, usage = os.wait4(proc.pid, 0)
+    wall = time.perf_counter() - t0
+    code = os.waitstatus_to_exitcode(status)
+    if code != 0:
+        raise SystemExit(f"{tag} failed (exit {code}):\n{log.read_text()[-3000:]}")
+    m = json.loads((out / "metrics.json").read_text())
+    m["_command"] = "fasttomo-reconstruct " + " ".join(shlex.quote(a) for a in args)
+    m["_process_seconds"] = wall
+    m["_peak_host_bytes"] = usage.ru_maxrss * 1024  # kilobytes on Linux
+    return m
+
+
+def _r(x, nd: int = 3):
+    return None if x is None else round(float(x), nd)
+
+
+def row_of(case: str, method: str, m: dict) -> dict:
+    """The result row of one run (for sirt with a truth: the best iteration's quality)."""
+    tl = m.get("timeline") or {}
+    start = tl.get("process_to_run_start_s")
+    train_start = tl.get("process_to_training_start_s")
+    first, val, img = tl.get("first_step_s"), tl.get("validation_s") or 0.0, tl.get("images_s") or 0.0
+    steps = None
+    if m.get("train_seconds") is not None and first is not None:
+        steps = m["train_seconds"] - first - val - img
+    row = {"variant": method, "method": method, "case": case, "command": m["_command"],
+           "process_seconds": _r(m["_process_seconds"], 2),
+           "step_seconds": _r(steps),
+           "fixed_seconds": {"start": _r(start), "data": _r(train_start - start if train_start is not None else None),
+                             "first_step": _r(first), "validation": _r(val if first is not None else None),
+                             "export": _r(tl.get("export_s")), "scoring": _r(tl.get("scoring_s"))},
+           "pearson": m.get("pearson_global"), "pearson_fg": m.get("pearson_foreground"),
+           "fsc05_A": m.get("fsc05_A"), "halfset_fsc0143_A": None,
+           "peak_gpu_GB": _r(tl["peak_gpu_bytes"] / 1e9) if tl.get("peak_gpu_bytes") else None,
+           "peak_host_GB": _r(m["_peak_host_bytes"] / 1e9), "steps": m.get("steps")}
+    if method == "sirt" and m.get("curve"):
+        best = max(m["curve"], key=lambda r: r.get("pearson_global") or -1)
+        row.update(method=f"sirt-{best['step']}", variant=f"sirt-{best['step']}", pearson=best.get("pearson_global"),
+                   pearson_fg=best.get("pearson_foreground"), iterations=best["step"])
+    if method == "sirt":
+        row["step_seconds"] = _r(m.get("train_seconds"))
+    return row
+
+
+def _fmt(v, spec: str) -> str:
+    return format("-", f">{spec.split('.')[0]}") if v is None else format(v, spec)
+
+
+def print_table(rows: list[dict]) -> None:
+    head = (f"{'case':9s} {'method':14s} {'process s':>9s} {'steps s':>8s} {'start':>6s} {'data':>7s} {'1st':>6s} "
+            f"{'val':>6s} {'export':>7s} {'score':>6s} {'pearson':>8s} {'fg':>7s} {'FSC.5 A':>8s} {'host GB':>8s}")
+    print(head)
+    for r in rows:
+        fx = r["fixed_seconds"]
+        print(f"{r['case']:9s} {r['method']:14s} {_fmt(r['process_seconds'], '9.1f')} "
+              f"{_fmt(r['step_seconds'], '8.1f')} "
+              f"{_fmt(fx['start'], '6.1f')} {_fmt(fx['data'], '7.1f')} {_fmt(fx['first_step'], '6.1f')} "
+              f"{_fmt(fx['validation'], '6.1f')} {_fmt(fx['export'], '7.1f')} {_fmt(fx['scoring'], '6.1f')} "
+              f"{_fmt(r['pearson'], '8.4f')} {_fmt(r['pearson_fg'], '7.4f')} {_fmt(r['fsc05_A'], '8.1f')} "
+              f"{_fmt(r['peak_host_GB'], '8.2f')}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--cases", nargs="+", default=["camera1k", "camera2k", "camera4k"], choices=list(CASES))
+    ap.add_argument("--methods", nargs="+", default=["field-default", "field-best", "sirt"],
+                    choices=["field-default", "field-best", "sirt"])
+    ap.add_argument("--half-sets", action="store_true", help="a second run per method with evaluation.half_sets=true "
+                    "(fills halfset_fsc0143_A)")
+    ap.add_argument("--work", default=None, help="folder for case files and runs (default: a temp folder)")
+    ap.add_argument("--out-dir", default=None, help="where the JSON records go (default benchmarks/results)")
+    ap.add_argument("--python", default=sys.executable)
+    args = ap.parse_args()
+
+    import tempfile
+
+    import torch
+
+    work = Path(args.work or tempfile.mkdtemp(prefix="bench_scale_")).resolve()
+    device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
+    all_rows = []
+    for case in args.cases:
+        files = make_case(case, work)
+        rows = []
+        for method in args.methods:
+            row = row_of(case, method, run_method(case, files, method, work, False, args.python))
+            if args.half_sets:
+                hs = run_method(case, files, method, work, True, args.python).get("half_sets") or {}
+                row["halfset_fsc0143_A"] = hs.get("fsc0143_A")
+            rows.append(row)
+            print_table([row])
+            sys.stdout.flush()
+        path = write_result("bench_scale", case, device, rows, out_dir=Path(args.out_dir) if args.out_dir else None,
+                            work=str(work), noise=0.05, sirt_iterations=SIRT_ITERATIONS)
+        print(f"wrote {path}")
+        all_rows += rows
+    print()
+    print_table(all_rows)
+
+
+if __name__ == "__main__":
+    main()
