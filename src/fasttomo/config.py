@@ -490,7 +490,7 @@ class VoxelConfig(FieldConfig):
 @dataclasses.dataclass
 class SirtConfig(ModelConfig):
     """model=sirt: the conventional SIRT on a voxel grid of the reconstruction box, no training loop
-    (src/fasttomo/conventional/sirt.py)."""
+    (src/fasttomo/methods/sirt/solver.py)."""
 
     kind: str = "sirt"
     iterations: int = 100

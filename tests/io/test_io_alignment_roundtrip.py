@@ -117,3 +117,15 @@ def test_a_refined_phantom_run_writes_its_poses_for_imod_and_aretomo(tmp_path):
     aln = read_aln(out / "poses.aln")
     assert aln.raw_size == (24, 20, 15)
     np.testing.assert_allclose(aln.column("TILT"), np.linspace(-60.0, 60.0, 15), atol=1e-3)
+
+
+def test_a_refined_phantom_run_with_held_out_views_writes_the_views_it_fitted(tmp_path):
+    """No stack file is behind a phantom: the pose files list the run's own (training) views; the
+    views set aside for scoring are not indices into them (an IndexError before)."""
+    out = tmp_path / "run"
+    metrics = run(compose_config([*TINY, "optim.steps=8", "pose=refine", "pose.start_step=0",
+                                  "evaluation.holdout_views=[4,9]", f"output.dir={out}"]))
+    z3, _ = xf_to_poses(read_xf(out / "poses.xf"), "poses.xf")
+    assert len(z3) == 13
+    np.testing.assert_allclose(z3, metrics["poses"]["z3_deg"], atol=1e-4)
+    np.testing.assert_allclose(np.loadtxt(out / "poses.tlt"), metrics["poses"]["tilt_deg"], atol=1e-4)

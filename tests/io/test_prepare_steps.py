@@ -79,6 +79,9 @@ def test_exclude_bin_crop(tmp_path):
     np.testing.assert_array_equal(ts.angles, ANGLES5[1:4])
     with pytest.raises(TiltSeriesError, match=r"exclude_views \[9\] are not sections of this 5-view stack"):
         _load(tmp_path, st, exclude_views=[9])
+    for every in ([1, 2, 3, 4, 5], [1, 2, 3, 5]):  # all views, or all but one: no reconstruction (a crash before)
+        with pytest.raises(TiltSeriesError, match=r"leaves [01] of the 5 views; .* exclude fewer views"):
+            _load(tmp_path, st, exclude_views=every)
     with pytest.raises(TiltSeriesError, match=r"data\.crop=\[0, 20, 0, 4\] is not a window .* 6 x 8 image"):
         _load(tmp_path, st, binning=2, crop=[0, 20, 0, 4])
     with pytest.raises(ConfigError, match="data.exclude_views"):

@@ -264,6 +264,9 @@ def _exclude(parts: tuple, cfg, where: str):
         raise TiltSeriesError(f"{where}: data.exclude_views {out_of_range} are not sections of this {n}-view stack; "
                               f"view numbers are 1-based (1..{n}), as in IMOD.")
     keep = np.setdiff1d(views, ex) - 1
+    if keep.size < 2:
+        raise TiltSeriesError(f"{where}: data.exclude_views {ex} leaves {keep.size} of the {n} views; a reconstruction "
+                              "needs at least two views at different angles: exclude fewer views.")
     log.info("%s: excluded views %s (1-based); %d remain.", where, ex, n - len(ex))
     return (*_take(keep, stack, valid, angles, views), f"excluded views {ex} (1-based)")
 

@@ -206,8 +206,8 @@ def write_half_volume(out_dir: Path, volume: np.ndarray, cfg, pixel_size: float,
         try:
             written[name] = write_volume(out_dir / name, volume, pixel_size, label=f"fasttomo run {cfg.name}",
                                          attrs={"run": cfg.name, "half_set": half}, fmt=fmt, overwrite=True)
-        except OSError as exc:
-            failed[name] = _reason(exc)
+        except Exception as exc:  # noqa: BLE001 - any failure to write is a write failure
+            failed[name] = _reason(exc, out_dir)
             log.error("could not write %s (%s)", out_dir / name, failed[name])
     return written, failed
 

@@ -228,8 +228,11 @@ def file_alignment_of(poses: dict, metadata: dict, shape_hw: tuple[int, int]) ->
     alignment (none: identity) and the file's tilt angle. Raises ValueError with the reason when
     the prepared frame is not the file's up to binning (data.crop, data.tilt_axis_angle)."""
     n_views = len(poses["tilt_deg"])
-    rf = metadata.get("raw_frame") or {"width": shape_hw[1], "height": shape_hw[0], "n": n_views, "binning": 1,
-                                       "tilt_deg": list(poses["tilt_deg"])}
+    rf = metadata.get("raw_frame")
+    if not rf:  # no stack file behind the series (a phantom): the files list the run's own views in order
+        rf = {"width": shape_hw[1], "height": shape_hw[0], "n": n_views, "binning": 1,
+              "tilt_deg": list(poses["tilt_deg"])}
+        metadata = {k: v for k, v in metadata.items() if k != "view_numbers"}
     if rf.get("crop") or rf.get("tilt_axis_angle"):
         raise ValueError("the images were cropped or rotated (data.crop, data.tilt_axis_angle), so the poses do not "
                          "map onto the stack file's frame")
