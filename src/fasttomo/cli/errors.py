@@ -244,3 +244,30 @@ def run_checked(p: Program, argv: list[str], app) -> None:
         report(str(err), p.prog)
         logging.shutdown()
         sys.exit(EXIT_USER_ERROR)
+
+
+def hydra_app(name: str, schema, run, user_errors, throw_on_missing: bool = False) -> None:
+    """Compose configs/<name>.yaml with the command line through Hydra, the typed ``schema``
+    registered first (as ``fasttomo_<name>_schema``, the first entry of that file's defaults list,
+    so a misspelled key is refused), and call ``run`` with the composed config as a plain dict;
+    the ``user_errors`` it raises (a tuple of exception classes, or a function returning one, called
+    once the config is composed, for classes whose modules are heavy to import) become one line and
+    exit code 2."""
+    import hydra
+    from hydra.core.config_store import ConfigStore
+    from omegaconf import OmegaConf
+
+    from fasttomo.config import config_dir
+
+    ConfigStore.instance().store(name=f"fasttomo_{name}_schema", node=schema)
+
+    @hydra.main(version_base="1.3", config_path=config_dir(), config_name=name)
+    def _app(cfg) -> None:
+        errors = user_errors() if callable(user_errors) else user_errors
+        try:
+            run(OmegaConf.to_container(cfg, resolve=True, throw_on_missing=throw_on_missing))
+        except errors as exc:
+            logging.getLogger("fasttomo").error("%s", exc)
+            sys.exit(EXIT_USER_ERROR)
+
+    _app()

@@ -450,28 +450,17 @@ def program():
 
 def _start() -> None:
     """Compose configs/evaluate.yaml with the command line (Hydra) and run the evaluation."""
-    import hydra
-    from hydra.core.config_store import ConfigStore
-    from omegaconf import OmegaConf
-
-    from fasttomo.config import config_dir, from_dict
+    from fasttomo.cli.errors import hydra_app
+    from fasttomo.config import from_dict
     from fasttomo.data.tiltseries import TiltSeriesError
 
-    # the typed schema (first in configs/evaluate.yaml's defaults): a misspelled key is refused
-    ConfigStore.instance().store(name="fasttomo_evaluate_schema", node=EvaluateConfig)
+    def user_errors() -> tuple:
+        from fasttomo.quality.scoring import EvaluateError  # torch: only once the config is composed
 
-    @hydra.main(version_base="1.3", config_path=config_dir(), config_name="evaluate")
-    def _app(cfg) -> None:
-        from fasttomo.quality.scoring import EvaluateError
+        return ConfigError, TiltSeriesError, EvaluateError, FileExistsError
 
-        try:
-            ev = from_dict(EvaluateConfig, OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True))
-            evaluate(ev)
-        except (ConfigError, TiltSeriesError, EvaluateError, FileExistsError) as exc:
-            log.error("%s", exc)
-            sys.exit(2)
-
-    _app()
+    hydra_app("evaluate", EvaluateConfig, lambda data: evaluate(from_dict(EvaluateConfig, data)), user_errors,
+              throw_on_missing=True)
 
 
 def main() -> None:

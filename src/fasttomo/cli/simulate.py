@@ -142,27 +142,16 @@ def program():
 
 def _start() -> None:
     """Compose configs/simulate.yaml with the command line (Hydra) and write the files."""
-    import hydra
-    from hydra.core.config_store import ConfigStore
-    from omegaconf import OmegaConf
-
-    from fasttomo.config import config_dir
+    from fasttomo.cli.errors import hydra_app
     from fasttomo.data.specimen import PhantomError
     from fasttomo.data.tiltseries import TiltSeriesError
 
-    # the typed schema (first in configs/simulate.yaml's defaults): a misspelled key is refused
-    ConfigStore.instance().store(name="fasttomo_simulate_schema", node=hydra_schema(SimulateConfig))
+    def run(data: dict) -> None:
+        sim = from_dict(SimulateConfig, strip_unset(data))
+        simulate(sim.data, sim.out, sim.format, sim.overwrite)
 
-    @hydra.main(version_base="1.3", config_path=config_dir(), config_name="simulate")
-    def _app(cfg) -> None:
-        try:
-            sim = from_dict(SimulateConfig, strip_unset(OmegaConf.to_container(cfg, resolve=True, throw_on_missing=False)))
-            simulate(sim.data, sim.out, sim.format, sim.overwrite)
-        except (ConfigError, TiltSeriesError, PhantomError, FileExistsError) as exc:
-            log.error("%s", exc)
-            sys.exit(2)
-
-    _app()
+    hydra_app("simulate", hydra_schema(SimulateConfig), run,
+              (ConfigError, TiltSeriesError, PhantomError, FileExistsError))
 
 
 def main() -> None:
