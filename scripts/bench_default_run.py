@@ -1,0 +1,108 @@
+#!/usr/bin/env python
+"""bench_default_run: the README's main job (the embedded default reconstruction) timed as a user
+meets it, whole processes from interpreter start to exit.
+
+In the same job it times ``import torch`` alone in a fresh interpreter (the floor every run pays),
+then runs ``python -m fasttomo.cli.reconstruct logging.progress=false hydra.run.dir=<tmp>``:
+
+    on a GPU   once with an empty Triton cache (a fresh TRITON_CACHE_DIR: the kernels compile) and
+               ``--repeat`` times with that cache warm (a user's second run)
+    on a CPU   ``--repeat`` times (no kernels are compiled there)
+
+Each row: ``cache`` ("empty", "warm" or "n/a"), ``process_wall_s``, ``torch_import_s`` (the
+median of this job's imports), ``beyond_torch_import_s``, the run's training seconds, steps,
+Pearson to the phantom and its timeline (metrics.json), and the process's peak resident memory.
+
+    python scripts/bench_default_run.py                 # CPU: one run; GPU: empty + one warm
+    python scripts/bench_default_run.py --repeat 3
+
+Prints a table, writes benchmarks/results/default_run-phantom-<device>-<commit>.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "scripts"))
+sys.path.insert(0, str(ROOT / "src"))
+
+from benchlib import write_result  # noqa: E402
+
+COMMAND = [sys.executable, "-m", "fasttomo.cli.reconstruct", "logging.progress=false"]
+
+
+def timed(cmd: list[str], env: dict, cwd: Path) -> tuple[float, int, str]:
+    """(wall seconds, peak resident bytes, output) of one child process."""
+    t0 = time.perf_counter()
+    with tempfile.TemporaryFile("w+") as f:
+        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env, cwd=cwd)
+        _, status, usage = os.wait4(proc.pid, 0)
+        wall = time.perf_counter() - t0
+        f.seek(0)
+        text = f.read()
+    if os.waitstatus_to_exitcode(status) != 0:
+        raise SystemExit(f"{' '.join(cmd)} failed:\n{text[-3000:]}")
+    return wall, usage.ru_maxrss * 1024, text
+
+
+def torch_import_seconds(env: dict, cwd: Path) -> float:
+    code = "import time; t = time.perf_counter(); import torch; print(time.perf_counter() - t)"
+    _, _, out = timed([sys.executable, "-c", code], env, cwd)
+    return float(out.strip().splitlines()[-1])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--repeat", type=int, default=1, help="warm-cache runs on a GPU, runs on a CPU")
+    ap.add_argument("--out-dir", default=None)
+    args = ap.parse_args()
+
+    import torch
+
+    gpu = torch.cuda.is_available()
+    device = torch.cuda.get_device_name(0) if gpu else "cpu"
+    work = Path(tempfile.mkdtemp(prefix="bench_default_run_"))
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src") + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    caches = (["empty"] + ["warm"] * args.repeat) if gpu else ["n/a"] * args.repeat
+    if gpu:
+        env["TRITON_CACHE_DIR"] = str(work / "triton-cache")  # empty before the first run
+    imports = [torch_import_seconds(env, work)]
+    rows = []
+    for i, cache in enumerate(caches):
+        out = work / f"run{i}"
+        wall, peak, _ = timed([*COMMAND, f"hydra.run.dir={out}"], env, work)
+        imports.append(torch_import_seconds(env, work))
+        m = json.loads((out / "metrics.json").read_text())
+        rows.append({"variant": f"default-{cache}-cache" if gpu else "default", "cache": cache,
+                     "process_wall_s": round(wall, 2), "train_seconds": m.get("train_seconds"),
+                     "steps": m.get("steps"), "pearson": m.get("pearson_global"),
+                     "peak_host_GB": round(peak / 1e9, 3), "timeline": m.get("timeline")})
+    t_import = statistics.median(imports)
+    for r in rows:
+        r["torch_import_s"] = round(t_import, 2)
+        r["beyond_torch_import_s"] = round(r["process_wall_s"] - t_import, 2)
+    print(f"import torch alone: {', '.join(f'{t:.2f}' for t in imports)} s (median {t_import:.2f})")
+    print(f"{'cache':6s} {'process s':>9s} {'beyond import':>13s} {'train s':>8s} {'steps':>6s} {'pearson':>8s} "
+          f"{'host GB':>8s}")
+    for r in rows:
+        print(f"{r['cache']:6s} {r['process_wall_s']:9.2f} {r['beyond_torch_import_s']:13.2f} "
+              f"{r['train_seconds'] or 0:8.2f} {r['steps'] or 0:6d} {r['pearson'] or 0:8.4f} {r['peak_host_GB']:8.3f}")
+    path = write_result("default_run", "phantom", device, rows, out_dir=Path(args.out_dir) if args.out_dir else None,
+                        command=f"python scripts/bench_default_run.py {' '.join(sys.argv[1:])}".strip(),
+                        torch_import_s_all=[round(t, 3) for t in imports],
+                        run_command=" ".join(["python -m fasttomo.cli.reconstruct", *COMMAND[3:],
+                                              "hydra.run.dir=<tmp>"]))
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()
