@@ -3,7 +3,7 @@
 memory does it take, and what quality comes out?
 
 Every case is written to files first (MRC stack + .rawtlt angles, and the ground-truth MRC where
-the case keeps one), then each method is a separate ``python -m fasttomo.cli.reconstruct`` process
+the case keeps one; projected on the GPU when there is one), then each method is a separate ``python -m fasttomo.cli.reconstruct`` process
 with ``data=mrc`` and only the path, the angles and the thickness given, plus the method's own
 overrides and ``evaluation.truth`` (scoring only). The numbers come from each run's metrics.json
 (its ``timeline``) and the process itself:
@@ -16,6 +16,9 @@ overrides and ``evaluation.truth`` (scoring only). The numbers come from each ru
                       (against the truth)
     pearson, pearson_fg, fsc05_A      against the truth (null without one)
     halfset_fsc0143_A                  with --half-sets (a second, even/odd run of each method)
+
+Each run's volumes are deleted once it is scored (the disk of a lent GPU machine holds one
+camera4k volume at a time); its metrics.json and log stay in the work folder.
     peak_gpu_GB, peak_host_GB          torch's peak allocation; the process's peak resident memory
 
 Cases (5 % noise relative to the clean projections' maximum; 8 random ellipsoids; +-60 degrees):
@@ -94,9 +97,12 @@ def make_case(name: str, work: Path) -> dict:
              "truth": f"{base}_truth.mrc" if spec["truth"] else None}
     if Path(files["stack"]).exists() and Path(files["angles"]).exists():
         return files
+    import torch
+
     ts = make_tiltseries(DataConfig(phantom="ellipsoids", width=spec["size"], height=spec["size"],
                                     thickness=spec["thickness"], n_tilts=spec["n_tilts"], tilt_min=-60.0,
-                                    tilt_max=60.0, noise=0.05, noise_relative_to="max", phantom_seed=SEED))
+                                    tilt_max=60.0, noise=0.05, noise_relative_to="max", phantom_seed=SEED),
+                         device="cuda" if torch.cuda.is_available() else None, truth=spec["truth"])
     if files["truth"]:
         write_volume(files["truth"], ts.ground_truth, ts.pixel_size, label=f"bench_scale {name} truth", attrs={},
                      fmt="mrc", overwrite=True)
@@ -146,6 +152,8 @@ def run_method(case: str, files: dict, method: str, work: Path, half_sets: bool,
     if code != 0:
         raise SystemExit(f"{tag} failed (exit {code}):\n{log.read_text()[-3000:]}")
     m = json.loads((out / "metrics.json").read_text())
+    for vol in out.glob("volume*.*"):
+        vol.unlink()  # tens of GB at camera size: the next method needs the disk
     m["_command"] = "fasttomo-reconstruct " + " ".join(shlex.quote(a) for a in args)
     m["_process_seconds"] = wall
     m["_peak_host_bytes"] = usage.ru_maxrss * 1024  # kilobytes on Linux
@@ -231,10 +239,12 @@ def main() -> None:
                 row["halfset_fsc0143_A"] = hs.get("fsc0143_A")
             rows.append(row)
             print_table([row])
+            # after every method, so that a case cut short keeps the rows it has
+            path = write_result("bench_scale", case, device, rows,
+                                out_dir=Path(args.out_dir) if args.out_dir else None, work=str(work), noise=0.05,
+                                sirt_iterations=SIRT_ITERATIONS)
+            print(f"wrote {path}")
             sys.stdout.flush()
-        path = write_result("bench_scale", case, device, rows, out_dir=Path(args.out_dir) if args.out_dir else None,
-                            work=str(work), noise=0.05, sirt_iterations=SIRT_ITERATIONS)
-        print(f"wrote {path}")
         all_rows += rows
     print()
     print_table(all_rows)

@@ -42,9 +42,31 @@ class SimulateConfig:
     """mrc or h5."""
     overwrite: bool = False
     """Replace existing files (otherwise an existing file is an error)."""
+    truth: bool = True
+    """Write the ground-truth volume (false: the stack and angles alone, e.g. for a camera-sized
+    box: 4096^2 x 256 voxels are 17 GB)."""
+    device: str = "auto"
+    """Where the ellipsoid specimens are projected and voxelized: auto (the GPU when there is one),
+    cpu, or a torch device such as cuda:1. The values are the same bit for bit on each."""
 
 
-def simulate(data_cfg: DataConfig, out: str, fmt: str, overwrite: bool = False) -> list[Path]:
+def simulate_device(device: str) -> str | None:
+    """The torch device of ``device`` (auto, cpu, cuda, cuda:N), None for numpy on the CPU."""
+    if device == "cpu":
+        return None
+    import torch
+
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else None
+    if not device.startswith("cuda"):
+        raise ConfigError(f"device: must be auto, cpu, cuda or cuda:N, got {device!r}.")
+    if not torch.cuda.is_available():
+        raise ConfigError(f"device={device}: this machine has no CUDA GPU; use device=cpu (or auto).")
+    return device
+
+
+def simulate(data_cfg: DataConfig, out: str, fmt: str, overwrite: bool = False, truth: bool = True,
+             device: str = "auto") -> list[Path]:
     """Write the phantom tilt series (and ground truth, and the true poses of misaligned views);
     returns the written paths."""
     from fasttomo.data.io import OutputExistsError, write_tiltseries
@@ -57,14 +79,14 @@ def simulate(data_cfg: DataConfig, out: str, fmt: str, overwrite: bool = False) 
         raise ConfigError(f"format: must be mrc or h5, got {fmt!r}.")
     if data_cfg.source != "phantom":
         raise ConfigError("data.source: fasttomo-simulate only writes the built-in phantom (data=phantom).")
-    ts = make_tiltseries(data_cfg)
+    ts = make_tiltseries(data_cfg, simulate_device(device), truth)
     base = Path(out)
     true_poses = ts.metadata.get("true_poses")
     true_atoms = ts.metadata.get("true_atoms")
     pose_file = Path(poses_path(base))
     targets = [base.with_suffix(f".{fmt}")]
     if fmt == "mrc":
-        targets += [base.with_suffix(".rawtlt"), base.parent / f"{base.name}_truth.mrc"]
+        targets += [base.with_suffix(".rawtlt"), *([base.parent / f"{base.name}_truth.mrc"] if truth else [])]
     if true_poses is not None:
         targets.append(pose_file)
     atoms_file = base.parent / f"{base.name}_atoms.csv"
@@ -148,7 +170,7 @@ def _start() -> None:
 
     def run(data: dict) -> None:
         sim = from_dict(SimulateConfig, strip_unset(data))
-        simulate(sim.data, sim.out, sim.format, sim.overwrite)
+        simulate(sim.data, sim.out, sim.format, sim.overwrite, sim.truth, sim.device)
 
     hydra_app("simulate", hydra_schema(SimulateConfig), run,
               (ConfigError, TiltSeriesError, PhantomError, FileExistsError))

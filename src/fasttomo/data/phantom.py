@@ -73,20 +73,22 @@ def _pose_chunk(poses: Mapping[str, Any] | None, lo: int, hi: int, n: int):
 
 
 def project_views(phantom: Phantom, angles_deg: np.ndarray, image_hw: tuple[int, int],
-                  poses: Mapping[str, Any] | None = None, chunk_pixels: int | None = None) -> np.ndarray:
+                  poses: Mapping[str, Any] | None = None, chunk_pixels: int | None = None,
+                  device: str | None = None) -> np.ndarray:
     """:func:`project` a few views at a time into one float32 (N, H, W) stack: each view's line
     integrals are computed independently of the others, so the stack is :func:`project`'s, bit
-    for bit, whatever the chunk, with float64 work arrays of about ``chunk_pixels`` pixels."""
+    for bit, whatever the chunk, with float64 work arrays of about ``chunk_pixels`` pixels
+    (on ``device`` when given: see :func:`project`)."""
     h, w = int(image_hw[0]), int(image_hw[1])
     ang = np.asarray(angles_deg, dtype=np.float64)
     n = ang.shape[0]
     per = max(1, int(chunk_pixels or PROJECT_CHUNK_PIXELS) // max(1, h * w))
     if per >= n:
-        return project(phantom, ang, h, w, poses=poses)
+        return project(phantom, ang, h, w, poses=poses, device=device)
     out = np.empty((n, h, w), dtype=np.float32)
     for lo in range(0, n, per):
         hi = min(n, lo + per)
-        out[lo:hi] = project(phantom, ang[lo:hi], h, w, poses=_pose_chunk(poses, lo, hi, n))
+        out[lo:hi] = project(phantom, ang[lo:hi], h, w, poses=_pose_chunk(poses, lo, hi, n), device=device)
     return out
 
 
@@ -296,7 +298,7 @@ def _build_specimen(cfg: Any, kind: str, seed: int) -> tuple[Any, int, float]:
     raise PhantomError(f"data.phantom: unknown specimen {kind!r}; use default, ellipsoids, nanoparticle, cell or catalyst.")
 
 
-def make_tiltseries(cfg: Any) -> TiltSeries:
+def make_tiltseries(cfg: Any, device: str | None = None, truth: bool = True) -> TiltSeries:
     """The built-in synthetic tilt series of a :class:`fasttomo.config.DataConfig`.
 
     Specimen: ``cfg.phantom`` = default (:func:`default_phantom`; thickness None: about W/2, see
@@ -317,7 +319,10 @@ def make_tiltseries(cfg: Any) -> TiltSeries:
     Pixel size: cfg.pixel_size (None: 10 A). The ground truth is :func:`voxelize` of the specimen
     at (thickness, height, width) (the specimens' own volume for nanoparticle, cell, catalyst);
     poses move the views, not the specimen. The options that prepare real data (binning, crop,
-    normalize, ...) do not apply.
+    normalize, ...) do not apply. ``device`` (a torch device such as "cuda") projects and voxelizes
+    the ellipsoid specimens there, with the same values bit for bit (:func:`project`); the other
+    specimens and the detector stay on the CPU. ``truth=False`` skips the ground truth
+    (``ground_truth`` None), for a box too big to keep.
     """
     from fasttomo.data.dose import detect
 
@@ -331,7 +336,7 @@ def make_tiltseries(cfg: Any) -> TiltSeries:
     true_poses = (random_pose_errors(angles, shift_err, rot_err, seed, axis=axis_err)
                   if (shift_err > 0 or rot_err > 0 or axis_err != 0) else None)
     analytic = isinstance(specimen, Phantom)
-    clean = (project_views(specimen, angles, (cfg.height, cfg.width), true_poses) if analytic
+    clean = (project_views(specimen, angles, (cfg.height, cfg.width), true_poses, device=device) if analytic
              else specimen.project(angles, cfg.height, cfg.width, poses=true_poses))
     stack, detector = detect(clean, cfg, seed)
     metadata = {
@@ -354,7 +359,10 @@ def make_tiltseries(cfg: Any) -> TiltSeries:
     if kind == "nanoparticle":
         metadata["true_atoms"] = specimen.table(pixel_size)  # atoms.csv's frame (fasttomo-simulate writes it)
         metadata["geometry"] += "; Gaussian atoms project to 2-D Gaussians (fasttomo.data.atoms)"
-    truth = voxelize(specimen, (thickness, cfg.height, cfg.width)) if analytic else specimen.volume()
+    if not truth:
+        truth = None
+    else:
+        truth = voxelize(specimen, (thickness, cfg.height, cfg.width), device=device) if analytic else specimen.volume()
     if true_poses is not None:
         metadata["true_poses"] = true_poses
         metadata["geometry"] += ("; view n posed as (u, v, w) = Rz(z3) Ry(theta) Rz(z1) p + (su, sv, 0) with "
