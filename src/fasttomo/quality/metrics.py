@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import sys
 from typing import Sequence
 
 import numpy as np
@@ -306,9 +307,22 @@ def _fsc_curves(a, b, voxel_size_A: float, mask, shell_width: float, tilt_range_
     return _curves(sums, a.shape, vx, sw)
 
 
-def _shell_sums(a: np.ndarray, b: np.ndarray, vx: float, sw: float, tilt_range_deg) -> dict[str, np.ndarray]:
+def scoring_device() -> str | None:
+    """Where the FSC's transforms and shell sums run: "cuda" when this process has imported torch
+    and has a GPU (a 1024^2 x 256 volume in about a second there, against most of a minute in
+    numpy), else None (numpy). The curves agree to float32 rounding (tests/quality)."""
+    torch = sys.modules.get("torch")
+    return "cuda" if torch is not None and torch.cuda.is_available() else None
+
+
+def _shell_sums(a: np.ndarray, b: np.ndarray, vx: float, sw: float, tilt_range_deg,
+                device: str | None = "auto") -> dict[str, np.ndarray]:
     """Per region, (4, n_shells) sums over the full Fourier grid of two prepared (mean-removed)
-    volumes: Re(A B*), |A|^2, |B|^2 and the voxel count per shell."""
+    volumes: Re(A B*), |A|^2, |B|^2 and the voxel count per shell; in numpy, or with torch on
+    ``device`` ("auto": :func:`scoring_device`)."""
+    device = scoring_device() if device == "auto" else device
+    if device is not None:
+        return _shell_sums_torch(a, b, vx, sw, tilt_range_deg, device)
     z, y, x = a.shape
     measured = None if tilt_range_deg is None else measured_region(a.shape, tilt_range_deg)
     fa = np.fft.rfftn(a)
@@ -455,6 +469,47 @@ def chunked_fsc(a: np.ndarray, b: np.ndarray, voxel_size_A: float, tilt_range_de
                 sums = _shell_sums(ca, cb, vx, sw, tilt_range_deg)
                 total = sums if total is None else {r: total[r] + sums[r] for r in total}
     return _curves(total, box, vx, sw)
+
+
+def _shell_sums_torch(a: np.ndarray, b: np.ndarray, vx: float, sw: float, tilt_range_deg,
+                      device: str) -> dict[str, np.ndarray]:
+    """:func:`_shell_sums` with torch on ``device``: the same float32 transforms, shells, weights
+    and regions, the sums in float64 (on the device, as numpy's on the host)."""
+    import torch
+
+    z, y, x = a.shape
+    fa = torch.fft.rfftn(torch.from_numpy(np.ascontiguousarray(a, dtype=np.float32)).to(device))
+    fb = torch.fft.rfftn(torch.from_numpy(np.ascontiguousarray(b, dtype=np.float32)).to(device))
+    width = sw / (max(z, y, x) * vx)
+    n_shells = int(math.floor(0.5 / vx / width + 1e-9)) + 1
+    f64 = dict(dtype=torch.float64, device=device)
+    kz = torch.from_numpy(np.fft.fftfreq(z, d=vx)).to(**f64)
+    kyx2 = torch.from_numpy(np.fft.fftfreq(y, d=vx)[:, None] ** 2 + np.fft.rfftfreq(x, d=vx)[None, :] ** 2).to(**f64)
+    wx = torch.from_numpy(_hermitian_weights(x)).to(**f64)
+    measured = None
+    regions = ["all"]
+    if tilt_range_deg is not None:
+        measured = torch.from_numpy(measured_region(a.shape, tilt_range_deg)).to(device)
+        regions = ["all", "measured", "wedge"]
+    sums = {r: torch.zeros((4, n_shells), **f64) for r in regions}
+    rows = max(1, (1 << 24) // max(1, y * (x // 2 + 1)))
+    for z0 in range(0, z, rows):
+        z1 = min(z, z0 + rows)
+        ca, cb = fa[z0:z1], fb[z0:z1]
+        shell = torch.round(torch.sqrt(kz[z0:z1, None, None] ** 2 + kyx2[None]) / width).to(torch.int64)
+        keep = shell < n_shells
+        w = wx.expand(ca.shape)
+        ar, ai, br, bi = (t.to(torch.float64) for t in (ca.real, ca.imag, cb.real, cb.imag))
+        parts = ((ar * br + ai * bi) * w, (ar * ar + ai * ai) * w, (br * br + bi * bi) * w, w)
+        for r in regions:
+            sel = keep
+            if r != "all":
+                inside = measured[z0:z1, None, :].expand(ca.shape)
+                sel = keep & (inside if r == "measured" else ~inside)
+            idx = shell[sel]
+            for k, p in enumerate(parts):
+                sums[r][k] += torch.bincount(idx, weights=p[sel], minlength=n_shells)[:n_shells]
+    return {r: v.cpu().numpy() for r, v in sums.items()}
 
 
 # --------------------------------------------------------------------------------------- projections

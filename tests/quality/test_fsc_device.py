@@ -1,0 +1,50 @@
+"""The FSC's transforms and shell sums in torch (on the GPU when the run has one) give numpy's
+curves to float32 rounding, for the whole-volume, the sector and the chunked FSC."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import fasttomo.quality.metrics as metrics
+
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
+def _pair(shape=(24, 32, 28)):
+    rng = np.random.default_rng(5)
+    truth = np.zeros(shape, dtype=np.float32)
+    truth[6:18, 8:24, 5:20] = 1.0
+    truth += rng.normal(0, 0.05, shape).astype(np.float32)
+    return truth + 0.3 * rng.normal(0, 1, shape).astype(np.float32), truth
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("kind", ["fsc", "sector", "chunked"])
+def test_fsc_in_torch_matches_numpy(kind, device, monkeypatch):
+    a, b = _pair()
+
+    def curves():
+        if kind == "fsc":
+            return {"all": metrics.fsc(a, b, 3.0)}
+        if kind == "sector":
+            return metrics.sector_fsc(a, b, 3.0, (-60.0, 60.0))
+        return metrics.chunked_fsc(a, b, 3.0, (-60.0, 60.0), crop=16, max_crops=8)
+
+    monkeypatch.setattr(metrics, "scoring_device", lambda: None)
+    ref = curves()
+    monkeypatch.setattr(metrics, "scoring_device", lambda: device)
+    got = curves()
+    assert ref.keys() == got.keys()
+    for r in ref:
+        finite = np.isfinite(ref[r].fsc)
+        assert finite.sum() >= 5 and np.array_equal(finite, np.isfinite(got[r].fsc))
+        np.testing.assert_array_equal(got[r].n_voxels, ref[r].n_voxels)
+        np.testing.assert_allclose(got[r].fsc[finite], ref[r].fsc[finite], rtol=0, atol=1e-5)
+        np.testing.assert_allclose(got[r].power_a, ref[r].power_a, rtol=1e-5)
+    assert 0.2 < np.nanmin(ref["all"].fsc) < 0.99  # a curve that falls: the comparison sees the shells
+
+
+def test_scoring_runs_on_the_gpu_only_where_there_is_one():
+    assert metrics.scoring_device() == ("cuda" if torch.cuda.is_available() else None)
