@@ -62,25 +62,49 @@ def default_block(height: int, width: int) -> int:
     return max(4, int(round(min(height, width) / 16)))
 
 
+TILE_CHUNK_PIXELS = 1 << 22
+"""_tile_means reads about this many pixels (whole views) at a time: its float64 work arrays stay
+~32 MB each whatever the series' size, and the chunks run on several CPU threads."""
+
+
 def _tile_means(stack: np.ndarray, valid: np.ndarray | None, block: int) -> tuple[np.ndarray, np.ndarray]:
-    """(n, ty, tx) means of the A and B pixels of each tile (NaN where a half has no valid pixel)."""
+    """(n, ty, tx) means of the A and B pixels of each tile (NaN where a half has no valid pixel),
+    computed a few views at a time on a few threads (each view's means are computed alone, so
+    the chunking changes no value: tests/data/test_background.py)."""
+    from concurrent.futures import ThreadPoolExecutor
+
     n, h, w = stack.shape
     ty, tx = h // block, w // block
     # centre the tiling (edge rows/columns that do not fill a tile are left out symmetrically)
     y0, x0 = (h - ty * block) // 2, (w - tx * block) // 2
-    s = stack[:, y0:y0 + ty * block, x0:x0 + tx * block].astype(np.float64)
     i, j = np.meshgrid(np.arange(ty * block), np.arange(tx * block), indexing="ij")
     a_mask = ((i + j) % 2 == 0)[None]
-    ok = np.ones(s.shape, dtype=bool) if valid is None else valid[:, y0:y0 + ty * block, x0:x0 + tx * block]
+    out_a, out_b = np.empty((n, ty, tx)), np.empty((n, ty, tx))
 
-    def means(mask: np.ndarray) -> np.ndarray:
-        m = (ok & mask).reshape(n, ty, block, tx, block)
-        v = np.where(m, s.reshape(n, ty, block, tx, block), 0.0)
+    def means(s: np.ndarray, ok: np.ndarray, mask: np.ndarray) -> np.ndarray:
+        k = s.shape[0]
+        m = (ok & mask).reshape(k, ty, block, tx, block)
+        v = np.where(m, s.reshape(k, ty, block, tx, block), 0.0)
         count = m.sum(axis=(2, 4))
         with np.errstate(invalid="ignore", divide="ignore"):
             return np.where(count > 0, v.sum(axis=(2, 4)) / np.maximum(count, 1), np.nan)
 
-    return means(a_mask), means(~a_mask)
+    def views(lo: int, hi: int) -> None:
+        cut = (slice(lo, hi), slice(y0, y0 + ty * block), slice(x0, x0 + tx * block))
+        s = np.asarray(stack[cut], dtype=np.float64)
+        ok = np.ones(s.shape, dtype=bool) if valid is None else np.asarray(valid[cut])
+        out_a[lo:hi], out_b[lo:hi] = means(s, ok, a_mask), means(s, ok, ~a_mask)
+
+    per = max(1, TILE_CHUNK_PIXELS // max(1, ty * block * tx * block))
+    chunks = [(lo, min(n, lo + per)) for lo in range(0, n, per)]
+    if len(chunks) == 1:
+        views(*chunks[0])
+    else:
+        import os
+
+        with ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1, len(chunks))) as pool:
+            list(pool.map(lambda c: views(*c), chunks))
+    return out_a, out_b
 
 
 def _darkest(a: np.ndarray, b: np.ndarray, fraction: float, min_tiles: int) -> np.ndarray:
