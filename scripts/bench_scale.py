@@ -17,7 +17,9 @@ overrides and ``evaluation.truth`` (scoring only). The numbers come from each ru
     pearson, pearson_fg, fsc05_A      against the truth (null without one)
     halfset_fsc0143_A                  with --half-sets (a second, even/odd run of each method)
 
-Each run's volumes are deleted once it is scored (the disk of a lent GPU machine holds one
+``--warmup`` runs each case once untimed first (30 steps), so that the first step of the rows
+loads the kernels from Triton's on-disk cache instead of compiling them (rows say
+``kernel_cache``). Each run's volumes are deleted once it is scored (the disk of a lent GPU machine holds one
 camera4k volume at a time); its metrics.json and log stay in the work folder.
     peak_gpu_GB, peak_host_GB          torch's peak allocation; the process's peak resident memory
 
@@ -116,6 +118,8 @@ def cli_args(case: str, files: dict, method: str, work: Path, half_sets: bool) -
     out = work / "runs" / tag
     args = ["data=mrc", f"data.path={files['stack']}", f"data.angles={files['angles']}",
             f"data.thickness={files['thickness']}", "logging=quiet", f"hydra.run.dir={out}"]
+    if method == "warmup":  # untimed: compiles the case's kernels into Triton's on-disk cache
+        return tag, out, args + ["optim.steps=30"]
     if files["truth"]:
         args.append(f"evaluation.truth={files['truth']}")
     if method == "field-best":
@@ -217,6 +221,9 @@ def main() -> None:
                     choices=["field-default", "field-best", "sirt"])
     ap.add_argument("--half-sets", action="store_true", help="a second run per method with evaluation.half_sets=true "
                     "(fills halfset_fsc0143_A)")
+    ap.add_argument("--warmup", action="store_true", help="one untimed 30-step field run of each case first, so "
+                    "that the rows' first steps load the kernels from a warm cache (a user's second run) instead of "
+                    "compiling them (a fresh machine's first)")
     ap.add_argument("--work", default=None, help="folder for case files and runs (default: a temp folder)")
     ap.add_argument("--out-dir", default=None, help="where the JSON records go (default benchmarks/results)")
     ap.add_argument("--python", default=sys.executable)
@@ -232,8 +239,11 @@ def main() -> None:
     for case in args.cases:
         files = make_case(case, work)
         rows = []
+        if args.warmup and any(m != "sirt" for m in args.methods):
+            run_method(case, files, "warmup", work, False, args.python)
         for method in args.methods:
             row = row_of(case, method, run_method(case, files, method, work, False, args.python))
+            row["kernel_cache"] = "warm" if args.warmup else "as found"
             if args.half_sets:
                 hs = run_method(case, files, method, work, True, args.python).get("half_sets") or {}
                 row["halfset_fsc0143_A"] = hs.get("fsc0143_A")
