@@ -284,8 +284,11 @@ def _check_pair(a, b, mask, what: str) -> tuple[np.ndarray, np.ndarray]:
         # weak detail on a large offset, and a mask does not add its own shape (mean x mask) to both
         mean = float(np.mean(v, dtype=np.float64)) if m is None else float(
             np.sum(v * m, dtype=np.float64) / np.sum(m, dtype=np.float64))
-        v = (v.astype(np.float64) - mean).astype(np.float32)
-        out.append(v if m is None else v * m)
+        c = np.empty(v.shape, dtype=np.float32)
+        step = max(1, (1 << 24) // max(1, v[0].size))  # Z planes at a time: no whole float64 copy
+        for z0 in range(0, v.shape[0], step):
+            c[z0:z0 + step] = v[z0:z0 + step].astype(np.float64) - mean
+        out.append(c if m is None else c * m)
     return out[0], out[1]
 
 
