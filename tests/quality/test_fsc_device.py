@@ -48,3 +48,18 @@ def test_fsc_in_torch_matches_numpy(kind, device, monkeypatch):
 
 def test_scoring_runs_on_the_gpu_only_where_there_is_one():
     assert metrics.scoring_device() == ("cuda" if torch.cuda.is_available() else None)
+
+
+def test_a_gpu_too_full_for_the_transforms_falls_back_to_numpy(monkeypatch):
+    a, b = _pair()
+    monkeypatch.setattr(metrics, "scoring_device", lambda: None)
+    ref = metrics.sector_fsc(a, b, 3.0, (-60.0, 60.0))
+
+    def full(*args, **kwargs):
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory")
+
+    monkeypatch.setattr(metrics, "scoring_device", lambda: "cuda")
+    monkeypatch.setattr(metrics, "_shell_sums_torch", full)
+    got = metrics.sector_fsc(a, b, 3.0, (-60.0, 60.0))
+    for r in ref:
+        np.testing.assert_array_equal(got[r].fsc, ref[r].fsc)
