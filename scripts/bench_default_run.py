@@ -25,33 +25,27 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
 sys.path.insert(0, str(ROOT / "src"))
 
-from benchlib import write_result  # noqa: E402
+from benchlib import timed_process, write_result  # noqa: E402
 
 COMMAND = [sys.executable, "-m", "fasttomo.cli.reconstruct", "logging.progress=false"]
 
 
 def timed(cmd: list[str], env: dict, cwd: Path) -> tuple[float, int, str]:
     """(wall seconds, peak resident bytes, output) of one child process."""
-    t0 = time.perf_counter()
-    with tempfile.TemporaryFile("w+") as f:
-        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env, cwd=cwd)
-        _, status, usage = os.wait4(proc.pid, 0)
-        wall = time.perf_counter() - t0
-        f.seek(0)
-        text = f.read()
-    if os.waitstatus_to_exitcode(status) != 0:
+    log = cwd / "child.log"
+    wall, peak, code = timed_process(cmd, env, cwd, log)
+    text = log.read_text(errors="replace")
+    if code != 0:
         raise SystemExit(f"{' '.join(cmd)} failed:\n{text[-3000:]}")
-    return wall, usage.ru_maxrss * 1024, text
+    return wall, peak, text
 
 
 def torch_import_seconds(env: dict, cwd: Path) -> float:

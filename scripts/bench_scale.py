@@ -51,16 +51,14 @@ import argparse
 import json
 import os
 import shlex
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
 sys.path.insert(0, str(ROOT / "src"))
 
-from benchlib import write_result  # noqa: E402
+from benchlib import timed_process, write_result  # noqa: E402
 
 SEED = 0
 SIRT_ITERATIONS = 50
@@ -147,12 +145,7 @@ def run_method(case: str, files: dict, method: str, work: Path, half_sets: bool,
     log = work / "runs" / f"{tag}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src") + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    t0 = time.perf_counter()
-    with open(log, "w") as f:
-        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, cwd=work, env=env)
-        _, status, usage = os.wait4(proc.pid, 0)
-    wall = time.perf_counter() - t0
-    code = os.waitstatus_to_exitcode(status)
+    wall, peak, code = timed_process(cmd, env, work, log)
     if code != 0:
         raise SystemExit(f"{tag} failed (exit {code}):\n{log.read_text()[-3000:]}")
     m = json.loads((out / "metrics.json").read_text())
@@ -160,7 +153,7 @@ def run_method(case: str, files: dict, method: str, work: Path, half_sets: bool,
         vol.unlink()  # tens of GB at camera size: the next method needs the disk
     m["_command"] = "fasttomo-reconstruct " + " ".join(shlex.quote(a) for a in args)
     m["_process_seconds"] = wall
-    m["_peak_host_bytes"] = usage.ru_maxrss * 1024  # kilobytes on Linux
+    m["_peak_host_bytes"] = peak
     return m
 
 

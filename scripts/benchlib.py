@@ -25,6 +25,19 @@ ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 
 
+def timed_process(cmd: list[str], env: dict, cwd: Path, log: Path) -> tuple[float, int, int]:
+    """Run ``cmd`` with its output in ``log``; returns (wall seconds, peak resident bytes of that
+    child alone (os.wait4), exit code)."""
+    import os
+    import time
+
+    t0 = time.perf_counter()
+    with open(log, "w") as f:
+        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env, cwd=cwd)
+        _, status, usage = os.wait4(proc.pid, 0)
+    return time.perf_counter() - t0, usage.ru_maxrss * 1024, os.waitstatus_to_exitcode(status)  # KiB on Linux
+
+
 def commit() -> str:
     """Short hash of HEAD, with '-dirty' when tracked files differ from it ('nocommit' outside git).
     FASTTOMO_COMMIT, when set, names it instead (a copy of the tree without .git, e.g. on a lent GPU
