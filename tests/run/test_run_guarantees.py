@@ -296,7 +296,7 @@ def test_signal_saves_volume_and_checkpoint_then_resume_continues_in_place(tmp_p
 def test_second_ctrl_c_exits_at_once(tmp_path):
     out = tmp_path / "run"
     # a large exported volume keeps the saving after the first Ctrl-C busy for a while
-    proc = start([*LONG, "output.volume_shape=[128,256,256]", f"hydra.run.dir={out}"], tmp_path, tmp_path / "out.txt")
+    proc = start([*LONG, "output.volume_shape=[256,256,256]", f"hydra.run.dir={out}"], tmp_path, tmp_path / "out.txt")
     wait_for_text(out / "reconstruct.log", TRAINING, proc)
     proc.send_signal(signal.SIGINT)
     wait_for_text(tmp_path / "out.txt", "SIGINT received", proc)
