@@ -633,6 +633,13 @@ class SamplerConfig(GroupOption):
     """Leave masked pixels (tilt series validity mask False) out of the training and validation
     sets instead of yielding them with weight 0. The split itself is unchanged (made over all
     pixels), so it stays stable whatever the mask."""
+    order: Optional[str] = None
+    """How the split and each epoch's order are drawn: stored (torch.randperm of every pixel id,
+    kept in memory), hashed (keyed Feistel permutations evaluated a chunk of batches at a time:
+    no list of every pixel, nothing drawn up front) or null: stored up to 2^24 pixels, hashed above
+    (a 2048^2 x 121 series: 507 M pixels, 4 GB per id list and tens of seconds of randperm and
+    sort). hashed needs patch_size 1 and is not combined with skip_masked on a masked series
+    (stored is used then). Both are deterministic, the same on every rank and after a resume."""
     patch_size: int = 1
     """Draw training rays as P x P patches of neighbouring pixels of one view (P = this value)
     instead of single pixels: a batch is batch_size / P^2 patches, each P^2 consecutive rays in row-major
@@ -660,6 +667,11 @@ class SamplerConfig(GroupOption):
                  f"must be in [0, 0.5), got {self.val_fraction!r}.")
         _require(isinstance(self.skip_masked, bool), "sampler.skip_masked",
                  f"must be true or false, got {self.skip_masked!r}.")
+        _require(self.order in (None, "stored", "hashed"), "sampler.order",
+                 f"must be stored, hashed or null (automatic), got {self.order!r}.")
+        _require(self.order != "hashed" or self.patch_size == 1, "sampler.order",
+                 f"hashed draws single pixels; with sampler.patch_size={self.patch_size} use sampler.order=stored "
+                 "(or null).")
 
 
 @dataclasses.dataclass

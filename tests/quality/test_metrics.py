@@ -357,3 +357,5 @@ def test_streamed_volume_metrics_equal_the_whole_volume_ones():
     streamed = streamed_volume_metrics(rec, truth, planes=3)
     for key, value in whole.items():
         assert streamed[key] == pytest.approx(value, rel=1e-9), key
+    assert (streamed["truth_min"], streamed["truth_max"]) == (float(truth.min()), float(truth.max()))
+    assert streamed_volume_metrics(rec, truth) == pytest.approx(streamed, rel=1e-12)  # one slab: the same sums

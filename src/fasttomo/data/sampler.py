@@ -22,6 +22,15 @@ Order of the pixels (identical for both samplers, every rank, and across save/re
    it is yielded. After the last batch of an epoch the sampler moves to the next epoch by itself
    (``set_epoch`` may also be called, e.g. by a trainer that counts epochs).
 
+**Hashed order** (``cfg.order``; null: above :data:`HASHED_MIN_PIXELS` pixels). Steps 1-2 without
+any list of all pixels: the split is a keyed permutation sigma of the ids
+(:class:`~fasttomo.data.permutation.FeistelPermutation`, keys from ``split_seed``), validation
+pixels being those with ``sigma(p) < n_val`` and training pixel ``j`` being ``sigma^-1(n_val + j)``;
+the epoch order is a second keyed permutation of ``[0, n_train)`` (keys from ``(seed, epoch)``),
+evaluated :data:`HASHED_CHUNK_BATCHES` batches at a time (the next chunk in a background thread).
+Sharding and batching are as above. Masked pixels stay in with weight 0 (with ``skip_masked`` on a
+masked series the stored order is used).
+
 **Patches** (``cfg.patch_size = P > 1``): the unit of steps 2-4 is a P x P tile of one view instead
 of a pixel. Each view is cut into a fixed grid of ``ceil(H/P) x ceil(W/P)`` tiles whose top-left
 corners are ``(min(a P, H - P), min(b P, W - P))`` (the last row and column overlap their
@@ -50,6 +59,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 from fasttomo.config import ConfigError, SamplerConfig
+from fasttomo.data.permutation import FeistelPermutation, round_keys
 from fasttomo.data.tiltseries import TiltSeries
 
 __all__ = [
@@ -62,11 +72,18 @@ __all__ = [
     "robust_scale",
     "split_pixels",
     "epoch_generator",
+    "order_of",
 ]
 
 _STATE_VERSION = 1
 _SCALE_QUANTILE = 99.9
 _SCALE_MAX_VALUES = 1 << 22  # subsample (deterministic stride) above this many valid pixels
+HASHED_MIN_PIXELS = 1 << 24
+"""sampler.order=null: the hashed order above this many pixels (a 1024^2 x 61 series has 64 M)."""
+HASHED_CHUNK_BATCHES = 256
+"""order=hashed: the epoch's order is computed this many batches at a time (on the CPU, the next
+chunk in a background thread)."""
+_ID_CHUNK = 1 << 22  # ids a pass of the split permutation maps at a time
 
 
 @dataclasses.dataclass
@@ -89,6 +106,15 @@ class Batch:
 
 
 # --------------------------------------------------------------------------------------- helpers
+def order_of(cfg: SamplerConfig, n_pixels: int, masked: bool) -> str:
+    """sampler.order resolved: stored or hashed (see SamplerConfig.order)."""
+    if cfg.patch_size > 1 or (masked and cfg.skip_masked):
+        return "stored"
+    if cfg.order is not None:
+        return cfg.order
+    return "hashed" if n_pixels > HASHED_MIN_PIXELS else "stored"
+
+
 def _valid_mask(ts: TiltSeries) -> np.ndarray | None:
     valid = getattr(ts, "valid", None)
     if valid is None:
@@ -189,34 +215,35 @@ class RaySampler:
 
         valid = _valid_mask(ts)
         self.scale = robust_scale(ts.stack, valid, offset)
-        # Normalized stack, float32; masked pixels are set to 0 so targets are always finite.
-        stack_n = ts.stack / np.float32(self.scale)
-        if valid is not None:
-            stack_n = np.where(valid, stack_n, np.float32(0))
-        self._stack_n = np.ascontiguousarray(stack_n, dtype=np.float32).reshape(-1)
+        self._stack = ts.stack  # normalized by _host_stack (numpy) or on the device
         self._valid = None if valid is None else valid.reshape(-1)
         self.has_mask = valid is not None
-
-        train_ids, val_ids = split_pixels(self._stack_n.size, float(cfg.val_fraction), int(cfg.split_seed))
-        if self._valid is not None and cfg.skip_masked:
-            vt = torch.from_numpy(self._valid)
-            train_ids = train_ids[vt[train_ids]]
-            val_ids = val_ids[vt[val_ids]]
-        self._train_ids_cpu = train_ids
-        self._val_ids_cpu = val_ids
-        self.n_train = int(train_ids.numel())
-        self.n_val = int(val_ids.numel())
+        n_pixels = int(ts.stack.size)
+        self.order = order_of(cfg, n_pixels, self.has_mask)
+        if self.order == "hashed":
+            self._hashed_split(n_pixels)
+        else:
+            train_ids, val_ids = split_pixels(n_pixels, float(cfg.val_fraction), int(cfg.split_seed))
+            if self._valid is not None and cfg.skip_masked:
+                vt = torch.from_numpy(self._valid)
+                train_ids = train_ids[vt[train_ids]]
+                val_ids = val_ids[vt[val_ids]]
+            self._train_ids_cpu = train_ids
+            self._val_ids_cpu = val_ids
+            self.n_train = int(train_ids.numel())
+            self.n_val = int(val_ids.numel())
 
         # The unit the epoch permutes: a training pixel id, or (patches) a tile's top-left pixel id.
         self.patch_size = int(cfg.patch_size)
         p = self.patch_size
-        if p > 1:
-            self._units_cpu = self._patch_units(train_ids)
+        self._patch_offsets = None
+        self._train_weight = None
+        if self.order == "hashed":
+            self._units_cpu = None  # the training ids are the split's tail: see _hashed_ids
+            self.n_units = self.n_train
         else:
-            self._patch_offsets = None
-            self._train_weight = None
-            self._units_cpu = train_ids
-        self.n_units = int(self._units_cpu.numel())
+            self._units_cpu = self._patch_units(self._train_ids_cpu) if p > 1 else self._train_ids_cpu
+            self.n_units = int(self._units_cpu.numel())
         self._units_per_batch = self.batch_size // (p * p)
         units_per_rank = self.n_units // world_size
         self.n_per_rank = units_per_rank * p * p
@@ -241,6 +268,52 @@ class RaySampler:
         # stall the step loop; short epochs under DDP would otherwise feel it.
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
         self._pending: dict[int, concurrent.futures.Future] = {}
+
+    def _host_stack(self) -> np.ndarray:
+        """The normalized stack, flat float32 on the host; masked pixels 0 so targets are finite."""
+        stack_n = self._stack / np.float32(self.scale)
+        if self._valid is not None:
+            stack_n = np.where(self._valid.reshape(self.shape), stack_n, np.float32(0))
+        return np.ascontiguousarray(stack_n, dtype=np.float32).reshape(-1)
+
+    # -- order=hashed --------------------------------------------------------------------------
+    def _hashed_split(self, n_pixels: int) -> None:
+        """The split as a keyed permutation sigma of the pixel ids: validation pixels are those
+        with sigma(id) < n_val, training pixel j (in [0, n_train)) is sigma^-1(n_val + j). Only the
+        (sorted) validation ids are listed, computed on the sampler's device."""
+        self.n_val = split_size(n_pixels, float(self.cfg.val_fraction))
+        self.n_train = n_pixels - self.n_val
+        self._split_perm = FeistelPermutation(n_pixels, round_keys(int(self.cfg.split_seed), 0x5EED))
+        dev = self.device if self.device.type == "cuda" else torch.device("cpu")
+        parts = [self._split_perm(torch.arange(lo, min(lo + _ID_CHUNK, self.n_val), device=dev), inverse=True)
+                 for lo in range(0, self.n_val, _ID_CHUNK)]
+        val = torch.cat(parts) if parts else torch.empty(0, dtype=torch.int64, device=dev)
+        self._val_ids_cpu = val.sort().values.cpu()
+        self._train_ids_cpu = None  # listed only when asked for (train_ids)
+
+    def _hashed_ids(self, epoch: int, lo: int, hi: int) -> torch.Tensor:
+        """Pixel ids (CPU int64) at positions [lo, hi) of this rank's shard of ``epoch``: the
+        epoch's permutation of the training positions, then the split's inverse."""
+        pos = torch.arange(self.rank * self._units_per_rank + lo, self.rank * self._units_per_rank + hi)
+        j = FeistelPermutation(self.n_train, round_keys(self.seed, epoch, 0xE90C))(pos)
+        return self._split_perm(j + self.n_val, inverse=True)
+
+    def _chunk_ids(self, epoch: int, chunk: int) -> torch.Tensor:
+        """The ids of chunk ``chunk`` (HASHED_CHUNK_BATCHES batches) of ``epoch``, the next chunk's
+        computation started in a background thread (pure CPU work, no CUDA call)."""
+        size = HASHED_CHUNK_BATCHES * self._units_per_batch
+        key = (epoch, chunk)
+        fut = self._pending.pop(key, None)
+        ids = fut.result() if fut is not None else self._hashed_ids(epoch, chunk * size,
+                                                                    min((chunk + 1) * size, self._units_per_rank))
+        for stale in list(self._pending):
+            self._pending.pop(stale).cancel()
+        nxt = (epoch, chunk + 1) if (chunk + 1) * size < self._units_per_rank else (epoch + 1, 0)
+        if self._executor is None:
+            self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="fasttomo-perm")
+        lo = nxt[1] * size
+        self._pending[nxt] = self._executor.submit(self._hashed_ids, nxt[0], lo, min(lo + size, self._units_per_rank))
+        return ids
 
     def _patch_units(self, train_ids: torch.Tensor) -> torch.Tensor:
         """The tiles the epoch permutes (their top-left pixel ids) with sampler.patch_size = p > 1;
@@ -344,7 +417,10 @@ class RaySampler:
 
     @property
     def train_ids(self) -> torch.Tensor:
-        """Sorted training pixel ids (CPU int64), identical on all ranks."""
+        """Sorted training pixel ids (CPU int64), identical on all ranks (order=hashed: listed on
+        this call, n_train ids)."""
+        if self._train_ids_cpu is None:
+            return self._split_perm(torch.arange(self.n_val, self.n_val + self.n_train), inverse=True).sort().values
         return self._train_ids_cpu
 
     def _fingerprint(self) -> dict[str, Any]:
@@ -358,6 +434,7 @@ class RaySampler:
             "n_val": self.n_val,
             "shape": list(self.shape),
             "patch_size": self.patch_size,
+            "order": self.order,
         }
 
     def state_dict(self) -> dict:
@@ -383,7 +460,8 @@ class RaySampler:
         if int(state.get("version", -1)) != _STATE_VERSION:
             raise ValueError(f"sampler state version {state.get('version')!r} != {_STATE_VERSION}.")
         mine = self._fingerprint()
-        state = {"patch_size": 1, **state}  # states saved before patches existed were of single pixels
+        # states saved before patches (or the hashed order) existed were of single pixels, stored order
+        state = {"patch_size": 1, "order": "stored", **state}
         diff = {k: (state.get(k), v) for k, v in mine.items() if state.get(k) != v}
         if diff:
             details = ", ".join(f"{k}: saved {a!r} vs now {b!r}" for k, (a, b) in diff.items())
@@ -418,7 +496,8 @@ class DeviceBatchSampler(RaySampler):
     different shape, so CUDA-graph capture needs ``drop_last=true``). Once per epoch the order is
     drawn on the CPU (``torch.randperm``, the same on every rank; the next epoch's is prefetched
     in a background thread that makes no CUDA call), uploaded from pinned memory without a host
-    sync and applied to the device-resident train ids. ``next_batch`` never synchronizes.
+    sync and applied to the device-resident train ids (order=hashed: a chunk of batches' ids at a
+    time, computed on the CPU and uploaded the same way). ``next_batch`` never synchronizes.
     """
 
     kind = "device"
@@ -427,10 +506,11 @@ class DeviceBatchSampler(RaySampler):
                  rank: int = 0, world_size: int = 1, offset: float = 0.0) -> None:
         super().__init__(ts, cfg, seed=seed, device=device, rank=rank, world_size=world_size, offset=offset)
         dev = self.device
-        self._stack_d = torch.from_numpy(self._stack_n).to(dev)
+        self._stack_d = self._device_stack()
         self._valid_d = None if self._valid is None else torch.from_numpy(self._valid.view(np.uint8)).to(dev)
-        self._units_d = self._units_cpu.to(dev)
+        self._units_d = None if self._units_cpu is None else self._units_cpu.to(dev)
         self._order_d: torch.Tensor | None = None
+        self._chunk: tuple[int, int] | None = None  # order=hashed: (epoch, chunk) held in _order_d
         if self._patch_offsets is not None:  # tiles: pixel offsets inside one, per-pixel training weight
             self._offsets_d = self._patch_offsets.to(dev)
             self._weight_src_d: torch.Tensor | None = self._train_weight.to(dev)
@@ -448,7 +528,23 @@ class DeviceBatchSampler(RaySampler):
             weight=torch.ones(b, dtype=torch.float32, device=dev),
         )
 
+    def _device_stack(self) -> torch.Tensor:
+        """The normalized stack on the device, normalized on the host a slab at a time (the same
+        float32 values as :meth:`_host_stack`, without a second whole copy in host memory)."""
+        flat = self._stack.reshape(-1)
+        out = torch.empty(flat.size, dtype=torch.float32, device=self.device)
+        step = 1 << 24
+        for lo in range(0, flat.size, step):
+            seg = flat[lo:lo + step] / np.float32(self.scale)
+            if self._valid is not None:
+                seg = np.where(self._valid[lo:lo + step], seg, np.float32(0))
+            out[lo:lo + seg.size].copy_(torch.from_numpy(np.ascontiguousarray(seg, dtype=np.float32)))
+        return out
+
     def _materialize(self, epoch: int) -> None:
+        if self.order == "hashed":  # computed a chunk of batches at a time in next_batch
+            self._chunk = None
+            return
         # Once per epoch: the permutation is drawn on the CPU (identical on all ranks, the next
         # one prefetched in a thread), sent over and applied to the device-resident train ids.
         pos = self._shard_positions(epoch, prefetch_next=True)
@@ -493,6 +589,16 @@ class DeviceBatchSampler(RaySampler):
         self._prepare()
         lo, hi = self._batch_bounds(self.position)
         self.position += 1
+        if self.order == "hashed":
+            size = HASHED_CHUNK_BATCHES * self._units_per_batch
+            chunk = lo // size
+            if self._chunk != (self.epoch, chunk):
+                ids = self._chunk_ids(self.epoch, chunk)
+                if self.device.type == "cuda":
+                    ids = ids.pin_memory()
+                self._order_d = ids.to(self.device, non_blocking=True)
+                self._chunk = (self.epoch, chunk)
+            lo, hi = lo - chunk * size, hi - chunk * size
         return self._fill(self._order_d[lo:hi])
 
     def val_batches(self, batch_size: int | None = None, max_rays: int | None = None) -> Iterator[Batch]:
@@ -571,10 +677,11 @@ class DataLoaderSampler(RaySampler):
     def __init__(self, ts: TiltSeries, cfg: SamplerConfig, *, seed: int, device: torch.device,
                  rank: int = 0, world_size: int = 1, offset: float = 0.0) -> None:
         super().__init__(ts, cfg, seed=seed, device=device, rank=rank, world_size=world_size, offset=offset)
-        self.dataset = PixelDataset(self._stack_n, self._valid, self.shape)
+        stack_n = self._host_stack()
+        self.dataset = PixelDataset(stack_n, self._valid, self.shape)
         # Patches carry validation (and masked) pixels with weight 0: their own weights in training.
         self._train_dataset = (self.dataset if self._train_weight is None else
-                               PixelDataset(self._stack_n, self._train_weight.numpy().astype(bool), self.shape))
+                               PixelDataset(stack_n, self._train_weight.numpy().astype(bool), self.shape))
         self._iter = None
         self._iter_key: tuple[int, int] | None = None  # (epoch, position) the iterator is at
         self._pin = self.device.type == "cuda"
@@ -589,6 +696,9 @@ class DataLoaderSampler(RaySampler):
     def _materialize(self, epoch: int) -> None:
         self._iter = None  # built lazily in next_batch from (epoch, position)
         # No prefetch thread when worker processes are forked (fork + threads can deadlock).
+        if self.order == "hashed":
+            self._order_cpu = self._hashed_ids(epoch, 0, self._units_per_rank)
+            return
         pos = self._shard_positions(epoch, prefetch_next=int(self.cfg.num_workers) == 0)
         self._order_cpu = self._expand(self._units_cpu[pos])  # pixel ids in visiting order
 

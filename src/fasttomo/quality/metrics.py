@@ -78,34 +78,51 @@ def volume_metrics(recon: np.ndarray, truth: np.ndarray) -> dict:
     }
 
 
-def streamed_volume_metrics(recon: np.ndarray, truth: np.ndarray, planes: int = 16) -> dict:
-    """:func:`volume_metrics` plus ``mse`` of volumes too large for whole-volume temporaries (memory
-    maps welcome): float64 moment sums over slabs of ``planes`` Z planes, each volume shifted by
-    its first slab's mean against cancellation. Equal to the whole-volume values up to float64
-    rounding (the summation order differs)."""
+def streamed_volume_metrics(recon: np.ndarray, truth: np.ndarray, planes: int | None = None,
+                            device: str | None = None) -> dict:
+    """:func:`volume_metrics` plus ``mse`` (and the truth's ``truth_min`` / ``truth_max``) of volumes
+    too large for whole-volume temporaries (memory maps welcome): float64 moment sums over slabs of
+    ``planes`` Z planes (None: about 2^26 voxels a slab), each volume shifted by its first slab's
+    mean against cancellation, in torch on ``device`` (None: :func:`scoring_device`, else the CPU's
+    threads). Equal to the whole-volume values up to float64 rounding (the summation order
+    differs)."""
+    import torch
+
     if recon.shape != truth.shape:
         raise ValueError(f"streamed_volume_metrics: shapes differ, {recon.shape} vs {truth.shape}")
-    top = float(np.max(truth))
-    s0 = (float(np.mean(recon[:planes], dtype=np.float64)), float(np.mean(truth[:planes], dtype=np.float64)))
-    sums = {"all": np.zeros(6), "fg": np.zeros(6)}  # n, a, b, aa, bb, ab
-    sq = 0.0
+    dev = torch.device(device or scoring_device() or "cpu")
+    plane = int(np.prod(recon.shape[1:]))
+    planes = max(1, (1 << 26) // max(plane, 1)) if planes is None else planes
+
+    def slab(v: np.ndarray, z0: int) -> torch.Tensor:
+        return torch.from_numpy(np.ascontiguousarray(v[z0:z0 + planes])).to(dev, torch.float64)
+
+    lo, top = math.inf, -math.inf
+    for z0 in range(0, truth.shape[0], planes):
+        b = slab(truth, z0)
+        lo, top = min(lo, float(b.min())), max(top, float(b.max()))
+    s0 = (float(slab(recon, 0).mean()), float(slab(truth, 0).mean()))
+    sums = {"all": torch.zeros(6, dtype=torch.float64, device=dev), "fg": torch.zeros(6, dtype=torch.float64, device=dev)}
+    sq = torch.zeros((), dtype=torch.float64, device=dev)
     for z0 in range(0, recon.shape[0], planes):
-        a = np.asarray(recon[z0:z0 + planes], dtype=np.float64) - s0[0]
-        b = np.asarray(truth[z0:z0 + planes], dtype=np.float64)
+        a, b = slab(recon, z0) - s0[0], slab(truth, z0)
         fg = b > 0.05 * top
         b -= s0[1]
-        sq += float(np.sum((a - b + (s0[0] - s0[1])) ** 2))
-        for key, (x, y) in (("all", (a, b)), ("fg", (a[fg], b[fg]))):
-            sums[key] += (x.size, x.sum(), y.sum(), (x * x).sum(), (y * y).sum(), (x * y).sum())
+        sq += ((a - b + (s0[0] - s0[1])) ** 2).sum()
+        af, bf = torch.where(fg, a, 0.0), torch.where(fg, b, 0.0)
+        sums["all"] += torch.stack([torch.tensor(float(a.numel()), dtype=torch.float64, device=dev), a.sum(), b.sum(),
+                                    (a * a).sum(), (b * b).sum(), (a * b).sum()])
+        sums["fg"] += torch.stack([fg.sum().to(torch.float64), af.sum(), bf.sum(), (af * af).sum(), (bf * bf).sum(),
+                                   (af * bf).sum()])
 
-    def _r(moments: np.ndarray) -> float:
-        n, sa, sb, saa, sbb, sab = moments
+    def _r(moments) -> float:
+        n, sa, sb, saa, sbb, sab = moments.tolist()
         cov, va, vb = sab - sa * sb / max(n, 1), saa - sa * sa / max(n, 1), sbb - sb * sb / max(n, 1)
         return float(cov / math.sqrt(va * vb)) if n > 0 and va > 0 and vb > 0 else float("nan")
 
-    n = sums["all"][0]
+    n = float(recon.size)
     return {"pearson_global": _r(sums["all"]), "pearson_foreground": _r(sums["fg"]),
-            "foreground_fraction": float(sums["fg"][0] / n), "mse": sq / n}
+            "foreground_fraction": float(sums["fg"][0]) / n, "mse": float(sq) / n, "truth_min": lo, "truth_max": top}
 
 
 def mse(a: np.ndarray, b: np.ndarray) -> float:

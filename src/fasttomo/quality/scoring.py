@@ -283,8 +283,10 @@ def score_against_truth(vol: np.ndarray, truth: np.ndarray, voxel_size_A: float,
                             "match voxel for voxel. Crop or resample one of them.")
     large = mask is None and vol.size > WHOLE_VOLUME_MAX_VOXELS
     out = streamed_volume_metrics(vol, truth) if large else volume_metrics(vol, truth)
+    cast = truth.dtype.type  # the span in the truth's own precision, as truth.max() - truth.min() gives it
+    t_min, t_max = (cast(out.pop("truth_min")), cast(out.pop("truth_max"))) if large else (truth.min(), truth.max())
     if data_range is None:
-        span = float(truth.max() - truth.min())
+        span = float(t_max - t_min)
         if not span > 0:
             raise EvaluateError("the truth volume is constant, so PSNR has no data range; set data_range=<value>.")
         out["data_range"], out["data_range_source"] = span, "truth max - min"
