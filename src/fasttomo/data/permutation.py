@@ -16,14 +16,15 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["FeistelPermutation", "round_keys"]
+__all__ = ["FeistelPermutation", "round_keys", "splitmix64"]
 
 ROUNDS = 6
 _M32 = 0xFFFF_FFFF
 _M64 = 0xFFFF_FFFF_FFFF_FFFF
 
 
-def _splitmix64(x: int) -> int:
+def splitmix64(x: int) -> int:
+    """SplitMix64's output function of a 64-bit integer."""
     x = (x + 0x9E3779B97F4A7C15) & _M64
     x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _M64
     x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _M64
@@ -34,10 +35,10 @@ def round_keys(*words: int, rounds: int = ROUNDS) -> list[int]:
     """``rounds`` 31-bit keys, a pure function of the integer ``words`` (seed, epoch, ...)."""
     state = 0
     for w in words:
-        state = _splitmix64(state ^ (int(w) & _M64))
+        state = splitmix64(state ^ (int(w) & _M64))
     keys = []
     for _ in range(rounds):
-        state = _splitmix64(state)
+        state = splitmix64(state)
         keys.append(state >> 33)
     return keys
 

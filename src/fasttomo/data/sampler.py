@@ -59,7 +59,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 from fasttomo.config import ConfigError, SamplerConfig
-from fasttomo.data.permutation import FeistelPermutation, round_keys
+from fasttomo.data.permutation import FeistelPermutation, round_keys, splitmix64 as _splitmix64
 from fasttomo.data.tiltseries import TiltSeries
 
 __all__ = [
@@ -167,13 +167,6 @@ def split_pixels(n_pixels: int, val_fraction: float, split_seed: int) -> tuple[t
     val_ids = perm[:n_val].sort().values
     train_ids = perm[n_val:].sort().values
     return train_ids, val_ids
-
-
-def _splitmix64(x: int) -> int:
-    x = (x + 0x9E3779B97F4A7C15) & 0xFFFF_FFFF_FFFF_FFFF
-    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & 0xFFFF_FFFF_FFFF_FFFF
-    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & 0xFFFF_FFFF_FFFF_FFFF
-    return x ^ (x >> 31)
 
 
 def epoch_generator(seed: int, epoch: int) -> torch.Generator:
