@@ -458,9 +458,10 @@ class RaySampler:
         diff = {k: (state.get(k), v) for k, v in mine.items() if state.get(k) != v}
         if diff:
             details = ", ".join(f"{k}: saved {a!r} vs now {b!r}" for k, (a, b) in diff.items())
+            hint = f" (here: sampler.order={state['order']})" if "order" in diff else ""
             raise ValueError(
                 f"sampler state does not match this run ({details}); resume with the same seed, "
-                "sampler settings, data and number of processes as the saved run."
+                f"sampler settings{hint}, data and number of processes as the saved run."
             )
         if abs(float(state["scale"]) - self.scale) > 1e-6 * max(1.0, abs(self.scale)):
             raise ValueError(
