@@ -262,12 +262,17 @@ class RaySampler:
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
         self._pending: dict[int, concurrent.futures.Future] = {}
 
-    def _host_stack(self) -> np.ndarray:
-        """The normalized stack, flat float32 on the host; masked pixels 0 so targets are finite."""
-        stack_n = self._stack / np.float32(self.scale)
+    def _normalized(self, lo: int, hi: int) -> np.ndarray:
+        """Flat pixels [lo, hi) of the normalized stack, float32 on the host; masked pixels 0 so
+        targets are always finite."""
+        seg = self._stack.reshape(-1)[lo:hi] / np.float32(self.scale)
         if self._valid is not None:
-            stack_n = np.where(self._valid.reshape(self.shape), stack_n, np.float32(0))
-        return np.ascontiguousarray(stack_n, dtype=np.float32).reshape(-1)
+            seg = np.where(self._valid[lo:hi], seg, np.float32(0))
+        return np.ascontiguousarray(seg, dtype=np.float32)
+
+    def _host_stack(self) -> np.ndarray:
+        """The whole normalized stack, flat float32 on the host (:meth:`_normalized`)."""
+        return self._normalized(0, int(self._stack.size))
 
     # -- order=hashed --------------------------------------------------------------------------
     def _hashed_split(self, n_pixels: int) -> None:
@@ -525,14 +530,11 @@ class DeviceBatchSampler(RaySampler):
     def _device_stack(self) -> torch.Tensor:
         """The normalized stack on the device, normalized on the host a slab at a time (the same
         float32 values as :meth:`_host_stack`, without a second whole copy in host memory)."""
-        flat = self._stack.reshape(-1)
-        out = torch.empty(flat.size, dtype=torch.float32, device=self.device)
+        n = int(self._stack.size)
+        out = torch.empty(n, dtype=torch.float32, device=self.device)
         step = 1 << 24
-        for lo in range(0, flat.size, step):
-            seg = flat[lo:lo + step] / np.float32(self.scale)
-            if self._valid is not None:
-                seg = np.where(self._valid[lo:lo + step], seg, np.float32(0))
-            out[lo:lo + seg.size].copy_(torch.from_numpy(np.ascontiguousarray(seg, dtype=np.float32)))
+        for lo in range(0, n, step):
+            out[lo:lo + step].copy_(torch.from_numpy(self._normalized(lo, min(n, lo + step))))
         return out
 
     def _materialize(self, epoch: int) -> None:
