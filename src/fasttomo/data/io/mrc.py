@@ -17,7 +17,7 @@ Reading (:func:`read_mrc`):
 
 Writing (:func:`write_mrc`, :func:`write_mrc_slabs`): float32 (mode 2), voxel size in Angstrom,
 origin 0, labels naming fasttomo; the array (Z, Y, X) goes unchanged to (nz, ny, nx); always
-through :func:`atomic_write`. A volume can be written slab by slab through a memory map, never
+through :func:`atomic_write`. A volume can be written slab by slab (``pwrite`` into the file), never
 whole in memory, with the same bytes as the one-shot write; :func:`mrc_memmap` maps a float32
 file back read-only.
 """
@@ -143,6 +143,32 @@ def _open(path: str) -> tuple[mrcfile.mrcfile.MrcFile, list[str]]:
     return m, notes
 
 
+READ_CHUNK_BYTES = 1 << 26
+"""Bytes per read call when :func:`_read_block` copies a data block out of the file."""
+
+
+def _read_block(path: str, mapped: np.ndarray) -> np.ndarray:
+    """An in-memory copy (stored dtype) of the data block ``mapped`` maps: read from the file
+    with ``readinto`` in chunks of :data:`READ_CHUNK_BYTES` when it is a file-backed memory map, so
+    the process never holds the file's pages mapped beside the copy (a 4096^2 x 121 float32 stack is
+    8 GB, once), else a plain copy."""
+    offset = getattr(mapped, "offset", None)
+    if not isinstance(mapped, np.memmap) or offset is None or not mapped.flags.c_contiguous:
+        return np.array(mapped)
+    out = np.empty(mapped.shape, dtype=mapped.dtype)
+    view = memoryview(out.reshape(-1).view(np.uint8))
+    with open(path, "rb") as f:
+        f.seek(int(offset))
+        done = 0
+        while done < len(view):
+            n = f.readinto(view[done:done + READ_CHUNK_BYTES])
+            if not n:
+                raise DataFileError(f"{path}: the file ended {len(view) - done} bytes before its data block did; "
+                                    "copy the file again.")
+            done += n
+    return out
+
+
 def read_mrc(path: str | os.PathLike) -> MrcData:
     """Read an MRC file (stack or volume) with all checks; see the module docstring."""
     path = os.fspath(path)
@@ -155,7 +181,7 @@ def read_mrc(path: str | os.PathLike) -> MrcData:
             got = None if mrc.data is None else mrc.data.shape
             raise DataFileError(f"{path}: the data block could not be read (header shape {expected}, got {got}); "
                                 f"notes: {'; '.join(notes) or 'none'}. The file is corrupt; re-export it.")
-        data = np.array(mrc.data)  # copy out of the file buffer, stored dtype
+        data = _read_block(path, mrc.data)
         mode = int(h.mode)
         raw = _raw_header(path)
         order = h.mode.dtype.byteorder if h.mode.dtype.byteorder in "<>" else "="
@@ -309,16 +335,19 @@ class _PlaneStats:
     hi: float = -math.inf
 
     def add_plane(self, plane: np.ndarray) -> None:
-        k = plane.size
-        if k == 0:
+        if plane.size == 0:
             return
         mean = float(plane.mean(dtype=np.float64))
         m2 = float(np.square(plane - np.float32(mean), dtype=np.float64).sum())
+        self.add(plane.size, mean, m2, float(plane.min()), float(plane.max()))
+
+    def add(self, k: int, mean: float, m2: float, lo: float, hi: float) -> None:
+        """One plane of ``k`` values given by its mean, sum of squared deviations, min and max."""
         delta, total = mean - self.mean, self.n + k
         self.mean += delta * k / total
         self.m2 += m2 + delta * delta * self.n * k / total
         self.n = total
-        self.lo, self.hi = min(self.lo, float(plane.min())), max(self.hi, float(plane.max()))
+        self.lo, self.hi = min(self.lo, lo), max(self.hi, hi)
 
     def write_to(self, header) -> None:
         header.dmin, header.dmax = np.float32(self.lo), np.float32(self.hi)
@@ -326,34 +355,71 @@ class _PlaneStats:
         header.rms = np.float32(math.sqrt(max(self.m2, 0.0) / max(self.n, 1)))
 
 
+def _device_slab(slab):
+    """(host float32 array, finite, per-plane (mean, m2, min, max) or None) of a slab that is a
+    torch tensor on a GPU: the finiteness test and the plane statistics run there (float64, one
+    plane at a time, so they depend on the plane's values alone), then one copy to the host; None
+    for anything else (numpy does all of it on the host)."""
+    if type(slab).__module__.split(".")[0] != "torch" or slab.device.type == "cpu":
+        return None
+    import torch
+
+    t = slab.detach().to(torch.float32)
+    if not bool(torch.isfinite(t).all()):
+        return None, False, None
+    rows = []
+    for p in t:
+        mean = p.mean(dtype=torch.float64)
+        m2 = (p - mean.to(torch.float32)).to(torch.float64).square().sum()
+        rows.append(torch.stack([mean, m2, p.min().to(torch.float64), p.max().to(torch.float64)]))
+    moments = torch.stack(rows).cpu().numpy() if rows else np.zeros((0, 4))
+    return t.cpu().numpy(), True, moments
+
+
+def _pwrite_all(fd: int, data: np.ndarray, offset: int) -> None:
+    view = memoryview(np.ascontiguousarray(data).reshape(-1).view(np.uint8))
+    done = 0
+    while done < len(view):
+        done += os.pwrite(fd, view[done:done + (1 << 30)], offset + done)
+
+
 def write_mrc_slabs(path: str | os.PathLike, shape_zyx: tuple[int, int, int], slabs, header: MrcHeader, *,
                     overwrite: bool = False) -> str:
     """Write a float32 MRC (Z, Y, X) = ``shape_zyx`` from ``slabs``, an iterable of
     ``(z0, array (dz, Y, X))`` that covers the planes 0..Z-1 once each, in order, without ever
     holding more than one slab in memory: the file is created at its full size (header first),
-    each slab is copied into its planes through a memory map, and the header statistics are
-    combined plane by plane (:class:`_PlaneStats`), so any slab partition gives the same bytes.
-    Atomic (a temporary name, renamed when complete). A slab with NaN/Inf raises
+    each slab is written into its planes with ``pwrite`` (no page of the file is mapped into the
+    process), and the header statistics are combined plane by plane (:class:`_PlaneStats`), so any
+    slab partition gives the same bytes. A slab may be a torch tensor on a GPU: its finiteness and
+    plane statistics are then computed there (float64; they agree with numpy's to float64
+    rounding). Atomic (a temporary name, renamed when complete). A slab with NaN/Inf raises
     :class:`NonFiniteSlab` and leaves no file."""
     shape = tuple(int(n) for n in shape_zyx)
     if len(shape) != 3 or min(shape) <= 0:
         raise DataFileError(f"{path}: an MRC volume needs a 3-D shape with every side > 0, got {shape}.")
     vx = float(header.voxel_size)
     all_labels = [*header.labels, f"fasttomo voxel_size_A={vx!r}", *header.extra_labels]
+    plane_bytes = 4 * shape[1] * shape[2]
 
     def _write(tmp: str) -> None:
         stats, nxt = _PlaneStats(), 0
-        with mrcfile.new_mmap(tmp, shape, mrc_mode=2, overwrite=True) as m:
+        with mrcfile.new_mmap(tmp, shape, mrc_mode=2, overwrite=True) as m, open(tmp, "r+b") as f:
+            offset = int(m.data.offset)
             for z0, slab in slabs:
-                part = np.asarray(slab, dtype=np.float32)
+                on_device = _device_slab(slab)
+                part, finite, moments = on_device or (np.asarray(slab, dtype=np.float32), None, None)
                 if z0 != nxt or part.ndim != 3 or part.shape[1:] != shape[1:] or z0 + part.shape[0] > shape[0]:
                     raise DataFileError(f"{path}: slab at z={z0} of shape {part.shape} does not continue the volume "
                                         f"{shape} at plane {nxt}.")
-                if not np.isfinite(part).all():
+                if not (np.isfinite(part).all() if finite is None else finite):
                     raise NonFiniteSlab(f"{path}: planes {z0}..{z0 + part.shape[0] - 1} hold non-finite values.")
-                m.data[z0:z0 + part.shape[0]] = part
-                for plane in part:
-                    stats.add_plane(plane)
+                _pwrite_all(f.fileno(), part.astype(m.data.dtype, copy=False), offset + z0 * plane_bytes)
+                if moments is None:
+                    for plane in part:
+                        stats.add_plane(plane)
+                else:
+                    for mean, m2, lo, hi in moments.tolist():
+                        stats.add(shape[1] * shape[2], mean, m2, lo, hi)
                 nxt = z0 + part.shape[0]
             if nxt != shape[0]:
                 raise DataFileError(f"{path}: the slabs ended at plane {nxt} of {shape[0]}.")
