@@ -21,6 +21,7 @@ import logging
 import math
 import os
 import tempfile
+import time
 from pathlib import Path
 
 import numpy as np
@@ -257,19 +258,27 @@ def free_memory_bytes(device: torch.device | None) -> int:
     return min(free) if free else 1 << 40
 
 
+EXPORT_SLAB_MAX_BYTES = 1 << 30
+"""At most this many bytes of float32 planes a slab (1 GiB): larger slabs evaluate no faster and
+only add to the host's peak (a 4096^2 plane is 64 MiB)."""
+
+
 def slab_planes(shape_zyx, free_bytes: int) -> int:
     """Z planes per export slab: a quarter of ``free_bytes`` at :data:`EXPORT_BYTES_PER_VOXEL`
-    per voxel, at least one plane, at most the whole volume."""
-    plane = EXPORT_BYTES_PER_VOXEL * int(shape_zyx[1]) * int(shape_zyx[2])
-    return int(max(1, min(int(shape_zyx[0]), free_bytes // 4 // plane)))
+    per voxel and at most :data:`EXPORT_SLAB_MAX_BYTES` of float32, at least one plane, at most the
+    whole volume."""
+    voxels = int(shape_zyx[1]) * int(shape_zyx[2])
+    cap = min(free_bytes // 4 // (EXPORT_BYTES_PER_VOXEL * voxels), EXPORT_SLAB_MAX_BYTES // (4 * voxels))
+    return int(max(1, min(int(shape_zyx[0]), cap)))
 
 
 def field_slabs(projector, scale: float, shape_zyx, planes: int):
     """(z0, density of planes z0.. times ``scale``) of ``projector``'s volume, ``planes`` Z planes
-    at a time, on the host as float32: the values of the one-shot export, slab by slab."""
+    at a time, as float32 tensors on the projector's device (the writer tests them and takes their
+    statistics there): the values of the one-shot export, slab by slab."""
     for lo in range(0, int(shape_zyx[0]), planes):
         hi = min(int(shape_zyx[0]), lo + planes)
-        yield lo, (projector.volume(tuple(shape_zyx), z_range=(lo, hi)) * scale).cpu().numpy()
+        yield lo, projector.volume(tuple(shape_zyx), z_range=(lo, hi)) * scale
 
 
 def export_field(trainer, cfg, out_dir: Path, pixel_size: float, attrs: dict):
@@ -278,28 +287,17 @@ def export_field(trainer, cfg, out_dir: Path, pixel_size: float, attrs: dict):
     ``trainer.exported_field()``; ranks other than 0 get (None, {}, {}, True)).
 
     One process with mrc among the formats: the volume is evaluated slab by slab (output.slab_planes,
-    or sized from the free memory) straight into volume.mrc through a memory map, and the volume
+    or sized from the free memory) straight into volume.mrc (:func:`export_slabs`), and the volume
     handed back is a read-only map of that file, so the other formats, the pictures (central
     slices) and the scores page it in as they need it. Otherwise (DDP, no mrc, a volume.mrc that
     cannot be written or a non-finite slab) the whole volume is evaluated in memory as before."""
-    from fasttomo.data.io.mrc import NonFiniteSlab, mrc_memmap
-
     shape = tuple(cfg.output.volume_shape) if cfg.output.volume_shape is not None else trainer.projector.box.shape_zyx
-    names = volume_names(cfg)
-    if trainer.world_size == 1 and "volume.mrc" in names:
+    if trainer.world_size == 1 and "volume.mrc" in volume_names(cfg):
         planes = cfg.output.slab_planes or slab_planes(shape, free_memory_bytes(trainer.device))
-        slabs = field_slabs(trainer.projector, trainer.sampler.scale, shape, planes)
-        log.info("exporting the volume %s in slabs of %d Z planes", shape, planes)
-        try:
-            path = write_volume_slabs(out_dir / "volume.mrc", shape, slabs, pixel_size, cfg.name)
-            volume = mrc_memmap(path)
-            written, failed = write_volumes(out_dir, volume, cfg, VolumeFiles(pixel_size, attrs, skip=("volume.mrc",)))
-            return volume, {"volume.mrc": path, **written}, failed, True
-        except NonFiniteSlab:
-            log.warning("the volume holds non-finite values; evaluating it whole to count them")
-        except OSError as exc:
-            log.error("could not write %s (%s); evaluating the volume in memory", out_dir / "volume.mrc",
-                      _reason(exc))
+        done = export_slabs(field_slabs(trainer.projector, trainer.sampler.scale, shape, planes), shape, planes, cfg,
+                            out_dir, pixel_size, attrs)
+        if done is not None:
+            return (*done, True)
     volume = trainer.export_volume(shape)  # collective
     if not trainer.main:
         return None, {}, {}, True
@@ -309,6 +307,28 @@ def export_field(trainer, cfg, out_dir: Path, pixel_size: float, attrs: dict):
         return volume, {}, {}, False
     written, failed = write_volumes(out_dir, volume, cfg, VolumeFiles(pixel_size, attrs))
     return volume, written, failed, True
+
+
+def export_slabs(slabs, shape, planes: int, cfg, out_dir: Path, pixel_size: float, attrs: dict):
+    """volume.mrc written from ``slabs`` ((z0, array or tensor) in Z order, ``planes`` Z planes
+    each), then the run's other formats from a read-only map of it: (volume map, written, failed),
+    or None when a slab held non-finite values or volume.mrc could not be written (the caller
+    then takes the volume whole)."""
+    from fasttomo.data.io.mrc import NonFiniteSlab, mrc_memmap
+
+    log.info("exporting the volume %s in slabs of %d Z planes", tuple(shape), planes)
+    try:
+        t0 = time.perf_counter()
+        path = write_volume_slabs(out_dir / "volume.mrc", shape, slabs, pixel_size, cfg.name)
+        log.info("volume.mrc evaluated and written in %.1f s", time.perf_counter() - t0)
+        volume = mrc_memmap(path)
+        written, failed = write_volumes(out_dir, volume, cfg, VolumeFiles(pixel_size, attrs, skip=("volume.mrc",)))
+        return volume, {"volume.mrc": path, **written}, failed
+    except NonFiniteSlab:
+        log.warning("the volume holds non-finite values; evaluating it whole to count them")
+    except OSError as exc:
+        log.error("could not write %s (%s); evaluating the volume in memory", out_dir / "volume.mrc", _reason(exc))
+    return None
 
 
 def write_volume_slabs(path: Path, shape_zyx, slabs, pixel_size: float, run_name: str) -> str:

@@ -125,9 +125,9 @@ class Projector(nn.Module):
         ``z_range`` selects a slab of Z planes (the export's slabs, and its shards across ranks);
         only that slab's grid is built. The volume is
         given in the frame where the reference view's shift is zero (``Poses.gauge_translation``)."""
-        grid = voxel_grid(self.box, shape_zyx, z_range=z_range)  # (Z, Y, X, 3) normalized xyz
         param = next(self.field.parameters())
-        pts = grid.reshape(-1, 3).to(param.device)
+        grid = voxel_grid(self.box, shape_zyx, device=param.device, z_range=z_range)  # (Z, Y, X, 3) normalized xyz
+        pts = grid.reshape(-1, 3)
         if self.poses.free_reference_shift:
             t = self.poses.gauge_translation().to(pts.device)
             pts = self.box.normalize(self.box.denormalize(pts) - t)

@@ -65,7 +65,6 @@ class SirtMethod:
         self.cfg, self.ts, self.box, self.device, self.hold, self.main = cfg, ts, box, device, hold, main
         self.step = 0
         self._metrics: dict = {}
-        self._volume: np.ndarray | None = None
         self._x: torch.Tensor | None = None
         self._bg: np.ndarray | None = None
 
@@ -81,7 +80,35 @@ class SirtMethod:
         self.step = self.cfg.model.iterations
 
     def export(self) -> tuple[np.ndarray | None, int]:
-        return self._volume, self.step
+        return (None if self._x is None else self._x.float().cpu().numpy()), self.step
+
+    def export_files(self, out_dir, attrs: dict):
+        """(volume, step, written, failed, finite): with mrc among the formats, volume.mrc written
+        slab by slab from the device (fasttomo.run.outputs.export_slabs; the volume handed on is a
+        map of the file), else the volume taken whole to the host and written as before."""
+        from fasttomo.run.outputs import (VolumeFiles, export_slabs, free_memory_bytes, slab_planes, volume_names,
+                                          write_volumes)
+
+        t0 = time.perf_counter()
+        try:
+            if not self.main or self._x is None:
+                return None, self.step, {}, {}, True
+            x, cfg = self._x, self.cfg
+            if "volume.mrc" in volume_names(cfg):
+                planes = cfg.output.slab_planes or slab_planes(x.shape, free_memory_bytes(x.device))
+                slabs = ((z, x[z:z + planes].float()) for z in range(0, x.shape[0], planes))
+                done = export_slabs(slabs, x.shape, planes, cfg, out_dir, self.ts.pixel_size, attrs)
+                if done is not None:
+                    return done[0], self.step, done[1], done[2], True
+            volume = self.export()[0]
+            if not np.isfinite(volume).all():
+                log.error("the volume holds %d non-finite voxels (of %d); no volume file was written",
+                          int((~np.isfinite(volume)).sum()), volume.size)
+                return volume, self.step, {}, {}, False
+            written, failed = write_volumes(out_dir, volume, cfg, VolumeFiles(self.ts.pixel_size, attrs))
+            return volume, self.step, written, failed, True
+        finally:
+            self._metrics["export_seconds"] = round(time.perf_counter() - t0, 3)
 
     def state(self) -> dict | None:
         return None
@@ -122,7 +149,6 @@ class SirtMethod:
         _sync(device)
         curve.fit += time.perf_counter() - curve.mark
         self._x = x
-        self._volume = x.float().cpu().numpy()
         self._metrics = {
             "model": "sirt",
             "steps": cfg.model.iterations,
@@ -131,7 +157,7 @@ class SirtMethod:
             "setup_seconds": setup,
             "device": str(device) if device.type != "cuda" else torch.cuda.get_device_name(device),
             "box_zyx": list(box.shape_zyx),
-            "volume_shape_zyx": list(self._volume.shape),
+            "volume_shape_zyx": list(x.shape),
             "pixel_size_A": ts.pixel_size,
             "intensity": prep.bg_desc,
         }
@@ -159,7 +185,9 @@ def _prepare(cfg: Config, ts, box, device: torch.device) -> _Prepared:
 
     dispatch.configure(cfg.kernels.backend)
     bg, bg_desc = background_of(cfg, ts)
-    stack = torch.from_numpy((ts.stack - bg[:, None, None]).astype(np.float32)).to(device)
+    stack = torch.empty(ts.stack.shape, dtype=torch.float32, device=device)
+    for i in range(ts.n_tilts):  # a view at a time, on the device: no float64 copy of the stack on the host
+        stack[i] = (torch.from_numpy(np.ascontiguousarray(ts.stack[i])).to(device, torch.float64) - float(bg[i])).float()
     valid = None if ts.valid is None else torch.from_numpy(ts.valid).to(device)
     poses = Poses(ts.angles, ts.reference_index(), initial=view_poses(ts.metadata)).to(device)
     truth = fg = None
