@@ -50,16 +50,32 @@ def test_scoring_runs_on_the_gpu_only_where_there_is_one():
     assert metrics.scoring_device() == ("cuda" if torch.cuda.is_available() else None)
 
 
-def test_a_gpu_too_full_for_the_transforms_falls_back_to_numpy(monkeypatch):
+@pytest.mark.parametrize("kind", ["sector", "chunked"])
+def test_a_gpu_too_full_for_the_transforms_falls_back_to_numpy(kind, monkeypatch):
     a, b = _pair()
+
+    def curves():
+        if kind == "sector":
+            return metrics.sector_fsc(a, b, 3.0, (-60.0, 60.0))
+        return metrics.chunked_fsc(a, b, 3.0, (-60.0, 60.0), crop=16, max_crops=8)
+
     monkeypatch.setattr(metrics, "scoring_device", lambda: None)
-    ref = metrics.sector_fsc(a, b, 3.0, (-60.0, 60.0))
+    ref = curves()
 
     def full(*args, **kwargs):
         raise torch.cuda.OutOfMemoryError("CUDA out of memory")
 
-    monkeypatch.setattr(metrics, "scoring_device", lambda: "cuda")
+    monkeypatch.setattr(metrics, "scoring_device", lambda: "cuda" if kind == "sector" else "cpu")
     monkeypatch.setattr(metrics, "_shell_sums_torch", full)
-    got = metrics.sector_fsc(a, b, 3.0, (-60.0, 60.0))
+    got = curves()
     for r in ref:
         np.testing.assert_array_equal(got[r].fsc, ref[r].fsc)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_chunked_fsc_on_a_device_refuses_non_finite_volumes(device, monkeypatch):
+    a, b = _pair()
+    a[3, 4, 5] = np.inf
+    monkeypatch.setattr(metrics, "scoring_device", lambda: device)
+    with pytest.raises(ValueError, match="NaN or Inf"):
+        metrics.chunked_fsc(a, b, 3.0, crop=16, max_crops=8)

@@ -485,26 +485,60 @@ def chunked_fsc(a: np.ndarray, b: np.ndarray, voxel_size_A: float, tilt_range_de
         i = max(range(3), key=lambda k: len(starts[k]))
         starts[i] = crop_starts(a.shape[i], box[i], len(starts[i]) - 1)
     taper = _crop_taper(a.shape, box)
+    device = scoring_device()
     total: dict[str, np.ndarray] | None = None
     for z0 in starts[0]:
         for y0 in starts[1]:
             for x0 in starts[2]:
                 cut = (slice(z0, z0 + box[0]), slice(y0, y0 + box[1]), slice(x0, x0 + box[2]))
-                ca, cb = _check_pair(a[cut], b[cut], taper, "chunked_fsc")
-                sums = _shell_sums(ca, cb, vx, sw, tilt_range_deg)
+                sums = None
+                if device is not None:
+                    sums = _crop_sums_torch(a[cut], b[cut], taper, vx, sw, tilt_range_deg, device)
+                if sums is None:
+                    ca, cb = _check_pair(a[cut], b[cut], taper, "chunked_fsc")
+                    sums = _shell_sums(ca, cb, vx, sw, tilt_range_deg, device=None)
                 total = sums if total is None else {r: total[r] + sums[r] for r in total}
     return _curves(total, box, vx, sw)
+
+
+def _crop_sums_torch(a: np.ndarray, b: np.ndarray, taper: np.ndarray | None, vx: float, sw: float,
+                     tilt_range_deg, device: str) -> dict[str, np.ndarray] | None:
+    """:func:`_check_pair` and :func:`_shell_sums` of one crop with torch on ``device``: the crop
+    is copied to the device as it is stored and its mean removed and taper applied there (the
+    same float64 mean and float32 results as numpy's); None when the device is too full."""
+    import torch
+
+    try:
+        t = taper if taper is None else torch.from_numpy(taper).to(device)
+        out = []
+        for v in (a, b):
+            g = torch.from_numpy(np.ascontiguousarray(v, dtype=np.float32)).to(device)
+            if not bool(torch.isfinite(g).all()):
+                raise ValueError("chunked_fsc: the volumes hold NaN or Inf values; FSC needs finite volumes.")
+            mean = g.mean(dtype=torch.float64) if t is None else (g * t).sum(dtype=torch.float64) / t.sum(
+                dtype=torch.float64)
+            c = (g.to(torch.float64) - mean).to(torch.float32)
+            out.append(c if t is None else c * t)
+        return _shell_sums_torch(out[0], out[1], vx, sw, tilt_range_deg, device)
+    except torch.cuda.OutOfMemoryError:
+        torch.cuda.empty_cache()
+        return None
 
 
 def _shell_sums_torch(a: np.ndarray, b: np.ndarray, vx: float, sw: float, tilt_range_deg,
                       device: str) -> dict[str, np.ndarray]:
     """:func:`_shell_sums` with torch on ``device``: the same float32 transforms, shells, weights
-    and regions, the sums in float64 (on the device, as numpy's on the host)."""
+    and regions, the sums in float64 (on the device, as numpy's on the host). ``a`` and ``b`` may
+    be numpy arrays or float32 tensors (already on ``device``)."""
     import torch
 
     z, y, x = a.shape
-    fa = torch.fft.rfftn(torch.from_numpy(np.ascontiguousarray(a, dtype=np.float32)).to(device))
-    fb = torch.fft.rfftn(torch.from_numpy(np.ascontiguousarray(b, dtype=np.float32)).to(device))
+
+    def _on_device(v):
+        return v if isinstance(v, torch.Tensor) else torch.from_numpy(np.ascontiguousarray(v, dtype=np.float32))
+
+    fa = torch.fft.rfftn(_on_device(a).to(device))
+    fb = torch.fft.rfftn(_on_device(b).to(device))
     width = sw / (max(z, y, x) * vx)
     n_shells = int(math.floor(0.5 / vx / width + 1e-9)) + 1
     f64 = dict(dtype=torch.float64, device=device)
