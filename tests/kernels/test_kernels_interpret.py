@@ -177,6 +177,22 @@ def _checks():
             (gr,) = torch.autograd.grad(ref * 0.3, [v])
             (gg,) = torch.autograd.grad(got * 0.3, [v])
             record(f"volume_tv[{'x'.join(map(str, shape))}-{kind}]", {"out": _rel(got, ref), "grad": _rel(gg, gr)})
+
+    # the SIRT projector pair, with int32 and with int64 offsets (the variant above 2**31 elements)
+    from fasttomo.geometry.so3 import rot_y, rot_z
+    from fasttomo.kernels.triton import tomo
+
+    vol = torch.rand(5, 6, 7)
+    ang = torch.tensor([-50.0, -10.0, 0.0, 35.0])
+    rot = rot_y(torch.deg2rad(ang)) @ rot_z(torch.full((4,), 0.2))  # tilts with an in-plane rotation
+    shift = torch.randn(4, 2) * 0.7
+    ref_p = reference.ray_project(vol, rot, shift, (6, 8), 0.75)
+    imgs = torch.rand(4, 6, 8)
+    ref_b = reference.voxel_backproject(imgs, rot, shift, (5, 6, 7))
+    for big in (False, True):
+        got_p = tomo.ray_project(vol, rot, shift, 6, 8, 0.75, int64=big)
+        got_b = tomo.voxel_backproject(imgs, rot, shift, 5, 6, 7, int64=big)
+        record(f"tomo[int64={big}]", {"project": _rel(got_p, ref_p), "backproject": _rel(got_b, ref_b)})
     return out
 
 
@@ -188,6 +204,7 @@ NAMES = (
        "kplanes[create_graph]"]
     + [f"plane_tv[{l}]" for l in ("T2_C5_two_scales_aniso", "T1_C3_one_scale", "T3_C16_rect")]
     + [f"volume_tv[{s}-{k}]" for s in ("5x6x7", "2x3x2x5", "2x2x2") for k in ("squared", "l1")]
+    + ["tomo[int64=False]", "tomo[int64=True]"]
 )
 
 

@@ -226,8 +226,7 @@ def volume_tv(volume: torch.Tensor, kind: str = "squared") -> torch.Tensor:
 
 
 # ------------------------------------------------------------------------- SIRT projector pair
-def _why_not_tomo(data: torch.Tensor, rot: torch.Tensor, shift: torch.Tensor, out_numel: int
-                  ) -> Optional[str]:
+def _why_not_tomo(data: torch.Tensor, rot: torch.Tensor, shift: torch.Tensor) -> Optional[str]:
     r = _common_reason((data, rot, shift))
     if r:
         return r
@@ -236,9 +235,7 @@ def _why_not_tomo(data: torch.Tensor, rot: torch.Tensor, shift: torch.Tensor, ou
     if data.dim() != 3 or rot.dim() != 3 or tuple(rot.shape[1:]) != (3, 3) or tuple(shift.shape) != (rot.shape[0], 2):
         return (f"shapes {tuple(data.shape)}, rot {tuple(rot.shape)}, shift {tuple(shift.shape)}; "
                 "fast path needs a 3-D array, rot (V, 3, 3), shift (V, 2)")
-    if max(data.numel(), out_numel) > _INT32_MAX:
-        return "volume or image stack larger than 2**31 elements"
-    return None
+    return None  # above 2**31 elements the kernels take int64 offsets (triton/tomo.py: needs_int64)
 
 
 def ray_project(volume: torch.Tensor, rot: torch.Tensor, shift: torch.Tensor,
@@ -246,7 +243,7 @@ def ray_project(volume: torch.Tensor, rot: torch.Tensor, shift: torch.Tensor,
     """Line integrals (V, H, W) of a (Z, Y, X) volume along every pixel's ray of V views
     (semantics: ``reference.ray_project``). Forward-only fast path."""
     h, w = int(image_hw[0]), int(image_hw[1])
-    if _route("ray_project", _why_not_tomo(volume, rot, shift, rot.shape[0] * h * w)):
+    if _route("ray_project", _why_not_tomo(volume, rot, shift)):
         return torch.ops.fasttomo.ray_project(volume.contiguous(), rot.contiguous(),
                                               shift.contiguous(), h, w, float(step))
     return reference.ray_project(volume, rot, shift, (h, w), step)
@@ -257,7 +254,7 @@ def voxel_backproject(images: torch.Tensor, rot: torch.Tensor, shift: torch.Tens
     """Voxel-driven backprojection (Z, Y, X) of images (V, H, W) (semantics:
     ``reference.voxel_backproject``). Forward-only fast path."""
     z, y, x = (int(s) for s in shape_zyx)
-    if _route("voxel_backproject", _why_not_tomo(images, rot, shift, z * y * x)):
+    if _route("voxel_backproject", _why_not_tomo(images, rot, shift)):
         return torch.ops.fasttomo.voxel_backproject(images.contiguous(), rot.contiguous(),
                                                     shift.contiguous(), z, y, x)
     return reference.voxel_backproject(images, rot, shift, (z, y, x))

@@ -22,7 +22,9 @@ voxel_backproject_kernel
     the detector; zero-weight taps masked off, so the pure-tilt geometry reads 2 per view), sum in
     registers, one store per voxel.
 
-Indices are int32: the callers keep the volume and the image stack under 2**31 elements.
+Indices are int32 while the volume and the image stack hold fewer than 2**31 elements; above
+that (a 2048^2 x 512 volume has exactly 2**31) the compile-time flag INT64 makes the kernels
+compute every flat offset in int64 (a separate compiled variant; the int32 one is unchanged).
 Integer arguments equal to 1 arrive as compile-time constants, so no ``.to`` is called on them.
 """
 
@@ -70,9 +72,11 @@ def _axis_taps(f, size_m1, size_m1_int, live):
 
 @triton.jit
 def ray_project_kernel(vol_ptr, pose_ptr, out_ptr, Z, Y, X, H, W, tiles_u, step, count_tol,
-                       BLOCK_V: tl.constexpr, BLOCK_U: tl.constexpr):
+                       BLOCK_V: tl.constexpr, BLOCK_U: tl.constexpr, INT64: tl.constexpr):
     pid = tl.program_id(0)
     view = tl.program_id(1)
+    if INT64:
+        view = view.to(tl.int64)
     r = tl.arange(0, BLOCK_V * BLOCK_U)
     row = (pid // tiles_u) * BLOCK_V + r // BLOCK_U
     col = (pid % tiles_u) * BLOCK_U + r % BLOCK_U
@@ -133,8 +137,12 @@ def ray_project_kernel(vol_ptr, pose_ptr, out_ptr, Z, Y, X, H, W, tiles_u, step,
         ix0, ix1, wx, mx = _axis_taps(ax + k * bx, xm1, X - 1, live)
         iy0, iy1, wy, my = _axis_taps(ay + k * by, ym1, Y - 1, live)
         iz0, iz1, wz, mz = _axis_taps(az + k * bz, zm1, Z - 1, live)
-        z0 = iz0 * sxy
-        z1 = iz1 * sxy
+        if INT64:
+            z0 = iz0.to(tl.int64) * sxy
+            z1 = iz1.to(tl.int64) * sxy
+        else:
+            z0 = iz0 * sxy
+            z1 = iz1 * sxy
         y0 = iy0 * X
         y1 = iy1 * X
         my0 = live
@@ -158,11 +166,13 @@ def ray_project_kernel(vol_ptr, pose_ptr, out_ptr, Z, Y, X, H, W, tiles_u, step,
 
 
 @triton.jit
-def voxel_backproject_kernel(img_ptr, pose_ptr, out_ptr, Z, Y, X, H, W, V,
-                             BLOCK: tl.constexpr):
+def voxel_backproject_kernel(img_ptr, pose_ptr, out_ptr, Z, Y, X, H, W, V, N,
+                             BLOCK: tl.constexpr, INT64: tl.constexpr):
     pid = tl.program_id(0)
+    if INT64:
+        pid = pid.to(tl.int64)
     e = pid * BLOCK + tl.arange(0, BLOCK)
-    vmask = e < Z * Y * X
+    vmask = e < N
     ix = e % X
     t = e // X
     iy = t % Y
@@ -181,6 +191,10 @@ def voxel_backproject_kernel(img_ptr, pose_ptr, out_ptr, Z, Y, X, H, W, V,
         r10 = tl.load(pb + 3)
         r11 = tl.load(pb + 4)
         r12 = tl.load(pb + 5)
+        if INT64:
+            base = tl.cast(n, tl.int64) * H * W
+        else:
+            base = n * (H * W)
         su = tl.load(pb + 9)
         sv = tl.load(pb + 10)
         # pixel coordinates; clamped to [-2, size + 1] first (outside stays outside, ints stay small)
@@ -198,7 +212,7 @@ def voxel_backproject_kernel(img_ptr, pose_ptr, out_ptr, Z, Y, X, H, W, V,
         mj1 = (j0 + 1 >= 0) & (j0 + 1 < W) & (fj != 0.0)
         mi0 = vmask & (i0 >= 0) & (i0 < H)
         mi1 = vmask & (i0 + 1 >= 0) & (i0 + 1 < H) & (fi != 0.0)
-        p = img_ptr + n * (H * W) + i0 * W + j0
+        p = img_ptr + base + i0 * W + j0
         a00 = tl.load(p, mask=mi0 & mj0, other=0.0)
         a01 = tl.load(p + 1, mask=mi0 & mj1, other=0.0)
         a10 = tl.load(p + W, mask=mi1 & mj0, other=0.0)
@@ -216,10 +230,17 @@ def pose_table(rot: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
                       rot.new_zeros((v, 1), dtype=torch.float32)), dim=1).contiguous()
 
 
+def needs_int64(*numels: int) -> bool:
+    """Whether a flat offset of arrays of these sizes can pass 2**31 - 1 (the INT64 variant)."""
+    return max(numels) > 2**31 - 1
+
+
 def ray_project(volume: torch.Tensor, rot: torch.Tensor, shift: torch.Tensor, height: int,
                 width: int, step: float, block_v: int = PROJECT_BLOCK_V,
-                block_u: int = PROJECT_BLOCK_U, warps: int = PROJECT_WARPS) -> torch.Tensor:
-    """(V, H, W) line integrals (see the module docstring); fp32 contiguous (Z, Y, X) volume."""
+                block_u: int = PROJECT_BLOCK_U, warps: int = PROJECT_WARPS,
+                int64: bool | None = None) -> torch.Tensor:
+    """(V, H, W) line integrals (see the module docstring); fp32 contiguous (Z, Y, X) volume.
+    ``int64``: the int64-offset variant (None: when the sizes need it)."""
     Z, Y, X = volume.shape
     v = rot.shape[0]
     out = torch.empty((v, height, width), device=volume.device, dtype=torch.float32)
@@ -228,15 +249,17 @@ def ray_project(volume: torch.Tensor, rot: torch.Tensor, shift: torch.Tensor, he
     table = pose_table(rot, shift)
     tiles_u = triton.cdiv(width, block_u)
     grid = (triton.cdiv(height, block_v) * tiles_u, v)
+    big = needs_int64(volume.numel(), out.numel()) if int64 is None else bool(int64)
     ray_project_kernel[grid](volume, table, out, Z, Y, X, height, width, tiles_u, float(step),
-                             RAY_COUNT_TOL, BLOCK_V=block_v, BLOCK_U=block_u, num_warps=warps)
+                             RAY_COUNT_TOL, BLOCK_V=block_v, BLOCK_U=block_u, INT64=big, num_warps=warps)
     return out
 
 
 def voxel_backproject(images: torch.Tensor, rot: torch.Tensor, shift: torch.Tensor, Z: int, Y: int,
                       X: int, block: int = BACKPROJECT_BLOCK,
-                      warps: int = BACKPROJECT_WARPS) -> torch.Tensor:
-    """(Z, Y, X) voxel-driven backprojection of fp32 contiguous images (V, H, W)."""
+                      warps: int = BACKPROJECT_WARPS, int64: bool | None = None) -> torch.Tensor:
+    """(Z, Y, X) voxel-driven backprojection of fp32 contiguous images (V, H, W). ``int64``: the
+    int64-offset variant (None: when the sizes need it)."""
     v, h, w = images.shape
     out = torch.empty((Z, Y, X), device=images.device, dtype=torch.float32)
     if out.numel() == 0:
@@ -245,7 +268,8 @@ def voxel_backproject(images: torch.Tensor, rot: torch.Tensor, shift: torch.Tens
         return out.zero_()
     table = pose_table(rot, shift)
     grid = (triton.cdiv(Z * Y * X, block),)
-    voxel_backproject_kernel[grid](images, table, out, Z, Y, X, h, w, v, BLOCK=block,
-                                   num_warps=warps)
+    big = needs_int64(images.numel(), out.numel()) if int64 is None else bool(int64)
+    voxel_backproject_kernel[grid](images, table, out, Z, Y, X, h, w, v, out.numel(), BLOCK=block,
+                                   INT64=big, num_warps=warps)
     return out
 
