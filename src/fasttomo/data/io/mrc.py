@@ -408,6 +408,8 @@ def write_mrc_slabs(path: str | os.PathLike, shape_zyx: tuple[int, int, int], sl
             for z0, slab in slabs:
                 on_device = _device_slab(slab)
                 part, finite, moments = on_device or (np.asarray(slab, dtype=np.float32), None, None)
+                if finite is False:
+                    raise NonFiniteSlab(f"{path}: planes from {z0} on hold non-finite values.")
                 if z0 != nxt or part.ndim != 3 or part.shape[1:] != shape[1:] or z0 + part.shape[0] > shape[0]:
                     raise DataFileError(f"{path}: slab at z={z0} of shape {part.shape} does not continue the volume "
                                         f"{shape} at plane {nxt}.")
