@@ -127,9 +127,9 @@ def check_angle_units(angles: np.ndarray, where: str, enabled: bool = True) -> N
 
 
 def handle_nonfinite(stack: np.ndarray, valid: np.ndarray | None, mode: str, where: str) -> np.ndarray | None:
-    bad = ~np.isfinite(stack)
-    if not bad.any():
+    if all(np.isfinite(view).all() for view in stack):  # a view at a time: no stack-sized mask when all is well
         return valid
+    bad = ~np.isfinite(stack)
     first = np.argwhere(bad)[0]
     if mode == "reject":
         raise TiltSeriesError(
@@ -350,18 +350,21 @@ def prepare(raw: RawSeries, cfg) -> TiltSeries:
         log.info("%s: angles not monotonic (e.g. dose-symmetric); views sorted by angle, file order kept in "
                  "metadata['view_numbers'].", where)
 
-    ok = valid if valid is not None else np.ones(stack.shape, dtype=bool)
+    def values():  # the valid pixels, flat (the stack itself, not a copy, when all are valid)
+        return stack.reshape(-1) if valid is None else stack[valid]
+
     if cfg.invert:
-        top = float(stack[ok].max())
+        top = float(values().max())
         stack = top - stack
         steps.append(f"inverted (x -> {top:.6g} - x)")
         log.info("%s: contrast inverted (x -> max - x, max = %.6g).", where, top)
     if cfg.normalize == "quantile":
-        lo, hi = (float(q) for q in np.quantile(_sample(stack[ok]), QUANTILES))
+        lo, hi = (float(q) for q in np.quantile(_sample(values()), QUANTILES))
         if not hi > lo:
             raise TiltSeriesError(f"{where}: intensities are constant ({lo:.6g}) between the {QUANTILES} quantiles; "
                                   "nothing to reconstruct (wrong file or all views blank?).")
-        stack = (stack - np.float32(lo)) / np.float32(hi - lo)
+        stack = stack - np.float32(lo)  # a new array (the raw stack is the caller's), then divided in place
+        stack /= np.float32(hi - lo)
         steps.append(f"quantile-normalized ({lo:.6g} -> 0, {hi:.6g} -> 1)")
         log.info("%s: normalized: quantile %.3g = %.6g -> 0, quantile %.4g = %.6g -> 1.", where, QUANTILES[0], lo,
                  QUANTILES[1], hi)

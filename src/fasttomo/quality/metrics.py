@@ -94,8 +94,12 @@ def streamed_volume_metrics(recon: np.ndarray, truth: np.ndarray, planes: int | 
     plane = int(np.prod(recon.shape[1:]))
     planes = max(1, (1 << 26) // max(plane, 1)) if planes is None else planes
 
+    from fasttomo.data.io.mrc import drop_mapped_pages
+
     def slab(v: np.ndarray, z0: int) -> torch.Tensor:
-        return torch.from_numpy(np.ascontiguousarray(v[z0:z0 + planes])).to(dev, torch.float64)
+        t = torch.from_numpy(np.ascontiguousarray(v[z0:z0 + planes])).to(dev, torch.float64)
+        drop_mapped_pages(v[z0:z0 + planes])  # a memory map's pages read leave this process
+        return t
 
     lo, top = math.inf, -math.inf
     for z0 in range(0, truth.shape[0], planes):
@@ -484,6 +488,8 @@ def chunked_fsc(a: np.ndarray, b: np.ndarray, voxel_size_A: float, tilt_range_de
     while math.prod(len(s) for s in starts) > max_crops:  # thin the longest list of positions
         i = max(range(3), key=lambda k: len(starts[k]))
         starts[i] = crop_starts(a.shape[i], box[i], len(starts[i]) - 1)
+    from fasttomo.data.io.mrc import drop_mapped_pages
+
     taper = _crop_taper(a.shape, box)
     device = scoring_device()
     total: dict[str, np.ndarray] | None = None
@@ -497,6 +503,8 @@ def chunked_fsc(a: np.ndarray, b: np.ndarray, voxel_size_A: float, tilt_range_de
                 if sums is None:
                     ca, cb = _check_pair(a[cut], b[cut], taper, "chunked_fsc")
                     sums = _shell_sums(ca, cb, vx, sw, tilt_range_deg, device=None)
+                drop_mapped_pages(a[cut])
+                drop_mapped_pages(b[cut])
                 total = sums if total is None else {r: total[r] + sums[r] for r in total}
     return _curves(total, box, vx, sw)
 

@@ -79,6 +79,25 @@ def _zoom(shape_zyx: tuple[int, int, int], target: int) -> float:
     return float(max(1, round(z))) if z >= 1 else (1.0 if big <= 2 * target else 2 * target / big / 2)
 
 
+def central_slices(vol: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Copies of the central XY, XZ and YZ slices of a (Z, Y, X) volume. A memory-mapped volume
+    is read a slab of about 64 MB at a time and each slab's pages released as it is left
+    (fasttomo.data.io.mrc.drop_mapped_pages): the YZ slice touches every page of the file, and
+    a 4096^2 x 256 volume would otherwise stay resident whole (17 GB)."""
+    from fasttomo.data.io.mrc import drop_mapped_pages
+
+    z, y, x = vol.shape
+    xy, xz = np.array(vol[z // 2]), np.array(vol[:, y // 2])
+    yz = np.empty((z, y), dtype=vol.dtype)
+    step = max(1, (1 << 26) // max(1, y * x * vol.itemsize))
+    for z0 in range(0, z, step):
+        part = vol[z0:z0 + step]
+        yz[z0:z0 + step] = part[:, :, x // 2]
+        drop_mapped_pages(part)
+    drop_mapped_pages(vol[z // 2])
+    return xy, xz, yz
+
+
 def slice_panel(volume: np.ndarray, pixel_size: float, truth: np.ndarray | None = None, target: int = 300):
     """The three central slices (row 1: the reconstruction; row 2: the ground truth, when given),
     each row windowed to its 0.5-99.5 % values with its own colour bar; a scale bar in the XY
@@ -94,9 +113,10 @@ def slice_panel(volume: np.ndarray, pixel_size: float, truth: np.ndarray | None 
     rendered = []
     for name, vol in rows:
         z, y, x = vol.shape
-        cuts = [(f"XY  (z = {z // 2} of {z})", vol[z // 2], "x", "y"),
-                (f"XZ  (y = {y // 2} of {y})", vol[:, y // 2], "x", "z"),
-                (f"YZ  (x = {x // 2} of {x})", vol[:, :, x // 2], "y", "z")]
+        xy, xz, yz = central_slices(vol)
+        cuts = [(f"XY  (z = {z // 2} of {z})", xy, "x", "y"),
+                (f"XZ  (y = {y // 2} of {y})", xz, "x", "z"),
+                (f"YZ  (x = {x // 2} of {x})", yz, "y", "z")]
         lo, hi = np.percentile(np.concatenate([c[1].ravel() for c in cuts]), [0.5, 99.5])
         if hi <= lo:
             hi = lo + 1e-6
