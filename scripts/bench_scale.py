@@ -175,7 +175,8 @@ def row_of(case: str, method: str, m: dict) -> dict:
            "step_seconds": _r(steps),
            "fixed_seconds": {"start": _r(start), "data": _r(train_start - start if train_start is not None else None),
                              "first_step": _r(first), "validation": _r(val if first is not None else None),
-                             "export": _r(tl.get("export_s")), "scoring": _r(tl.get("scoring_s"))},
+                             "export": _r(tl.get("export_s", m.get("export_seconds"))),  # SIRT: export_seconds
+                             "scoring": _r(tl.get("scoring_s"))},
            "pearson": m.get("pearson_global"), "pearson_fg": m.get("pearson_foreground"),
            "fsc05_A": m.get("fsc05_A"), "halfset_fsc0143_A": None,
            "peak_gpu_GB": _r(tl["peak_gpu_bytes"] / 1e9) if tl.get("peak_gpu_bytes") else None,
