@@ -49,3 +49,18 @@ def test_half_volumes_are_mrc_even_when_the_formats_are_not(tmp_path):
     assert sorted(p.name for p in out.glob("volume*")) == ["volume.h5", "volume_even.h5", "volume_even.mrc",
                                                          "volume_odd.h5", "volume_odd.mrc"]
 
+
+
+def test_half_volumes_in_slabs_give_every_format_the_same_voxels(tmp_path):
+    """The half volumes are written slab by slab into their MRC files (output.slab_planes=2, not a
+    divisor of Z) and the other formats from those files: the same voxels in each."""
+    from fasttomo.data.io.volume import read_volume
+
+    out = tmp_path / "run"
+    run(compose_config([*TINY, "optim.steps=10", "evaluation.half_sets=true", "output.formats=[mrc,h5]",
+                        "output.slab_planes=2", f"output.dir={out}"]))
+    for half in ("even", "odd"):
+        mrc, h5 = read_volume(out / f"volume_{half}.mrc")[0], read_volume(out / f"volume_{half}.h5")[0]
+        assert mrc.shape == read_volume(out / "volume.mrc")[0].shape and np.isfinite(mrc).all()
+        np.testing.assert_array_equal(mrc, h5)
+    assert json.loads((out / "metrics.json").read_text())["half_sets"]["fsc"]

@@ -4,6 +4,8 @@ probe as hooks, the divergence hint, its summary and evaluation entries of metri
 
 from __future__ import annotations
 
+import contextlib
+
 import dataclasses
 import logging
 import sys
@@ -102,6 +104,18 @@ class FieldMethod:
     def export(self) -> tuple[np.ndarray | None, int]:
         with self.trainer.exported_field() as exported_step:
             return self.trainer.export_volume(self.cfg.output.volume_shape), exported_step  # collective
+
+    @contextlib.contextmanager
+    def volume_slabs(self):
+        """(shape, Z planes a slab, slabs) of the exported field's volume, slab by slab on the
+        device (fasttomo.run.outputs.field_slabs); one process."""
+        from fasttomo.run.outputs import field_slabs, free_memory_bytes, slab_planes
+
+        t = self.trainer
+        shape = tuple(self.cfg.output.volume_shape or t.projector.box.shape_zyx)
+        planes = self.cfg.output.slab_planes or slab_planes(shape, free_memory_bytes(t.device))
+        with t.exported_field():
+            yield shape, planes, field_slabs(t.projector, t.sampler.scale, shape, planes)
 
     def export_files(self, out_dir: Path, attrs: dict):
         """(volume, step, written, failed, finite): the volume evaluated and written as it goes

@@ -195,14 +195,16 @@ def half_volume_names(cfg, stem: str) -> list[str]:
 
 
 def write_half_volume(out_dir: Path, volume: np.ndarray, cfg, pixel_size: float,
-                      half: str) -> tuple[dict[str, str], dict[str, str]]:
-    """Write the ``half`` (even or odd) tomogram as ``volume_<half>.*`` (:func:`half_volume_names`)
-    with the full volume's header: its voxel size, label and orientation. Returns ({name: path},
-    {name: error})."""
+                      half: str, skip: tuple[str, ...] = ()) -> tuple[dict[str, str], dict[str, str]]:
+    """Write the ``half`` (even or odd) tomogram as ``volume_<half>.*`` (:func:`half_volume_names`,
+    less ``skip``) with the full volume's header: its voxel size, label and orientation. Returns
+    ({name: path}, {name: error})."""
     from fasttomo.data.io.volume import write_volume
 
     written, failed = {}, {}
     for name in half_volume_names(cfg, f"volume_{half}"):
+        if name in skip:
+            continue
         fmt = {v: k for k, v in VOLUME_SUFFIX.items()}[name.rsplit(".", 1)[1]]
         try:
             written[name] = write_volume(out_dir / name, volume, pixel_size, label=f"fasttomo run {cfg.name}",

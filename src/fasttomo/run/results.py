@@ -87,11 +87,14 @@ def half_sets(run) -> tuple[dict | None, dict | None]:
         log.info("half sets: reconstructing the %s views (%d of %d)", name, keep.size, ts.n_tilts)
         method = make_method(hcfg, _subset(ts, keep), None, dc.replace(place, out_dir=None))
         method.fit()
-        vols[name] = method.export()[0]  # collective
-        if place.main:
-            w, f = write_half_volume(run.out_dir, vols[name], cfg, ts.pixel_size, name)
-            run.written.update(w)
-            run.failed.update(f)
+        vols[name] = _half_in_slabs(run, method, name) if place.world == 1 else None
+        if vols[name] is None:
+            vols[name] = method.export()[0]  # collective
+            if place.main:
+                w, f = write_half_volume(run.out_dir, vols[name], cfg, ts.pixel_size, name)
+                run.written.update(w)
+                run.failed.update(f)
+        del method  # its device memory goes before the next half's
     if not place.main:
         return None, None
     res, curves = pair_fsc(vols["even"], vols["odd"], ts.pixel_size, tilt_range(ts))
@@ -102,6 +105,34 @@ def half_sets(run) -> tuple[dict | None, dict | None]:
         run.failed["fsc_halfsets.png"] = exc.strerror or str(exc)
     log.info("half sets: FSC 0.143 at %s, 0.5 at %s", _res(res, "fsc0143"), _res(res, "fsc05"))
     return res, curves
+
+
+def _half_in_slabs(run, method, half: str) -> np.ndarray | None:
+    """One process, MRC among the half volume's files: ``volume_<half>.mrc`` written slab by slab
+    from the method's device volume (fasttomo.run.outputs.write_volume_slabs) and its other files
+    from a read-only map of it, which is returned (the half-set FSC reads it crop by crop): a
+    camera-size half is never whole in host memory. None when the method cannot or the file
+    could not be written (the caller then takes the volume whole)."""
+    from fasttomo.data.io.mrc import NonFiniteSlab, mrc_memmap
+    from fasttomo.run.outputs import write_volume_slabs
+
+    cfg, ts = run.cfg, run.ts
+    mrc = f"volume_{half}.mrc"
+    if not hasattr(method, "volume_slabs") or mrc not in half_volume_names(cfg, f"volume_{half}"):
+        return None
+    try:
+        with method.volume_slabs() as (shape, _planes, slabs):
+            path = write_volume_slabs(run.out_dir / mrc, shape, slabs, ts.pixel_size, cfg.name)
+    except NonFiniteSlab:
+        return None
+    except OSError as exc:
+        log.error("could not write %s (%s); taking the half volume whole", run.out_dir / mrc, exc.strerror or exc)
+        return None
+    volume = mrc_memmap(path)
+    w, f = write_half_volume(run.out_dir, volume, cfg, ts.pixel_size, half, skip=(mrc,))
+    run.written.update({mrc: path, **w})
+    run.failed.update(f)
+    return volume
 
 
 def _res(report: dict, key: str) -> str:

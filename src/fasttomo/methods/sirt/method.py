@@ -11,6 +11,7 @@ iterations (Pearson, on the device), the scoring time not counted as fit time.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 
@@ -104,12 +105,20 @@ class SirtMethod:
     def export(self) -> tuple[np.ndarray | None, int]:
         return (None if self._x is None else self._x.float().cpu().numpy()), self.step
 
+    @contextlib.contextmanager
+    def volume_slabs(self):
+        """(shape, Z planes a slab, slabs) of the volume, slab by slab from the device."""
+        from fasttomo.run.outputs import free_memory_bytes, slab_planes
+
+        x = self._x
+        planes = self.cfg.output.slab_planes or slab_planes(x.shape, free_memory_bytes(x.device))
+        yield tuple(x.shape), planes, ((z, x[z:z + planes].float()) for z in range(0, x.shape[0], planes))
+
     def export_files(self, out_dir, attrs: dict):
         """(volume, step, written, failed, finite): with mrc among the formats, volume.mrc written
         slab by slab from the device (fasttomo.run.outputs.export_slabs; the volume handed on is a
         map of the file), else the volume taken whole to the host and written as before."""
-        from fasttomo.run.outputs import (VolumeFiles, export_slabs, free_memory_bytes, slab_planes, volume_names,
-                                          write_volumes)
+        from fasttomo.run.outputs import VolumeFiles, export_slabs, volume_names, write_volumes
 
         t0 = time.perf_counter()
         try:
@@ -117,9 +126,8 @@ class SirtMethod:
                 return None, self.step, {}, {}, True
             x, cfg = self._x, self.cfg
             if "volume.mrc" in volume_names(cfg):
-                planes = cfg.output.slab_planes or slab_planes(x.shape, free_memory_bytes(x.device))
-                slabs = ((z, x[z:z + planes].float()) for z in range(0, x.shape[0], planes))
-                done = export_slabs(slabs, x.shape, planes, cfg, out_dir, self.ts.pixel_size, attrs)
+                with self.volume_slabs() as (shape, planes, slabs):
+                    done = export_slabs(slabs, shape, planes, cfg, out_dir, self.ts.pixel_size, attrs)
                 if done is not None:
                     return done[0], self.step, done[1], done[2], True
             volume = self.export()[0]
