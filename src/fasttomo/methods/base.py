@@ -39,7 +39,10 @@ class Method(Protocol):
 
     # optional: export_files(out_dir, attrs) -> (volume, step, written, failed, finite), a method
     # that writes its volume files as it evaluates the volume (the field: slab by slab into
-    # volume.mrc); without it the run writes the volume :meth:`export` returns
+    # volume.mrc); optional: volume_slabs(planes_of), a context giving (shape, Z planes a slab,
+    # slabs of the volume on the device), which the run (one process, mrc among the formats) writes
+    # slab by slab, as it does every method's half volumes; else the run writes what :meth:`export`
+    # returns
 
     def state(self) -> dict | None:
         """The checkpoint of the run so far, None when the method keeps none. Collective."""

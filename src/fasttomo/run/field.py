@@ -24,7 +24,7 @@ from fasttomo.quality.metrics import volume_metrics
 from fasttomo.quality.report import number_text
 from fasttomo.quality.scoring import holdout_scores, view_residuals
 from fasttomo.run.build import build, make_trainer
-from fasttomo.run.outputs import export_field, save_checkpoint_file
+from fasttomo.run.outputs import export_field, field_slabs, save_checkpoint_file
 from fasttomo.run.place import Place
 from fasttomo.run.preflight import check_free_space, memory_problem
 from fasttomo.train.distributed import broadcast_object
@@ -106,14 +106,13 @@ class FieldMethod:
             return self.trainer.export_volume(self.cfg.output.volume_shape), exported_step  # collective
 
     @contextlib.contextmanager
-    def volume_slabs(self):
+    def volume_slabs(self, planes_of):
         """(shape, Z planes a slab, slabs) of the exported field's volume, slab by slab on the
-        device (fasttomo.run.outputs.field_slabs); one process."""
-        from fasttomo.run.outputs import field_slabs, free_memory_bytes, slab_planes
-
+        device (fasttomo.run.outputs.field_slabs); ``planes_of(shape, device)`` sizes the slabs.
+        One process."""
         t = self.trainer
         shape = tuple(self.cfg.output.volume_shape or t.projector.box.shape_zyx)
-        planes = self.cfg.output.slab_planes or slab_planes(shape, free_memory_bytes(t.device))
+        planes = planes_of(shape, t.device)
         with t.exported_field():
             yield shape, planes, field_slabs(t.projector, t.sampler.scale, shape, planes)
 

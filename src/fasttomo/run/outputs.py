@@ -274,6 +274,12 @@ def slab_planes(shape_zyx, free_bytes: int) -> int:
     return int(max(1, min(int(shape_zyx[0]), cap)))
 
 
+def slab_planes_of(cfg):
+    """``planes_of(shape, device)`` for a method's ``volume_slabs``: output.slab_planes, or
+    :func:`slab_planes` of the free memory of the device (and the host)."""
+    return lambda shape, device: cfg.output.slab_planes or slab_planes(shape, free_memory_bytes(device))
+
+
 def field_slabs(projector, scale: float, shape_zyx, planes: int):
     """(z0, density of planes z0.. times ``scale``) of ``projector``'s volume, ``planes`` Z planes
     at a time, as float32 tensors on the projector's device (the writer tests them and takes their
@@ -295,7 +301,7 @@ def export_field(trainer, cfg, out_dir: Path, pixel_size: float, attrs: dict):
     cannot be written or a non-finite slab) the whole volume is evaluated in memory as before."""
     shape = tuple(cfg.output.volume_shape) if cfg.output.volume_shape is not None else trainer.projector.box.shape_zyx
     if trainer.world_size == 1 and "volume.mrc" in volume_names(cfg):
-        planes = cfg.output.slab_planes or slab_planes(shape, free_memory_bytes(trainer.device))
+        planes = slab_planes_of(cfg)(shape, trainer.device)
         done = export_slabs(field_slabs(trainer.projector, trainer.sampler.scale, shape, planes), shape, planes, cfg,
                             out_dir, pixel_size, attrs)
         if done is not None:

@@ -24,8 +24,8 @@ from fasttomo.quality.scoring import pair_fsc, truth_scores
 from fasttomo.run.folder import OutputExistsError, OutputFolderError
 from fasttomo.run.methods import make_method
 from fasttomo.run.outputs import (OutputWriteError, VolumeFiles, dumps, half_volume_names, rescue,
-                                  save_checkpoint_file, volume_names, write_failure_message, write_half_volume,
-                                  write_pose_files, write_volumes)
+                                  save_checkpoint_file, slab_planes_of, volume_names, write_failure_message,
+                                  write_half_volume, write_pose_files, write_volume_slabs, write_volumes)
 from fasttomo.run.stop import RunInterrupted
 from fasttomo.train.guard import DivergenceError
 
@@ -114,14 +114,13 @@ def _half_in_slabs(run, method, half: str) -> np.ndarray | None:
     camera-size half is never whole in host memory. None when the method cannot or the file
     could not be written (the caller then takes the volume whole)."""
     from fasttomo.data.io.mrc import NonFiniteSlab, mrc_memmap
-    from fasttomo.run.outputs import write_volume_slabs
 
     cfg, ts = run.cfg, run.ts
     mrc = f"volume_{half}.mrc"
     if not hasattr(method, "volume_slabs") or mrc not in half_volume_names(cfg, f"volume_{half}"):
         return None
     try:
-        with method.volume_slabs() as (shape, _planes, slabs):
+        with method.volume_slabs(slab_planes_of(cfg)) as (shape, _planes, slabs):
             path = write_volume_slabs(run.out_dir / mrc, shape, slabs, ts.pixel_size, cfg.name)
     except NonFiniteSlab:
         return None

@@ -29,6 +29,7 @@ from fasttomo.quality.scoring import attach_truth, split_holdout
 from fasttomo.run import results
 from fasttomo.run.folder import OutputExistsError, OutputFolderError, RunFolder
 from fasttomo.run.methods import make_method
+from fasttomo.run.outputs import export_slabs, slab_planes_of, volume_names
 from fasttomo.run.place import Place
 from fasttomo.run.resume import refuse_immutable, warn_changes
 from fasttomo.run.stop import RunInterrupted, StopRequests, signal_name
@@ -180,12 +181,27 @@ class Run:
         if hasattr(self.method, "export_files"):
             self.volume, self.exported_step, self.written, self.failed, self.finite = self.method.export_files(
                 self.out_dir, attrs)
-        else:
+        elif not self._export_slabs(attrs):
             self._export_whole(attrs)
         self.finite = broadcast_object(self.finite)  # every rank takes the same branches (half sets are collective)
         self.state = self.method.state()
         if self.main and self.state is not None:
             results.save_checkpoint(self.out_dir, self.state, self.written, self.failed)
+
+    def _export_slabs(self, attrs: dict) -> bool:
+        """One process, mrc among the formats, a method with ``volume_slabs`` (SIRT): volume.mrc
+        written slab by slab from the device and the other formats from a map of it (the volume
+        kept is that map). False when it does not apply or did not succeed."""
+        if self.place.world != 1 or not hasattr(self.method, "volume_slabs") or "volume.mrc" not in volume_names(
+                self.cfg):
+            return False
+        with self.method.volume_slabs(slab_planes_of(self.cfg)) as (shape, planes, slabs):
+            done = export_slabs(slabs, shape, planes, self.cfg, self.out_dir, self.ts.pixel_size, attrs)
+        if done is None:
+            return False
+        self.volume, self.written, self.failed = done
+        self.exported_step, self.finite = self.method.step, True
+        return True
 
     def _export_whole(self, attrs: dict) -> None:
         """The volume evaluated whole (collective), then its files when it is finite (rank 0)."""

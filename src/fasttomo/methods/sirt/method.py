@@ -106,37 +106,14 @@ class SirtMethod:
         return (None if self._x is None else self._x.float().cpu().numpy()), self.step
 
     @contextlib.contextmanager
-    def volume_slabs(self):
-        """(shape, Z planes a slab, slabs) of the volume, slab by slab from the device."""
-        from fasttomo.run.outputs import free_memory_bytes, slab_planes
-
+    def volume_slabs(self, planes_of):
+        """(shape, Z planes a slab, slabs) of the volume, slab by slab from the device;
+        ``planes_of(shape, device)`` sizes the slabs. The time inside is ``export_seconds``."""
         x = self._x
-        planes = self.cfg.output.slab_planes or slab_planes(x.shape, free_memory_bytes(x.device))
-        yield tuple(x.shape), planes, ((z, x[z:z + planes].float()) for z in range(0, x.shape[0], planes))
-
-    def export_files(self, out_dir, attrs: dict):
-        """(volume, step, written, failed, finite): with mrc among the formats, volume.mrc written
-        slab by slab from the device (fasttomo.run.outputs.export_slabs; the volume handed on is a
-        map of the file), else the volume taken whole to the host and written as before."""
-        from fasttomo.run.outputs import VolumeFiles, export_slabs, volume_names, write_volumes
-
+        planes = planes_of(tuple(x.shape), x.device)
         t0 = time.perf_counter()
         try:
-            if not self.main or self._x is None:
-                return None, self.step, {}, {}, True
-            x, cfg = self._x, self.cfg
-            if "volume.mrc" in volume_names(cfg):
-                with self.volume_slabs() as (shape, planes, slabs):
-                    done = export_slabs(slabs, shape, planes, cfg, out_dir, self.ts.pixel_size, attrs)
-                if done is not None:
-                    return done[0], self.step, done[1], done[2], True
-            volume = self.export()[0]
-            if not np.isfinite(volume).all():
-                log.error("the volume holds %d non-finite voxels (of %d); no volume file was written",
-                          int((~np.isfinite(volume)).sum()), volume.size)
-                return volume, self.step, {}, {}, False
-            written, failed = write_volumes(out_dir, volume, cfg, VolumeFiles(self.ts.pixel_size, attrs))
-            return volume, self.step, written, failed, True
+            yield tuple(x.shape), planes, ((z, x[z:z + planes].float()) for z in range(0, x.shape[0], planes))
         finally:
             self._metrics["export_seconds"] = round(time.perf_counter() - t0, 3)
 
