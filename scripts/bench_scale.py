@@ -16,6 +16,8 @@ overrides and ``evaluation.truth`` (scoring only). The numbers come from each ru
                       (against the truth)
     pearson, pearson_fg, fsc05_A      against the truth (null without one)
     halfset_fsc0143_A                  with --half-sets (a second, even/odd run of each method)
+    estimate_GB, estimate_over_peak    with --estimate: the dry run's memory estimate and its ratio to the
+                                       measured peak (the GPU's; on a CPU the host's)
 
 ``--warmup`` runs each case once untimed first (30 steps, a 16 x 128 x 128 export), so that the first step of the rows
 loads the kernels from Triton's on-disk cache instead of compiling them (rows say
@@ -157,6 +159,23 @@ def run_method(case: str, files: dict, method: str, work: Path, half_sets: bool,
     return m
 
 
+_UNITS = {"B": 1, "kB": 1e3, "MB": 1e6, "GB": 1e9, "TB": 1e12}
+
+
+def dry_estimate(case: str, files: dict, method: str, work: Path, python: str) -> float | None:
+    """The dry run's memory estimate (bytes, on the run's device) of the method's command, from its
+    log line "memory on <device> (estimate): <n> <unit>"; None when it has none."""
+    import re
+
+    tag, out, args = cli_args(case, files, method, work, False)
+    log = work / "runs" / f"{tag}-dry.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src") + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    _, _, code = timed_process([python, "-m", "fasttomo.cli.reconstruct", *args, "dry_run=true"], env, work, log)
+    found = re.search(r"\(estimate\): ([0-9.]+) (B|kB|MB|GB|TB)", log.read_text()) if code == 0 else None
+    return float(found.group(1)) * _UNITS[found.group(2)] if found else None
+
+
 def _r(x, nd: int = 3):
     return None if x is None else round(float(x), nd)
 
@@ -218,6 +237,8 @@ def main() -> None:
     ap.add_argument("--warmup", action="store_true", help="one untimed 30-step field run of each case first, so "
                     "that the rows' first steps load the kernels from a warm cache (a user's second run) instead of "
                     "compiling them (a fresh machine's first)")
+    ap.add_argument("--estimate", action="store_true", help="a dry run of each method first: its memory estimate "
+                    "beside the measured peak (estimate_GB, estimate_over_peak)")
     ap.add_argument("--work", default=None, help="folder for case files and runs (default: a temp folder)")
     ap.add_argument("--out-dir", default=None, help="where the JSON records go (default benchmarks/results)")
     ap.add_argument("--python", default=sys.executable)
@@ -236,8 +257,13 @@ def main() -> None:
         if args.warmup and any(m != "sirt" for m in args.methods):
             run_method(case, files, "warmup", work, False, args.python)
         for method in args.methods:
+            estimate = dry_estimate(case, files, method, work, args.python) if args.estimate else None
             row = row_of(case, method, run_method(case, files, method, work, False, args.python))
             row["kernel_cache"] = "warm" if args.warmup else "as found"
+            if estimate is not None:  # the device's estimate against its measured peak (GPU; else the host's)
+                peak = row["peak_gpu_GB"] if device != "cpu" else row["peak_host_GB"]
+                row["estimate_GB"] = _r(estimate / 1e9)
+                row["estimate_over_peak"] = _r(estimate / 1e9 / peak) if peak else None
             if args.half_sets:
                 hs = run_method(case, files, method, work, True, args.python).get("half_sets") or {}
                 row["halfset_fsc0143_A"] = hs.get("fsc0143_A")
