@@ -24,6 +24,8 @@ file back read-only.
 
 from __future__ import annotations
 
+import errno
+import functools
 import math
 import os
 import re
@@ -223,6 +225,13 @@ def mrc_memmap(path: str | os.PathLike) -> np.ndarray | None:
     return np.memmap(path, dtype=np.dtype(order + "f4"), mode="r", offset=offset, shape=shape)
 
 
+@functools.lru_cache(maxsize=1)
+def _libc():
+    import ctypes
+
+    return ctypes.CDLL(None, use_errno=True)
+
+
 def drop_mapped_pages(view: np.ndarray) -> None:
     """Unmap from this process the pages of a memory-mapped file that ``view`` (a slice of a
     np.memmap, e.g. a slab just read) spans (madvise MADV_DONTNEED; Linux): they stop counting in
@@ -238,7 +247,7 @@ def drop_mapped_pages(view: np.ndarray) -> None:
     for n, st in zip(view.shape, view.strides):
         lo, hi = lo + min(0, (n - 1) * st), hi + max(0, (n - 1) * st)
     start = lo - lo % mmap.PAGESIZE
-    libc = ctypes.CDLL(None, use_errno=True)
+    libc = _libc()
     libc.madvise(ctypes.c_void_p(start), ctypes.c_size_t(hi + view.itemsize - start), ctypes.c_int(4))  # MADV_DONTNEED
 
 
@@ -400,7 +409,10 @@ def _pwrite_all(fd: int, data: np.ndarray, offset: int) -> None:
     view = memoryview(np.ascontiguousarray(data).reshape(-1).view(np.uint8))
     done = 0
     while done < len(view):
-        done += os.pwrite(fd, view[done:done + (1 << 30)], offset + done)
+        n = os.pwrite(fd, view[done:done + (1 << 30)], offset + done)
+        if n <= 0:  # a full disk raises ENOSPC; no progress is the same failure
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        done += n
 
 
 def write_mrc_slabs(path: str | os.PathLike, shape_zyx: tuple[int, int, int], slabs, header: MrcHeader, *,
