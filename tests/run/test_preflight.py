@@ -113,3 +113,33 @@ def test_a_box_too_thick_for_memory_is_refused_with_a_thickness_that_fits(tmp_pa
     check_memory(cfg, ts)  # the thickness the message names is accepted ...
     comps = build(cfg, ts)
     assert sum(estimate_memory_bytes(cfg, comps).values()) < free  # ... and its built run's estimate fits
+
+
+@pytest.mark.parametrize("case,commit,views,side,thickness", [
+    ("camera1k", "e7ffac3", 61, 1024, 256), ("camera2k", "cba97b6", 121, 2048, 512),
+    ("camera4k", "cba97b6", 121, 4096, 256)])
+def test_the_gpu_estimate_of_the_camera_cases_is_within_a_quarter_of_their_measured_peaks(
+        case, commit, views, side, thickness, monkeypatch, tmp_path):
+    """The planned CUDA estimate (fused kernels) of bench_scale's camera cases, sized as a run
+    sizes them from the data alone, against the peak GPU memory their H200 records measured."""
+    import dataclasses
+    import json
+    import types
+    from pathlib import Path
+
+    from fasttomo.cli.reconstruct import compose_config
+    from fasttomo.run import preflight
+    from fasttomo.quality import scoring
+
+    record = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / \
+        f"bench_scale-{case}-NVIDIA-H200-{commit}.json"
+    peak = next(r["peak_gpu_GB"] for r in json.loads(record.read_text())["results"] if r["method"] == "field-default")
+    monkeypatch.setattr(preflight, "_fused", lambda device: True)
+    monkeypatch.setattr(scoring, "free_memory_bytes", lambda device: 140_000_000_000)  # an H200's free memory
+    cfg = compose_config(["data=mrc", f"data.path={tmp_path / 'unused.mrc'}", f"data.thickness={thickness}"])
+    ts = types.SimpleNamespace(n_tilts=views, height=side, width=side, valid=None, pixel_size=10.0,
+                               per_line_angles=False, angles=np.linspace(-60, 60, views),
+                               stack=np.empty((views, side, side), np.float32))  # never touched: no memory
+    shape = dataclasses.replace(preflight.planned_shape(cfg, ts), device=torch.device("cuda"))
+    estimate = sum(preflight.memory_bytes(shape, True).values()) / 1e9
+    assert 0.75 <= estimate / peak <= 1.25, (estimate, peak)

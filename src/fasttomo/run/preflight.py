@@ -89,10 +89,31 @@ def check_free_space(folder: Path, cfg: Config, comps, start_step: int = 0) -> d
     return need
 
 
-def train_point_bytes(n_features: int, hidden: int) -> int:
+def train_point_bytes(n_features: int, hidden: int, fused: bool = False) -> int:
     """Bytes a training step keeps per sample point for the backward (measured about 1,000-1,100 B
-    at 32 features and 32 hidden units on the CPU)."""
+    at 32 features and 32 hidden units on the CPU). ``fused`` (the GPU's Triton interpolation,
+    which recomputes the plane features in its backward): the point, the decoder's input and its
+    two hidden layers, about 480 B at 48 features and 32 hidden units (an H200's dry run measured
+    about 500 B a point of a 4096^2 x 121 series' step)."""
+    if fused:
+        return 4 * (3 + n_features + 2 * hidden + 4)
     return 4 * (3 * 4 + 4 * n_features + 4 * hidden + 16)
+
+
+EXPORT_DEVICE_BYTES_PER_VOXEL = 20
+"""GPU bytes a voxel of an export slab costs: its grid point (12), its density (4) and the slab
+before it, still held while this one is evaluated (4): camera2k's and camera4k's measured peaks
+are their persistent memory plus 21 B for each voxel of a 2^28-voxel slab."""
+
+
+def _fused(device: torch.device) -> bool:
+    """Whether a training step on ``device`` runs the fused Triton interpolation (CUDA, triton
+    installed, kernels.backend not forced to torch)."""
+    import importlib.util
+
+    from fasttomo.kernels import dispatch
+
+    return device.type == "cuda" and dispatch.backend() != "torch" and importlib.util.find_spec("triton") is not None
 
 
 @dataclass
@@ -178,7 +199,7 @@ def pass_bytes(shape: RunShape) -> dict[str, int]:
     val_rays = min(batch * max(1, min(16, VAL_CHUNK_FLOATS // max(1, batch * spr * shape.n_features))), shape.n_val)
     view_rays = min(shape.pixels, VIEW_RESIDUAL_RAYS * 2,
                     render_chunk_rays(spr, nograd, free_memory_bytes(shape.device)))
-    return {"training step": batch * spr * train_point_bytes(shape.n_features, shape.hidden),
+    return {"training step": batch * spr * train_point_bytes(shape.n_features, shape.hidden, _fused(shape.device)),
             "validation": val_rays * spr * nograd, "rendering views": view_rays * spr * nograd,
             "export": (1 << 18) * nograd}
 
@@ -201,8 +222,11 @@ def memory_bytes(shape: RunShape, guard: bool) -> dict[str, int]:
     parameters (before the build), gradients, Adam's moments and the guard's snapshots, a training
     step's activations plus the largest chunk of the other passes (:func:`pass_bytes`; the
     allocator keeps the step's freed blocks, so the two add up) and the final volume with its
-    scores. On CUDA: parameters, data, gradients, optimizer, snapshots, the two chunks and the
-    final volume."""
+    scores. On CUDA: parameters, data, gradients, optimizer and snapshots, plus the largest of the
+    passes that come one after another (a training step, the largest other chunk, an export slab
+    of at most 1 GiB of float32 at :data:`EXPORT_DEVICE_BYTES_PER_VOXEL`): the measured peaks of the
+    camera cases are that sum (benchmarks/README.md). A volume exported whole (DDP, no mrc among
+    the formats) needs more than the slab counted here."""
     passes = pass_bytes(shape)
     step = passes.pop("training step")
     largest = max(passes, key=passes.get)
@@ -217,9 +241,17 @@ def memory_bytes(shape: RunShape, guard: bool) -> dict[str, int]:
     out.update({"gradients": 4 * n, "optimizer": 8 * n})
     if guard:
         out["guard snapshots"] = 2 * 12 * n
+    if here is None:  # CUDA: the passes follow one another, each in the memory the last one freed
+        from fasttomo.run.outputs import EXPORT_SLAB_MAX_BYTES
+
+        phases = {"training step": step, largest: passes[largest],
+                  "export slab": min(shape.voxels, EXPORT_SLAB_MAX_BYTES // 4) * EXPORT_DEVICE_BYTES_PER_VOXEL}
+        name = max(phases, key=phases.get)
+        out[f"largest pass ({name})"] = phases[name]
+        return out
     out["training step"] = step  # its blocks stay with the process (the allocator keeps them) ...
     out[f"largest other pass ({largest})"] = passes[largest]  # ... while the other passes run
-    out["final volume and scores"] = shape.voxels * 4 * (6 if here is not None else 2)
+    out["final volume and scores"] = shape.voxels * 4 * 6
     return out
 
 
