@@ -194,16 +194,17 @@ def half_volume_names(cfg, stem: str) -> list[str]:
     return names
 
 
-def write_half_volume(out_dir: Path, volume: np.ndarray, cfg, pixel_size: float,
-                      half: str, skip: tuple[str, ...] = ()) -> tuple[dict[str, str], dict[str, str]]:
+def write_half_volume(out_dir: Path, volume: np.ndarray, cfg, files: VolumeFiles,
+                      half: str) -> tuple[dict[str, str], dict[str, str]]:
     """Write the ``half`` (even or odd) tomogram as ``volume_<half>.*`` (:func:`half_volume_names`,
-    less ``skip``) with the full volume's header: its voxel size, label and orientation. Returns
-    ({name: path}, {name: error})."""
+    less ``files.skip``) with the full volume's header: its voxel size (``files.pixel_size``),
+    label and orientation. Returns ({name: path}, {name: error})."""
     from fasttomo.data.io.volume import write_volume
 
+    pixel_size = files.pixel_size
     written, failed = {}, {}
     for name in half_volume_names(cfg, f"volume_{half}"):
-        if name in skip:
+        if name in files.skip:
             continue
         fmt = {v: k for k, v in VOLUME_SUFFIX.items()}[name.rsplit(".", 1)[1]]
         try:
@@ -302,8 +303,8 @@ def export_field(trainer, cfg, out_dir: Path, pixel_size: float, attrs: dict):
     shape = tuple(cfg.output.volume_shape) if cfg.output.volume_shape is not None else trainer.projector.box.shape_zyx
     if trainer.world_size == 1 and "volume.mrc" in volume_names(cfg):
         planes = slab_planes_of(cfg)(shape, trainer.device)
-        done = export_slabs(field_slabs(trainer.projector, trainer.sampler.scale, shape, planes), shape, planes, cfg,
-                            out_dir, pixel_size, attrs)
+        done = export_slabs((shape, planes, field_slabs(trainer.projector, trainer.sampler.scale, shape, planes)), cfg,
+                            out_dir, VolumeFiles(pixel_size, attrs))
         if done is not None:
             return (*done, True)
     volume = trainer.export_volume(shape)  # collective
@@ -317,20 +318,21 @@ def export_field(trainer, cfg, out_dir: Path, pixel_size: float, attrs: dict):
     return volume, written, failed, True
 
 
-def export_slabs(slabs, shape, planes: int, cfg, out_dir: Path, pixel_size: float, attrs: dict):
-    """volume.mrc written from ``slabs`` ((z0, array or tensor) in Z order, ``planes`` Z planes
-    each), then the run's other formats from a read-only map of it: (volume map, written, failed),
-    or None when a slab held non-finite values or volume.mrc could not be written (the caller
-    then takes the volume whole)."""
+def export_slabs(source, cfg, out_dir: Path, files: VolumeFiles):
+    """volume.mrc written from ``source`` = (shape, Z planes a slab, slabs: (z0, array or tensor)
+    in Z order), then the run's other formats from a read-only map of it (``files``: voxel size
+    and attributes): (volume map, written, failed), or None when a slab held non-finite values or
+    volume.mrc could not be written (the caller then takes the volume whole)."""
     from fasttomo.data.io.mrc import NonFiniteSlab, mrc_memmap
 
+    shape, planes, slabs = source
     log.info("exporting the volume %s in slabs of %d Z planes", tuple(shape), planes)
     try:
         t0 = time.perf_counter()
-        path = write_volume_slabs(out_dir / "volume.mrc", shape, slabs, pixel_size, cfg.name)
+        path = write_volume_slabs(out_dir / "volume.mrc", shape, slabs, files.pixel_size, cfg.name)
         log.info("volume.mrc evaluated and written in %.1f s", time.perf_counter() - t0)
         volume = mrc_memmap(path)
-        written, failed = write_volumes(out_dir, volume, cfg, VolumeFiles(pixel_size, attrs, skip=("volume.mrc",)))
+        written, failed = write_volumes(out_dir, volume, cfg, dataclasses.replace(files, skip=("volume.mrc",)))
         return volume, {"volume.mrc": path, **written}, failed
     except NonFiniteSlab:
         log.warning("the volume holds non-finite values; evaluating it whole to count them")

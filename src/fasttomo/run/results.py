@@ -91,7 +91,7 @@ def half_sets(run) -> tuple[dict | None, dict | None]:
         if vols[name] is None:
             vols[name] = method.export()[0]  # collective
             if place.main:
-                w, f = write_half_volume(run.out_dir, vols[name], cfg, ts.pixel_size, name)
+                w, f = write_half_volume(run.out_dir, vols[name], cfg, VolumeFiles(ts.pixel_size, {}), name)
                 run.written.update(w)
                 run.failed.update(f)
         del method  # its device memory goes before the next half's
@@ -128,7 +128,7 @@ def _half_in_slabs(run, method, half: str) -> np.ndarray | None:
         log.error("could not write %s (%s); taking the half volume whole", run.out_dir / mrc, exc.strerror or exc)
         return None
     volume = mrc_memmap(path)
-    w, f = write_half_volume(run.out_dir, volume, cfg, ts.pixel_size, half, skip=(mrc,))
+    w, f = write_half_volume(run.out_dir, volume, cfg, VolumeFiles(ts.pixel_size, {}, skip=(mrc,)), half)
     run.written.update({mrc: path, **w})
     run.failed.update(f)
     return volume

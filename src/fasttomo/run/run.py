@@ -29,7 +29,7 @@ from fasttomo.quality.scoring import attach_truth, split_holdout
 from fasttomo.run import results
 from fasttomo.run.folder import OutputExistsError, OutputFolderError, RunFolder
 from fasttomo.run.methods import make_method
-from fasttomo.run.outputs import export_slabs, slab_planes_of, volume_names
+from fasttomo.run.outputs import VolumeFiles, export_slabs, slab_planes_of, volume_names
 from fasttomo.run.place import Place
 from fasttomo.run.resume import refuse_immutable, warn_changes
 from fasttomo.run.stop import RunInterrupted, StopRequests, signal_name
@@ -195,8 +195,8 @@ class Run:
         if self.place.world != 1 or not hasattr(self.method, "volume_slabs") or "volume.mrc" not in volume_names(
                 self.cfg):
             return False
-        with self.method.volume_slabs(slab_planes_of(self.cfg)) as (shape, planes, slabs):
-            done = export_slabs(slabs, shape, planes, self.cfg, self.out_dir, self.ts.pixel_size, attrs)
+        with self.method.volume_slabs(slab_planes_of(self.cfg)) as source:
+            done = export_slabs(source, self.cfg, self.out_dir, VolumeFiles(self.ts.pixel_size, attrs))
         if done is None:
             return False
         self.volume, self.written, self.failed = done
@@ -210,7 +210,7 @@ class Run:
             self.finite = bool(np.isfinite(self.volume).all())
             if self.finite:
                 self.written, self.failed = results.write_volumes(self.out_dir, self.volume, self.cfg,
-                                                                  results.VolumeFiles(self.ts.pixel_size, attrs))
+                                                                  VolumeFiles(self.ts.pixel_size, attrs))
             else:
                 log.error("the volume holds %d non-finite voxels (of %d); no volume file was written",
                           int((~np.isfinite(self.volume)).sum()), self.volume.size)
