@@ -97,7 +97,7 @@ def streamed_volume_metrics(recon: np.ndarray, truth: np.ndarray, planes: int | 
     from fasttomo.data.io.mrc import drop_mapped_pages
 
     def slab(v: np.ndarray, z0: int) -> torch.Tensor:
-        t = torch.from_numpy(np.ascontiguousarray(v[z0:z0 + planes])).to(dev, torch.float64)
+        t = torch.from_numpy(np.ascontiguousarray(v[z0:z0 + planes])).to(dev).to(torch.float64)  # cast there
         drop_mapped_pages(v[z0:z0 + planes])  # a memory map's pages read leave this process
         return t
 
