@@ -17,19 +17,13 @@ from fasttomo.data.sampler import (
     robust_scale,
 )
 from fasttomo.data.tiltseries import TiltSeries
+from sampler_helpers import random_series
 
 CPU = torch.device("cpu")
 
 
 def make_ts(n=3, h=10, w=13, seed=0, valid=False) -> TiltSeries:
-    rng = np.random.default_rng(seed)
-    ts = TiltSeries(stack=rng.normal(2.0, 1.0, (n, h, w)).astype(np.float32),
-                    angles=np.linspace(-30, 30, n))
-    if valid:
-        ts.valid = rng.random((n, h, w)) > 0.2
-    else:
-        ts.valid = None
-    return ts
+    return random_series(n, h, w, seed, valid)
 
 
 def cfg(**kw) -> SamplerConfig:
