@@ -40,9 +40,11 @@ Methods (``--methods``):
                     resolutions scaled with the image side
     sirt            model=sirt, scored every SIRT_CURVE_EVERY iterations up to SIRT_ITERATIONS: the
                     row is the best of them (by Pearson to the truth; the last without a truth)
+    NAME            with --variant NAME="overrides": the defaults plus those overrides
 
     python scripts/bench_scale.py --cases tiny
     python scripts/bench_scale.py --cases camera1k camera2k --methods field-default sirt
+    python scripts/bench_scale.py --cases camera2k --methods field-default --variant long="optim.steps=10500"
 
 Prints a table, writes benchmarks/results/bench_scale-<case>-<device>-<commit>.json.
 """
@@ -63,6 +65,8 @@ sys.path.insert(0, str(ROOT / "src"))
 from benchlib import timed_process, write_result  # noqa: E402
 
 SEED = 0
+VARIANTS: dict[str, str] = {}
+"""--variant NAME="overrides": field runs of the defaults plus those overrides (filled by main)."""
 SIRT_ITERATIONS = 50
 SIRT_CURVE_EVERY = 10
 """SIRT is scored against the truth every this many iterations (the row: the best of them)."""
@@ -126,6 +130,7 @@ def cli_args(case: str, files: dict, method: str, work: Path, half_sets: bool) -
         args += best_recipe(CASES[case]["size"])
     if method != "sirt":
         args += CASES[case].get("field", [])  # the tiny case's short fit (a CPU smoke run)
+        args += shlex.split(VARIANTS.get(method, ""))
     else:
         args += ["model=sirt", f"model.iterations={SIRT_ITERATIONS}"]
         if files["truth"]:
@@ -230,8 +235,10 @@ def print_table(rows: list[dict]) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--cases", nargs="+", default=["camera1k", "camera2k", "camera4k"], choices=list(CASES))
-    ap.add_argument("--methods", nargs="+", default=["field-default", "field-best", "sirt"],
+    ap.add_argument("--methods", nargs="*", default=["field-default", "field-best", "sirt"],
                     choices=["field-default", "field-best", "sirt"])
+    ap.add_argument("--variant", action="append", default=[], metavar='NAME="OVERRIDES"',
+                    help="one more field method: the defaults plus these overrides (repeatable)")
     ap.add_argument("--half-sets", action="store_true", help="a second run per method with evaluation.half_sets=true "
                     "(fills halfset_fsc0143_A)")
     ap.add_argument("--warmup", action="store_true", help="one untimed 30-step field run of each case first, so "
@@ -243,6 +250,12 @@ def main() -> None:
     ap.add_argument("--out-dir", default=None, help="where the JSON records go (default benchmarks/results)")
     ap.add_argument("--python", default=sys.executable)
     args = ap.parse_args()
+    for v in args.variant:
+        name, sep, overrides = v.partition("=")
+        if not sep or not name or name in ("field-default", "field-best", "sirt", "warmup"):
+            ap.error(f"--variant {v!r}: give NAME=\"overrides\" with a new name, e.g. long=\"optim.steps=10000\"")
+        VARIANTS[name] = overrides
+    methods = [*args.methods, *VARIANTS]
 
     import tempfile
 
@@ -254,9 +267,9 @@ def main() -> None:
     for case in args.cases:
         files = make_case(case, work)
         rows = []
-        if args.warmup and any(m != "sirt" for m in args.methods):
+        if args.warmup and any(m != "sirt" for m in methods):
             run_method(case, files, "warmup", work, False, args.python)
-        for method in args.methods:
+        for method in methods:
             estimate = dry_estimate(case, files, method, work, args.python) if args.estimate else None
             row = row_of(case, method, run_method(case, files, method, work, False, args.python))
             row["kernel_cache"] = "warm" if args.warmup else "as found"
