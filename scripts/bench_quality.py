@@ -266,7 +266,7 @@ def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--cases", nargs="+", default=[c for c in CASES if not CASES[c].get("dose")], choices=list(CASES),
                     help="cases to run (default: every case without a dose; name the specimen cases to run them)")
-    ap.add_argument("--methods", nargs="+", default=["field-default", "field-best", "sirt"])
+    ap.add_argument("--methods", nargs="*", default=["field-default", "field-best", "sirt"])
     ap.add_argument("--variant", action="append", default=[],
                     help="NAME=\"override override ...\": an extra field method (for recipe sweeps)")
     ap.add_argument("--eval", nargs="*", default=[], choices=list(CASES),
