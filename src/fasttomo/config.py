@@ -815,9 +815,9 @@ class LossConfig:
     s3im: float = 0.0
     """Weight of the S3IM term (stochastic structural similarity over random groups of the batch's
     rays, added to the data term; 0 turns it off)."""
-    plane_tv: float = 1e-2
-    """Weight of the plane total variation (K-Planes planes); 1e-2 with optim.lr_grids 3e-2, see
-    there."""
+    plane_tv: float = 3e-2
+    """Weight of the plane total variation (K-Planes planes); 3e-2 with optim.lr_grids 3e-2, see
+    configs/loss/default.yaml."""
     volume_tv: float = 1e-3
     """Weight of the volume total variation (on density of a random sub-grid, or the voxel grid)."""
     volume_tv_kind: str = "l1"
