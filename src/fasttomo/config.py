@@ -815,9 +815,10 @@ class LossConfig:
     s3im: float = 0.0
     """Weight of the S3IM term (stochastic structural similarity over random groups of the batch's
     rays, added to the data term; 0 turns it off)."""
-    plane_tv: float = 3e-2
-    """Weight of the plane total variation (K-Planes planes); 3e-2 with optim.lr_grids 3e-2, see
-    configs/loss/default.yaml."""
+    plane_tv: float | None = None
+    """Weight of the plane total variation (K-Planes planes). None: chosen from the data when the
+    run is built (``models.regularizers.plane_tv_for``): 3e-2, or 1e-1 for a dose-limited series
+    (estimated per-pixel signal-to-noise below 1); optim.lr_grids 3e-2 goes with both."""
     volume_tv: float = 1e-3
     """Weight of the volume total variation (on density of a random sub-grid, or the voxel grid)."""
     volume_tv_kind: str = "l1"
@@ -829,7 +830,8 @@ class LossConfig:
         _choice(self.kind, ("mse", "l1", "huber"), "loss.kind")
         _positive(self.huber_delta, "loss.huber_delta")
         _nonneg(self.s3im, "loss.s3im")
-        _nonneg(self.plane_tv, "loss.plane_tv")
+        if self.plane_tv is not None:
+            _nonneg(self.plane_tv, "loss.plane_tv")
         _nonneg(self.volume_tv, "loss.volume_tv")
         _choice(self.volume_tv_kind, ("squared", "l1"), "loss.volume_tv_kind")
         _require(isinstance(self.volume_tv_points, int) and self.volume_tv_points >= 2, "loss.volume_tv_points",

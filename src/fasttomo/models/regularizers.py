@@ -13,6 +13,24 @@ SUBGRID_SIZE = (0.05, 0.25)
 SUBGRID_NOISE = 4
 """Uniform random numbers one sub-grid takes (its side and its xyz corner)."""
 
+PLANE_TV = 3e-2
+"""loss.plane_tv=null on data whose estimated per-pixel signal-to-noise is at least LOW_SNR (and
+the weight of a Projector built without a loss config)."""
+PLANE_TV_LOW_SNR = 1e-1
+"""loss.plane_tv=null on data below LOW_SNR: dose-limited series want the smoother fit."""
+LOW_SNR = 1.0
+"""Measured on the H200 suite (benchmarks/README.md, "Plane TV on the whole suite"): the
+Gaussian-noise ellipsoid cases estimate 1.7-3.7 (and clean ones far more) and fit best or equal at
+3e-2; the cell and catalyst specimens at 20 and 200 e/px estimate 0.25-0.59 and fit best at 1e-1."""
+
+
+def plane_tv_for(snr: float) -> tuple[float, str]:
+    """(loss.plane_tv, why) for data of estimated per-pixel signal-to-noise ``snr``
+    (``fasttomo.data.noise.estimate_snr``)."""
+    if snr < LOW_SNR:
+        return PLANE_TV_LOW_SNR, f"below {LOW_SNR:g}: a dose-limited series, the smoother fit"
+    return PLANE_TV, f"at least {LOW_SNR:g}"
+
 
 def _device(field: nn.Module) -> torch.device:
     return next(field.parameters()).device
@@ -73,6 +91,9 @@ def regularization(field: nn.Module, loss_cfg: LossConfig, generator: torch.Gene
     sub-grid drawn here.
     """
     parts: dict[str, torch.Tensor] = {}
+    if loss_cfg.plane_tv is None:
+        raise ValueError("loss.plane_tv is null (chosen from the data when a run is built: fasttomo.run.build); "
+                         "give a number, e.g. LossConfig(plane_tv=3e-2), to compute the regularizers directly.")
     if loss_cfg.plane_tv > 0 and hasattr(field, "plane_tv"):
         parts["plane_tv"] = loss_cfg.plane_tv * field.plane_tv()
     if loss_cfg.volume_tv > 0:

@@ -105,6 +105,17 @@ def auto_steps(image_hw: tuple[int, int]) -> int:
     return int(round(AUTO_STEPS + AUTO_STEPS_PER_DOUBLING * math.log2(side / AUTO_STEPS_FROM)))
 
 
+def auto_plane_tv(ts: TiltSeries) -> tuple[float, str]:
+    """loss.plane_tv=None: (weight, why) from the series' estimated per-pixel signal-to-noise
+    (``data.noise.estimate_snr``, ``models.regularizers.plane_tv_for``)."""
+    from fasttomo.data.noise import estimate_snr
+    from fasttomo.models.regularizers import plane_tv_for
+
+    est = estimate_snr(ts.stack)
+    weight, rule = plane_tv_for(est.snr)
+    return weight, f"{est.describe()}, {rule}"
+
+
 @dataclasses.dataclass(frozen=True)
 class AutoSizes:
     """What a run sizes from its data when the keys are left unset (null)."""
@@ -158,6 +169,12 @@ def sizing_lines(cfg: Config, comps: Components) -> list[str]:
             lines.append(f"    {key} = {value} (set)")
         else:
             lines.append(f"    {key} = {chosen[key]} (automatic: {sizes.why[key]})")
+    if cfg.model.kind == "kplanes_tilted":
+        if cfg.loss.plane_tv is not None:
+            lines.append(f"    loss.plane_tv = {cfg.loss.plane_tv:g} (set)")
+        else:
+            weight, why = auto_plane_tv(comps.ts)
+            lines.append(f"    loss.plane_tv = {weight:g} (automatic: {why})")
     return lines
 
 
@@ -263,6 +280,11 @@ def build(cfg: Config, ts: TiltSeries, *, rank: int = 0, world_size: int = 1, lo
         cfg = dataclasses.replace(cfg, optim=dataclasses.replace(cfg.optim, steps=auto_steps((ts.height, ts.width))))
         log.info("optim: %d steps (from the images' size %d x %d; set optim.steps to choose)", cfg.optim.steps,
                  ts.height, ts.width)
+    if cfg.loss.plane_tv is None:
+        weight, why = auto_plane_tv(ts)
+        cfg = dataclasses.replace(cfg, loss=dataclasses.replace(cfg.loss, plane_tv=weight))
+        if cfg.model.kind == "kplanes_tilted":
+            log.info("loss: plane TV %g (%s; set loss.plane_tv to choose)", weight, why)
     start, est = background_start(cfg.intensity, ts)
     sampler = build_sampler(ts, cfg.sampler, seed=cfg.runtime.seed, device=device, rank=rank, world_size=world_size,
                             offset=start)

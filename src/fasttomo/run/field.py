@@ -47,7 +47,8 @@ class FieldMethod:
             if problem:
                 raise ConfigError(problem)
         self.comps = build(cfg, ts, rank=place.rank, world_size=place.world, local_rank=place.local_rank)
-        self.cfg = cfg = dataclasses.replace(cfg, optim=self.comps.cfg.optim)  # optim.steps=None sized by build
+        # optim.steps=None and loss.plane_tv=None: chosen by build
+        self.cfg = cfg = dataclasses.replace(cfg, optim=self.comps.cfg.optim, loss=self.comps.cfg.loss)
         probe = truth_probe(ts) if ts.ground_truth is not None and cfg.evaluation.curve_every else None
         if stop is not None:
             stop.device = self.comps.device

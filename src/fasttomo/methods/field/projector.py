@@ -30,7 +30,7 @@ from fasttomo.config import LossConfig
 from fasttomo.geometry.poses import Poses
 from fasttomo.geometry.rays import Box, line_integral, ray_samples, voxel_grid
 from fasttomo.methods.field.intensity import Intensity
-from fasttomo.models.regularizers import SUBGRID_NOISE, needs_noise, regularization, subgrid_points
+from fasttomo.models.regularizers import PLANE_TV, SUBGRID_NOISE, needs_noise, regularization, subgrid_points
 
 
 class Projector(nn.Module):
@@ -44,7 +44,7 @@ class Projector(nn.Module):
         self.image_hw = (int(image_hw[0]), int(image_hw[1]))
         self.samples_per_ray = int(samples_per_ray)
         self.length_unit = float(box.shape_zyx[0])
-        self.loss = loss if loss is not None else LossConfig()
+        self.loss = loss if loss is not None else LossConfig(plane_tv=PLANE_TV)
         """The data term and regularizer weights (the ``loss`` group)."""
 
     # ------------------------------------------------------------------ what is fitted

@@ -1,0 +1,118 @@
+"""The blind signal-to-noise estimate (data/noise.py) and the plane-TV weight chosen from it:
+known noise on known images, Poisson counts, invariance to the intensity scale, bounded cost at
+camera size, and the run's choice on a dose-limited specimen against a clean phantom."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from cli_helpers import cli
+
+from fasttomo.config import DataConfig, LossConfig
+from fasttomo.data.noise import SNR_CROP, SNR_VIEWS, estimate_snr
+from fasttomo.data.phantom import make_tiltseries
+from fasttomo.models.regularizers import LOW_SNR, PLANE_TV, PLANE_TV_LOW_SNR, plane_tv_for, regularization
+
+
+def _smooth_views(n=6, h=96, w=112, seed=0):
+    """Views of a few broad Gaussian blobs: smooth content whose own std is known exactly."""
+    rng = np.random.default_rng(seed)
+    y, x = np.mgrid[0:h, 0:w]
+    out = np.zeros((n, h, w))
+    for v in range(n):
+        for _ in range(5):
+            cy, cx, s, a = rng.uniform(0, h), rng.uniform(0, w), rng.uniform(10, 20), rng.uniform(0.5, 2.0)
+            out[v] += a * np.exp(-((y - cy) ** 2 + (x - cx) ** 2) / (2 * s * s))
+    return out
+
+
+def test_gaussian_noise_on_a_flat_field_is_measured():
+    rng = np.random.default_rng(1)
+    stack = 10.0 + 0.7 * rng.standard_normal((5, 128, 128))
+    est = estimate_snr(stack)
+    assert est.noise_std == pytest.approx(0.7, rel=0.04)
+    assert est.signal_std < 0.1 and est.snr < 0.15  # nothing but noise
+
+
+def test_poisson_counts_give_the_square_root_of_the_dose():
+    rng = np.random.default_rng(2)
+    dose = 20.0
+    stack = rng.poisson(dose, size=(4, 160, 160)).astype(np.float32)
+    # the MAD of a discrete count distribution is coarse: within 10 % of sqrt(dose)
+    assert estimate_snr(stack).noise_std == pytest.approx(math.sqrt(dose), rel=0.10)
+
+
+def test_signal_and_noise_of_smooth_images_with_noise():
+    clean = _smooth_views()
+    signal = float(np.median(clean.reshape(len(clean), -1).std(axis=1)))
+    noisy = clean + 0.05 * np.random.default_rng(3).standard_normal(clean.shape)
+    est = estimate_snr(noisy)
+    assert est.noise_std == pytest.approx(0.05, rel=0.08)
+    assert est.signal_std == pytest.approx(signal, rel=0.05)
+    assert est.snr == pytest.approx(signal / 0.05, rel=0.1)
+    assert estimate_snr(clean).snr > 50 * est.snr  # noise-free smooth images: the residual is tiny
+
+
+def test_the_ratio_ignores_gain_offset_and_inversion():
+    noisy = _smooth_views() + 0.2 * np.random.default_rng(4).standard_normal((6, 96, 112))
+    a = estimate_snr(noisy).snr
+    assert estimate_snr(3.5 * noisy + 100.0).snr == pytest.approx(a, rel=1e-9)
+    assert estimate_snr(noisy.max() - noisy).snr == pytest.approx(a, rel=1e-9)
+
+
+def test_the_cost_is_bounded_at_camera_size():
+    """More views than SNR_VIEWS and images wider than SNR_CROP: only SNR_VIEWS views and their
+    central SNR_CROP pixels are read (noise outside that crop never shows)."""
+    n, side = SNR_VIEWS + 2, SNR_CROP + 64
+    stack = np.random.default_rng(5).standard_normal((n, side, side)).astype(np.float32)
+    stack[:, 32:-32, 32:-32] = 1.0  # the central crop: flat, noiseless
+    est = estimate_snr(stack)
+    assert est.views == SNR_VIEWS and est.noise_std == 0.0 and est.signal_std == 0.0
+    assert estimate_snr(np.zeros((3, 8, 8)) + np.arange(8)).views == 3
+
+
+def test_too_small_images_are_refused():
+    with pytest.raises(ValueError, match="too small"):
+        estimate_snr(np.zeros((4, 2, 50)))
+
+
+def test_the_rule_and_its_table():
+    assert plane_tv_for(math.inf) == (PLANE_TV, f"at least {LOW_SNR:g}")
+    assert plane_tv_for(3.4)[0] == plane_tv_for(LOW_SNR)[0] == PLANE_TV == 3e-2
+    assert plane_tv_for(0.25)[0] == plane_tv_for(0.999)[0] == PLANE_TV_LOW_SNR == 1e-1
+
+
+def test_the_suite_falls_on_the_measured_sides():
+    """The H200 suite's split, at a small size: Gaussian noise on ellipsoids -> 3e-2, Poisson counts
+    of the cell specimen at 20 e/px -> 1e-1."""
+    kw = dict(width=64, height=64, thickness=32, n_tilts=21, tilt_min=-60.0, tilt_max=60.0, phantom_seed=0)
+    ell = make_tiltseries(DataConfig(phantom="ellipsoids", noise=0.05, noise_relative_to="max", **kw))
+    cell = make_tiltseries(DataConfig(phantom="cell", dose=20.0, pixel_size=20.0, **kw))
+    assert plane_tv_for(estimate_snr(ell.stack).snr)[0] == PLANE_TV
+    assert plane_tv_for(estimate_snr(cell.stack).snr)[0] == PLANE_TV_LOW_SNR
+
+
+def test_regularization_refuses_an_unresolved_weight():
+    from fasttomo.models import KPlanesTILTED
+
+    m = KPlanesTILTED(n_rotations=1, channels=2, resolutions=[8])
+    with pytest.raises(ValueError, match="loss.plane_tv is null"):
+        regularization(m, LossConfig())
+
+
+@pytest.mark.parametrize("extra,weight,why", [
+    ([], "0.03", "at least 1"),
+    (["data.phantom=cell", "data.dose=20", "data.pixel_size=20"], "0.1", "below 1: a dose-limited series"),
+])
+def test_the_run_says_what_it_chose(tmp_path, extra, weight, why):
+    res = cli(["dry_run=true", "runtime=cpu", "data.width=48", "data.height=48", "data.thickness=24",
+               "data.n_tilts=15", *extra, f"hydra.run.dir={tmp_path / 'run'}"], tmp_path)
+    text = res.stdout + res.stderr
+    assert res.returncode == 0, text
+    assert f"loss: plane TV {weight} (estimated signal-to-noise" in text and why in text
+    assert f"loss.plane_tv = {weight} (automatic: estimated signal-to-noise" in text
+    res = cli(["dry_run=true", "runtime=cpu", "data.width=48", "data.height=48", "data.n_tilts=15",
+               "loss.plane_tv=0.005", f"hydra.run.dir={tmp_path / 'run2'}"], tmp_path)
+    assert "loss.plane_tv = 0.005 (set)" in res.stdout + res.stderr and "loss: plane TV" not in res.stdout + res.stderr
