@@ -205,3 +205,27 @@ def test_scores_of_a_volume_above_the_size_threshold_are_streamed_and_agree(monk
         assert streamed[key] == pytest.approx(whole[key], rel=1e-9), key
     for region in ("fsc", "fsc_measured", "fsc_wedge"):
         assert streamed[region]["fsc"] == whole[region]["fsc"]
+
+
+def test_moments_stream_before_the_fsc_does(monkeypatch):
+    """Between STREAMED_MOMENTS_ABOVE and WHOLE_VOLUME_MAX_VOXELS (lowered here to 1000 and 10^6)
+    Pearson and MSE come from slab sums, equal to numpy's to float64 rounding, and the FSC is
+    still the whole-volume transform, bit for bit."""
+    import fasttomo.quality.metrics as metrics
+    import fasttomo.quality.scoring as scoring
+
+    rng = np.random.default_rng(2)
+    truth = rng.normal(size=(12, 20, 24)).astype(np.float32) + 2.0
+    vol = (truth + 0.5 * rng.normal(size=truth.shape)).astype(np.float32)
+    whole, _ = scoring.score_against_truth(vol, truth, 2.0, tilt_range=(-60, 60))
+    calls = []
+    real = metrics.streamed_volume_metrics
+    monkeypatch.setattr(metrics, "streamed_volume_metrics", lambda *a, **k: calls.append(1) or real(*a, **k))
+    monkeypatch.setattr(scoring, "STREAMED_MOMENTS_ABOVE", 1000)
+    monkeypatch.setattr(scoring, "WHOLE_VOLUME_MAX_VOXELS", 10 ** 6)
+    mixed, _ = scoring.score_against_truth(vol, truth, 2.0, tilt_range=(-60, 60))
+    assert calls == [1] and "fsc_crops" not in mixed
+    for key in ("pearson_global", "pearson_foreground", "foreground_fraction", "mse", "psnr_dB", "data_range"):
+        assert mixed[key] == pytest.approx(whole[key], rel=1e-9), key
+    for region in ("fsc", "fsc_measured", "fsc_wedge"):
+        assert mixed[region] == whole[region]

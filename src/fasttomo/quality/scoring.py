@@ -257,6 +257,13 @@ from slab-wise sums, the FSC from summed crops (``quality.metrics.chunked_fsc``)
 volume needs no whole-volume transform or float64 copy."""
 
 
+STREAMED_MOMENTS_ABOVE = 1 << 24
+"""Above this many voxels (256^3) Pearson and MSE come from float64 slab sums on the scoring device
+(``quality.metrics.streamed_volume_metrics``: the whole-volume values to float64 rounding) even
+where the FSC is still one transform: numpy's float64 copies of a 1024^2 x 256 pair cost more
+than the transform (2-core CPU, 512^2 x 256: 41 s in numpy, 17 s streamed on the CPU)."""
+
+
 def large_fsc(a: np.ndarray, b: np.ndarray, voxel_size_A: float, tilt_range) -> dict:
     """FSC curves by region (``{"all"}``, plus measured and wedge with ``tilt_range``) of two
     large volumes from crops (``quality.metrics.chunked_fsc``, crops of CHUNK_FSC_CROP voxels)."""
@@ -282,9 +289,10 @@ def score_against_truth(vol: np.ndarray, truth: np.ndarray, voxel_size_A: float,
         raise EvaluateError(f"the volume has shape (Z, Y, X) = {vol.shape} but the truth has {truth.shape}; they must "
                             "match voxel for voxel. Crop or resample one of them.")
     large = mask is None and vol.size > WHOLE_VOLUME_MAX_VOXELS
-    out = streamed_volume_metrics(vol, truth) if large else volume_metrics(vol, truth)
+    streamed = mask is None and vol.size > STREAMED_MOMENTS_ABOVE
+    out = streamed_volume_metrics(vol, truth) if streamed else volume_metrics(vol, truth)
     cast = truth.dtype.type  # the span in the truth's own precision, as truth.max() - truth.min() gives it
-    t_min, t_max = (cast(out.pop("truth_min")), cast(out.pop("truth_max"))) if large else (truth.min(), truth.max())
+    t_min, t_max = (cast(out.pop("truth_min")), cast(out.pop("truth_max"))) if streamed else (truth.min(), truth.max())
     if data_range is None:
         span = float(t_max - t_min)
         if not span > 0:
@@ -292,7 +300,7 @@ def score_against_truth(vol: np.ndarray, truth: np.ndarray, voxel_size_A: float,
         out["data_range"], out["data_range_source"] = span, "truth max - min"
     else:
         out["data_range"], out["data_range_source"] = float(data_range), "data_range="
-    if not large:
+    if not streamed:
         out["mse"] = mse(vol, truth)
         out["psnr_dB"] = psnr(vol, truth, out["data_range"])
     else:
