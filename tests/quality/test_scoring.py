@@ -49,6 +49,49 @@ def test_truth_file_of_the_wrong_shape_is_refused(tmp_path):
         attach_truth(ts, str(path), 8)
 
 
+def test_a_float32_mrc_truth_is_mapped_and_others_are_read(tmp_path):
+    """A float32 MRC truth becomes a read-only map of its file (pages read as scoring uses them);
+    an int16 MRC, an XZY-oriented MRC and an HDF5 truth are read whole, with the same voxels."""
+    import mrcfile
+
+    from fasttomo.data.io.volume import write_volume
+
+    ts = make_tiltseries(DataConfig(width=16, height=16, n_tilts=9))
+    vol = np.random.default_rng(0).normal(size=(6, 16, 16)).astype(np.float32)
+    paths = {"f32": tmp_path / "t.mrc", "h5": tmp_path / "t.h5", "xzy": tmp_path / "t_xzy.mrc"}
+    write_volume(paths["f32"], vol, 10.0, label="t", attrs={}, fmt="mrc")
+    write_volume(paths["h5"], vol, 10.0, label="t", attrs={}, fmt="h5")
+    write_volume(paths["xzy"], vol, 10.0, label="t", attrs={}, fmt="mrc", imod_xzy=True)
+    ints = np.round(vol * 100).astype(np.int16)
+    with mrcfile.new(tmp_path / "i.mrc") as m:  # mode 1, as a microscope program may write it
+        m.set_data(ints)
+        m.voxel_size = 10.0
+    for name, path in paths.items():
+        attach_truth(ts, str(path), 6)
+        assert isinstance(ts.ground_truth, np.memmap) == (name == "f32"), name
+        np.testing.assert_array_equal(ts.ground_truth, vol)
+    attach_truth(ts, str(paths["f32"]), 6)
+    assert not ts.ground_truth.flags.writeable
+    attach_truth(ts, str(tmp_path / "i.mrc"), 6)
+    assert not isinstance(ts.ground_truth, np.memmap) and ts.ground_truth.dtype == np.float32
+    np.testing.assert_array_equal(ts.ground_truth, ints.astype(np.float32))
+
+
+def test_a_mapped_truth_scores_like_the_one_in_memory(tmp_path):
+    """SIRT's quality curve and the final scores against a truth given as a file (mapped) are the
+    ones against the same truth held in memory."""
+    from fasttomo.data.io.volume import write_volume
+
+    m0, _ = _run(tmp_path / "a", "model=sirt", "model.iterations=6", "evaluation.curve_every=3")
+    truth = make_tiltseries(compose_config(TINY).data).ground_truth
+    write_volume(tmp_path / "truth.mrc", truth, 1.0, label="t", attrs={}, fmt="mrc")
+    m1, _ = _run(tmp_path / "b", "model=sirt", "model.iterations=6", "evaluation.curve_every=3",
+                 f"evaluation.truth={tmp_path / 'truth.mrc'}", f"data.thickness={truth.shape[0]}")
+    assert [c["pearson_global"] for c in m1["curve"]] == [c["pearson_global"] for c in m0["curve"]]
+    for key in ("pearson_global", "pearson_foreground", "mse", "fsc", "fsc_measured", "fsc_wedge"):
+        assert m1[key] == m0[key], key
+
+
 def test_field_run_scores_holdout_half_sets_curve_and_keeps_the_best(tmp_path):
     m, out = _run(tmp_path, "evaluation.holdout_views=[3,7]", "evaluation.half_sets=true",
                   "evaluation.curve_every=10", "optim.keep_best=true")

@@ -19,9 +19,10 @@ the weight of a Projector built without a loss config)."""
 PLANE_TV_LOW_SNR = 1e-1
 """loss.plane_tv=null on data below LOW_SNR: dose-limited series want the smoother fit."""
 LOW_SNR = 1.0
-"""Measured on the H200 suite (benchmarks/README.md, "Plane TV on the whole suite"): the
-Gaussian-noise ellipsoid cases estimate 1.7-3.7 (and clean ones far more) and fit best or equal at
-3e-2; the cell and catalyst specimens at 20 and 200 e/px estimate 0.25-0.59 and fit best at 1e-1."""
+"""Measured on the H200 suite (benchmarks/README.md, "The defaults, and plane TV on the whole
+suite"): the Gaussian-noise ellipsoid cases estimate 1.7-3.8 (clean ones far more) and the 128^3
+ones fit best or equal at 3e-2; the cell and catalyst specimens at 20 and 200 e/px estimate
+0.25-0.59 and fit best at 1e-1."""
 
 
 def plane_tv_for(snr: float) -> tuple[float, str]:

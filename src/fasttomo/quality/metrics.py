@@ -63,7 +63,11 @@ def pearson(a: np.ndarray, b: np.ndarray, mask: np.ndarray | None = None) -> flo
     return float((a * b).sum() / den) if den > 0 else float("nan")
 
 
-def foreground_mask(truth: np.ndarray, rel_threshold: float = 0.05) -> np.ndarray:
+FOREGROUND_REL = 0.05
+"""The specimen (foreground) of a truth: its voxels above this fraction of its maximum."""
+
+
+def foreground_mask(truth: np.ndarray, rel_threshold: float = FOREGROUND_REL) -> np.ndarray:
     """Voxels where the ground truth exceeds ``rel_threshold`` of its maximum (the specimen)."""
     return truth > rel_threshold * float(np.max(truth))
 
@@ -76,6 +80,19 @@ def volume_metrics(recon: np.ndarray, truth: np.ndarray) -> dict:
         "pearson_foreground": pearson(recon, truth, fg),
         "foreground_fraction": float(fg.mean()),
     }
+
+
+def host_tensor(array: np.ndarray):
+    """``torch.from_numpy(array)`` without torch's warning about read-only arrays: the volumes
+    scored here are often read-only maps of their files, and their tensors are only read (copied
+    to the scoring device or cast)."""
+    import warnings
+
+    import torch
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+        return torch.from_numpy(array)
 
 
 def streamed_volume_metrics(recon: np.ndarray, truth: np.ndarray, planes: int | None = None,
@@ -97,7 +114,7 @@ def streamed_volume_metrics(recon: np.ndarray, truth: np.ndarray, planes: int | 
     from fasttomo.data.io.mrc import drop_mapped_pages
 
     def slab(v: np.ndarray, z0: int) -> torch.Tensor:
-        t = torch.from_numpy(np.ascontiguousarray(v[z0:z0 + planes])).to(dev).to(torch.float64)  # cast there
+        t = host_tensor(np.ascontiguousarray(v[z0:z0 + planes])).to(dev).to(torch.float64)  # cast there
         drop_mapped_pages(v[z0:z0 + planes])  # a memory map's pages read leave this process
         return t
 
@@ -110,7 +127,7 @@ def streamed_volume_metrics(recon: np.ndarray, truth: np.ndarray, planes: int | 
     sq = torch.zeros((), dtype=torch.float64, device=dev)
     for z0 in range(0, recon.shape[0], planes):
         a, b = slab(recon, z0) - s0[0], slab(truth, z0)
-        fg = b > 0.05 * top
+        fg = b > FOREGROUND_REL * top
         b -= s0[1]
         sq += ((a - b + (s0[0] - s0[1])) ** 2).sum()
         af, bf = torch.where(fg, a, 0.0), torch.where(fg, b, 0.0)
@@ -520,7 +537,7 @@ def _crop_sums_torch(a: np.ndarray, b: np.ndarray, taper: np.ndarray | None, vx:
         t = taper if taper is None else torch.from_numpy(taper).to(device)
         out = []
         for v in (a, b):
-            g = torch.from_numpy(np.ascontiguousarray(v, dtype=np.float32)).to(device)
+            g = host_tensor(np.ascontiguousarray(v, dtype=np.float32)).to(device)
             if not bool(torch.isfinite(g).all()):
                 raise ValueError("chunked_fsc: the volumes hold NaN or Inf values; FSC needs finite volumes.")
             mean = g.mean(dtype=torch.float64) if t is None else (g * t).sum(dtype=torch.float64) / t.sum(
@@ -543,7 +560,7 @@ def _shell_sums_torch(a: np.ndarray, b: np.ndarray, vx: float, sw: float, tilt_r
     z, y, x = a.shape
 
     def _on_device(v):
-        return v if isinstance(v, torch.Tensor) else torch.from_numpy(np.ascontiguousarray(v, dtype=np.float32))
+        return v if isinstance(v, torch.Tensor) else host_tensor(np.ascontiguousarray(v, dtype=np.float32))
 
     fa = torch.fft.rfftn(_on_device(a).to(device))
     fb = torch.fft.rfftn(_on_device(b).to(device))

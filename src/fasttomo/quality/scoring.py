@@ -30,16 +30,19 @@ log = logging.getLogger("fasttomo")
 
 
 def attach_truth(ts: TiltSeries, path: str, thickness: int | None) -> None:
-    """Read the ground-truth volume file ``path`` into ``ts.ground_truth`` ((Z, H, W) required)."""
-    from fasttomo.data.io.volume import read_volume
+    """The ground-truth volume file ``path`` as ``ts.ground_truth`` ((Z, H, W) required): a
+    read-only map of a float32 MRC (``data.io.volume.map_volume``), else read whole."""
+    from fasttomo.data.io.volume import map_volume, read_volume
 
-    vol, _, _ = read_volume(path)
+    vol = map_volume(path)
+    if vol is None:
+        vol, _, _ = read_volume(path)
     if vol.ndim != 3 or vol.shape[1:] != (ts.height, ts.width) or (thickness is not None and vol.shape[0] != thickness):
         want = f"({thickness if thickness is not None else 'Z'}, {ts.height}, {ts.width})"
         raise TiltSeriesError(f"{path}: evaluation.truth has shape {tuple(vol.shape)} but the reconstruction box "
                               f"is (Z, Y, X) = {want}; give the truth volume of this tilt series (after binning "
                               "and cropping) or set data.thickness to its Z.")
-    ts.ground_truth = np.ascontiguousarray(vol, dtype=np.float32)
+    ts.ground_truth = vol if isinstance(vol, np.memmap) else np.ascontiguousarray(vol, dtype=np.float32)
     log.info("evaluation: scoring against the ground truth %s %s", path, tuple(vol.shape))
 
 

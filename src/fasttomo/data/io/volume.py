@@ -111,6 +111,31 @@ def write_volume(path: str | os.PathLike, volume_zyx: np.ndarray, voxel_size_A: 
     return out
 
 
+def map_volume(path: str | os.PathLike) -> np.ndarray | None:
+    """A read-only memory map (Z, Y, X) of a float32 MRC volume, its pages read as they are used
+    (a camera-sized truth is never held whole); None where the file cannot be mapped as it is (not
+    MRC, another mode, fasttomo's XZY orientation): :func:`read_volume` reads those."""
+    import warnings
+
+    import mrcfile
+    import mrcfile.utils
+
+    path = os.fspath(path)
+    if source_from_suffix(path) != "mrc":
+        return None
+    from fasttomo.data.io.mrc import mrc_memmap
+
+    vol = mrc_memmap(path)
+    if vol is None or vol.ndim != 3 or vol.dtype != np.dtype(np.float32):  # a byte-swapped file is read
+        return None
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with mrcfile.open(path, header_only=True, permissive=True) as m:
+            h = m.header
+            labels = [mrcfile.utils.printable_string_from_bytes(b).strip() for b in h.label[: int(h.nlabl)]]
+    return None if any(lab.startswith("fasttomo orientation=XZY") for lab in labels) else vol
+
+
 def read_volume(path: str | os.PathLike) -> tuple[np.ndarray, float, dict]:
     """(volume_zyx float32, voxel_size_A, attrs) from an MRC, HDF5 or TIFF volume.
 

@@ -188,7 +188,7 @@ def _prepare(cfg: Config, ts, box, device: torch.device) -> _Prepared:
     from fasttomo.data.io.alignment import view_poses
     from fasttomo.geometry.poses import Poses
     from fasttomo.kernels import dispatch
-    from fasttomo.quality.metrics import foreground_mask
+    from fasttomo.quality.metrics import FOREGROUND_REL
 
     dispatch.configure(cfg.kernels.backend)
     bg, bg_desc = background_of(cfg, ts)
@@ -199,8 +199,10 @@ def _prepare(cfg: Config, ts, box, device: torch.device) -> _Prepared:
     poses = Poses(ts.angles, ts.reference_index(), initial=view_poses(ts.metadata)).to(device)
     truth = fg = None
     if ts.ground_truth is not None and cfg.evaluation.curve_every and ts.ground_truth.shape == box.shape_zyx:
-        truth = torch.from_numpy(ts.ground_truth).to(device)
-        fg = torch.from_numpy(foreground_mask(ts.ground_truth)).to(device)
+        truth = torch.empty(box.shape_zyx, dtype=torch.float32, device=device)
+        for z in range(truth.shape[0]):  # a plane at a time: the truth may be a read-only map of its file
+            truth[z] = torch.from_numpy(np.array(ts.ground_truth[z], dtype=np.float32))
+        fg = truth > FOREGROUND_REL * float(truth.max())  # quality.metrics.foreground_mask, on the device
     return _Prepared(bg=bg, bg_desc=bg_desc, stack=stack, valid=valid, poses=poses, truth=truth, fg=fg)
 
 
