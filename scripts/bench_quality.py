@@ -55,6 +55,8 @@ held-out views (HOLDOUT), whose half-set FSC and reprojection correlation fill t
     python scripts/bench_quality.py --cases noise5_128 --methods field-default sirt
     python scripts/bench_quality.py --variant big="model.channels=16 model.n_rotations=4"
     python scripts/bench_quality.py --cases cell128_d20 cell128_d200 catalyst128_d20 catalyst128_d200 cell256_d20
+    python scripts/bench_quality.py --cases clean128 noise5_128 noise10_128 --methods field-default \
+        --variant tv100="loss.plane_tv=1e-1" --jobs 3    # a sweep, one process per case at once
     BENCH_QUALITY_SIRT_ITERATIONS=10 python scripts/bench_quality.py --cases cell128_d20 --size 32 \
         --methods field-default sirt --overrides "optim.steps=50" --no-warmup   # an end-to-end check in minutes
 
@@ -281,7 +283,49 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--python", default=sys.executable)
     ap.add_argument("--no-warmup", action="store_true",
                     help="skip the short untimed run that fills the kernel compile cache before the first timed one")
+    ap.add_argument("--jobs", type=int, default=1,
+                    help="run up to JOBS cases at once, each in its own bench_quality process on the same device (a "
+                         "quality sweep in a fraction of the time; the record says so, as its fit times are contended)")
     return ap.parse_args()
+
+
+def run_cases_in_parallel(args: argparse.Namespace, work: Path) -> tuple[list[dict], list[str]]:
+    """One bench_quality process per case, at most ``args.jobs`` at a time, each with the same
+    methods, variants and options; returns their rows (in case order) and the failed cases."""
+    import tempfile
+
+    forward = ["--methods", *args.methods, *[x for v in args.variant for x in ("--variant", v)],
+               "--overrides", args.overrides, "--python", args.python]
+    forward += ["--eval", *args.eval] if args.eval else []
+    forward += ["--size", str(args.size)] if args.size else []
+    forward += ["--no-warmup"] if args.no_warmup else []
+    work.mkdir(parents=True, exist_ok=True)
+    out_dir = Path(tempfile.mkdtemp(prefix="jobs_", dir=work))
+    pending, running, failed = list(args.cases), [], []
+    while pending or running:
+        while pending and len(running) < args.jobs:
+            case = pending.pop(0)
+            log = open(work / f"{case}.log", "w")
+            cmd = [sys.executable, __file__, "--cases", case, *forward, "--work", str(work / case),
+                   "--out-dir", str(out_dir / case)]
+            running.append((case, subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT), log))
+            print(f"{case}: started (log {work / f'{case}.log'})", flush=True)
+        time.sleep(0.5)
+        for item in [r for r in running if r[1].poll() is not None]:
+            case, proc, log = item
+            running.remove(item)
+            log.close()
+            if proc.returncode != 0:
+                failed.append(case)
+                print(f"{case}: FAILED (exit {proc.returncode}); the end of its log:\n"
+                      + (work / f"{case}.log").read_text()[-2000:], flush=True)
+            else:
+                print(f"{case}: done", flush=True)
+    rows = []
+    for case in args.cases:
+        for path in sorted((out_dir / case).glob("bench_quality-*.json")):
+            rows += json.loads(path.read_text())["results"]
+    return rows, failed
 
 
 def print_row(case: str, row: dict) -> None:
@@ -324,7 +368,11 @@ def main() -> None:
     specs = {c: case_spec(c, args.size) for c in args.cases}
     rows = []
     warm = args.no_warmup
-    for case in args.cases:
+    parallel = args.jobs > 1 and len(args.cases) > 1
+    failed: list[str] = []
+    if parallel:
+        rows, failed = run_cases_in_parallel(args, work)
+    for case in ([] if parallel else args.cases):
         files = make_case(case, work, specs[case])
         if not warm:
             # A fresh machine compiles the fused kernels in the first process (seconds, inside its
@@ -349,10 +397,14 @@ def main() -> None:
 
     device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
     case = "-".join(args.cases) + (f"-size{args.size}" if args.size else "")  # one record per set of cases
+    more = {"parallel_jobs": args.jobs, "note": f"up to {args.jobs} cases at once on the one device, each in its own "
+            "process: fit_seconds and process_seconds are contended; the quality columns are not"} if parallel else {}
     path = write_result("bench_quality", case, device, rows, out_dir=Path(args.out_dir) if args.out_dir else None,
                         cases=specs, n_tilts=N_TILTS, recipes=recipes, overrides=extra,
-                        sirt_iterations=SIRT_ITERATIONS, work=str(work))
+                        sirt_iterations=SIRT_ITERATIONS, work=str(work), **more)
     print(f"\nwrote {path}")
+    if failed:
+        raise SystemExit(f"cases that failed (their rows are missing): {' '.join(failed)}")
 
 
 if __name__ == "__main__":
