@@ -51,7 +51,7 @@ def _feed(h, obj) -> None:
         h.update(f"T{t.dtype}{tuple(t.shape)}".encode())
         if t.numel():
             data = t.cpu().contiguous().reshape(-1)
-            h.update(data.view(torch.uint8).numpy().tobytes() if data.element_size() else b"")
+            h.update(memoryview(data.view(torch.uint8).numpy()) if data.element_size() else b"")  # no copy
     elif isinstance(obj, dict):
         h.update(f"D{len(obj)}".encode())
         for k in sorted(obj, key=repr):
