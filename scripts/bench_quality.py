@@ -227,7 +227,7 @@ def row_of(case: str, method: str, m: dict, files: dict) -> dict:
                 row[f"fit_seconds_at_{it}_iterations"] = at[0]["fit_seconds"]
     else:
         row.update(fit_seconds=m["train_seconds"], pearson=m.get("pearson_global"), pearson_fg=m.get("pearson_foreground"),
-                   steps=m.get("steps"), exported_step=m.get("exported_step"))
+                   steps=m.get("steps"), exported_step=m.get("exported_step"), plane_tv=m.get("plane_tv"))
     for k in ("fsc05_A", "fsc0143_A", "fsc05_measured_A", "fsc05_wedge_A", "psnr_db"):
         if k in m:
             row[k] = m[k]

@@ -203,7 +203,7 @@ def row_of(case: str, method: str, m: dict) -> dict:
            "pearson": m.get("pearson_global"), "pearson_fg": m.get("pearson_foreground"),
            "fsc05_A": m.get("fsc05_A"), "halfset_fsc0143_A": None,
            "peak_gpu_GB": _r(tl["peak_gpu_bytes"] / 1e9) if tl.get("peak_gpu_bytes") else None,
-           "peak_host_GB": _r(m["_peak_host_bytes"] / 1e9), "steps": m.get("steps")}
+           "peak_host_GB": _r(m["_peak_host_bytes"] / 1e9), "steps": m.get("steps"), "plane_tv": m.get("plane_tv")}
     if method == "sirt" and m.get("curve"):
         best = max(m["curve"], key=lambda r: r.get("pearson_global") or -1)
         row.update(method=f"sirt-{best['step']}", variant=f"sirt-{best['step']}", pearson=best.get("pearson_global"),

@@ -116,3 +116,14 @@ def test_the_run_says_what_it_chose(tmp_path, extra, weight, why):
     res = cli(["dry_run=true", "runtime=cpu", "data.width=48", "data.height=48", "data.n_tilts=15",
                "loss.plane_tv=0.005", f"hydra.run.dir={tmp_path / 'run2'}"], tmp_path)
     assert "loss.plane_tv = 0.005 (set)" in res.stdout + res.stderr and "loss: plane TV" not in res.stdout + res.stderr
+
+
+def test_metrics_record_the_weight_the_run_used(tmp_path):
+    import json
+
+    from fasttomo.cli.reconstruct import compose_config, run
+
+    run(compose_config(["logging=quiet", "runtime=cpu", "data.width=16", "data.height=16", "data.n_tilts=9",
+                        "data.phantom=cell", "data.dose=20", "data.pixel_size=40", "sampler.batch_size=64",
+                        "projector.samples_per_ray=8", "optim.steps=2", f"output.dir={tmp_path / 'r'}"]))
+    assert json.loads((tmp_path / "r" / "metrics.json").read_text())["plane_tv"] == PLANE_TV_LOW_SNR

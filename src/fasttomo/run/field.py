@@ -260,6 +260,7 @@ def _summarize(method: FieldMethod, volume: np.ndarray) -> dict:
         "volume_shape_zyx": list(volume.shape),
         "pixel_size_A": comps.ts.pixel_size,
         "intensity_scale": comps.sampler.scale,
+        "plane_tv": comps.cfg.loss.plane_tv,  # as given, or as chosen from the data (loss.plane_tv=null)
     }
     if comps.projector.intensity is not None:
         m["intensity"] = comps.projector.intensity.describe(comps.sampler.scale)
