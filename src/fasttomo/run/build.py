@@ -66,6 +66,8 @@ class Components:
     world_size: int = 1
     cuda_graph: bool = False
     """Capture the training step in a CUDA graph (decided here from runtime.cuda_graph)."""
+    plane_tv_why: str | None = None
+    """Why loss.plane_tv has its value, when the build chose it from the data (:func:`auto_plane_tv`)."""
 
 
 def auto_batch_size(ts: TiltSeries, patch_size: int = 1) -> int:
@@ -171,11 +173,8 @@ def sizing_lines(cfg: Config, comps: Components) -> list[str]:
         else:
             lines.append(f"    {key} = {chosen[key]} (automatic: {sizes.why[key]})")
     if cfg.model.kind == "kplanes_tilted":
-        if cfg.loss.plane_tv is not None:
-            lines.append(f"    loss.plane_tv = {cfg.loss.plane_tv:g} (set)")
-        else:
-            weight, why = auto_plane_tv(comps.ts)
-            lines.append(f"    loss.plane_tv = {weight:g} (automatic: {why})")
+        how = "set" if comps.plane_tv_why is None else f"automatic: {comps.plane_tv_why}"
+        lines.append(f"    loss.plane_tv = {comps.cfg.loss.plane_tv:g} ({how})")
     return lines
 
 
@@ -281,10 +280,13 @@ def build(cfg: Config, ts: TiltSeries, *, rank: int = 0, world_size: int = 1, lo
         cfg = dataclasses.replace(cfg, optim=dataclasses.replace(cfg.optim, steps=auto_steps((ts.height, ts.width))))
         log.info("optim: %d steps (from the images' size %d x %d; set optim.steps to choose)", cfg.optim.steps,
                  ts.height, ts.width)
-    if cfg.loss.plane_tv is None:
-        weight, why = auto_plane_tv(ts)
+    why = None
+    if cfg.loss.plane_tv is None:  # a field without planes takes the default weight unused, unestimated
+        from fasttomo.models.regularizers import PLANE_TV
+
+        weight, why = auto_plane_tv(ts) if cfg.model.kind == "kplanes_tilted" else (PLANE_TV, None)
         cfg = dataclasses.replace(cfg, loss=dataclasses.replace(cfg.loss, plane_tv=weight))
-        if cfg.model.kind == "kplanes_tilted":
+        if why:
             log.info("loss: plane TV %g (%s; set loss.plane_tv to choose)", weight, why)
     start, est = background_start(cfg.intensity, ts)
     sampler = build_sampler(ts, cfg.sampler, seed=cfg.runtime.seed, device=device, rank=rank, world_size=world_size,
@@ -318,7 +320,7 @@ def build(cfg: Config, ts: TiltSeries, *, rank: int = 0, world_size: int = 1, lo
              device, box.shape_zyx, sum(p.numel() for p in projector.parameters()),
              sampler.n_train, sampler.n_val, world_size)
     return Components(cfg, device, ts, box, sampler, projector, model, optimizer, base_lrs, schedule, plateau,
-                      Precision(cfg.precision.dtype, device), reg_gen, rank, world_size, graph)
+                      Precision(cfg.precision.dtype, device), reg_gen, rank, world_size, graph, why)
 
 
 def use_cuda_graph(cfg: Config, device: torch.device, world_size: int) -> bool:

@@ -248,7 +248,7 @@ def drop_mapped_pages(view: np.ndarray) -> None:
         lo, hi = lo + min(0, (n - 1) * st), hi + max(0, (n - 1) * st)
     start = lo - lo % mmap.PAGESIZE
     libc = _libc()
-    libc.madvise(ctypes.c_void_p(start), ctypes.c_size_t(hi + view.itemsize - start), ctypes.c_int(4))  # MADV_DONTNEED
+    libc.madvise(ctypes.c_void_p(start), ctypes.c_size_t(hi + view.itemsize - start), ctypes.c_int(mmap.MADV_DONTNEED))
 
 
 def _exact_voxel(voxel: tuple[float, float, float], labels: list[str]) -> tuple[float, float, float]:
