@@ -151,3 +151,25 @@ def test_a_writer_failing_on_a_disk_with_room_keeps_its_own_reason(tmp_path):
     assert info.value.errno == errno.EIO
     why = _reason(info.value, tmp_path)
     assert why == "RuntimeError: [enforce fail at inline_container.cc:672] . unexpected pos 128 vs 0"
+
+
+def test_a_slab_written_in_the_background_onto_a_full_disk_fails_the_volume_and_leaves_no_file(small_fs):
+    """volume.mrc's slabs go to the file on a writer thread while the next slab is made: a full
+    disk under it is still an OSError (ENOSPC) raised to the caller, no slab after it is made
+    twice as many times as needed, and no partial file or temporary is left."""
+    from fasttomo.data.io.mrc import MrcHeader, write_mrc_slabs
+
+    mnt, _ = small_fs
+    shape = (200, 128, 128)  # 12.5 MiB of float32: the 2 MiB file system fills at the 8th slab
+    made = []
+
+    def slabs():
+        for z0 in range(0, shape[0], 4):
+            made.append(z0)
+            yield z0, np.full((4, *shape[1:]), float(z0), dtype=np.float32)
+
+    with pytest.raises(OSError) as info:
+        write_mrc_slabs(mnt / "volume.mrc", shape, slabs(), MrcHeader(1.0))
+    assert info.value.errno == errno.ENOSPC, info.value
+    assert len(made) < shape[0] // 4  # stopped at the failure, not after making every slab
+    assert sorted(p.name for p in mnt.iterdir()) == []

@@ -331,8 +331,9 @@ def export_slabs(source, cfg, out_dir: Path, files: VolumeFiles):
         t0, waited = time.perf_counter(), [0.0]
         path = write_volume_slabs(out_dir / "volume.mrc", shape, _timed(slabs, waited), files.pixel_size, cfg.name)
         total = time.perf_counter() - t0
-        log.info("volume.mrc evaluated and written in %.1f s (evaluating the slabs %.1f s; their statistics, copies "
-                 "to the host and writes %.1f s)", total, waited[0], total - waited[0])
+        log.info("volume.mrc evaluated and written in %.1f s (waiting for the slabs' evaluation %.1f s; the rest "
+                 "%.1f s: statistics, copies to the host, writes the evaluation did not hide, fsync)",
+                 total, waited[0], total - waited[0])
         volume = mrc_memmap(path)
         written, failed = write_volumes(out_dir, volume, cfg, dataclasses.replace(files, skip=("volume.mrc",)))
         return volume, {"volume.mrc": path, **written}, failed

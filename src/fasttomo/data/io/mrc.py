@@ -405,6 +405,85 @@ def _device_slab(slab):
     return t.cpu().numpy(), True, moments
 
 
+class SlabWriter:
+    """Writes slabs into an open file (``pwrite`` at their offsets) on a background thread, one slab
+    queued at most, so the next slab is evaluated (on a GPU) while this one goes to the file; each
+    written range is handed to the kernel's writeback at once (Linux ``sync_file_range``), so the
+    final fsync of a camera-sized volume finds little left to write. A failed write (a full disk)
+    is raised by the next :meth:`put` or by :meth:`close`; leaving the ``with`` block on an error
+    stops the thread without writing what is still queued."""
+
+    def __init__(self, fd: int):
+        import queue
+        import threading
+
+        self.fd, self.error = fd, None
+        self._queue = queue.Queue(maxsize=1)
+        self._thread = threading.Thread(target=self._run, name="fasttomo-slab-writer", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            if self.error is None:
+                try:
+                    _pwrite_all(self.fd, *item)
+                    _start_writeback(self.fd, item[1], item[0].nbytes)
+                except BaseException as exc:  # noqa: BLE001 - raised in the caller's thread
+                    self.error = exc
+
+    def put(self, data: np.ndarray, offset: int) -> None:
+        self._raise()
+        self._queue.put((np.ascontiguousarray(data), offset))
+
+    def close(self) -> None:
+        if self._thread.is_alive():
+            self._queue.put(None)
+            self._thread.join()
+        self._raise()
+
+    def _raise(self) -> None:
+        if self.error is not None:
+            raise self.error
+
+    def __enter__(self) -> "SlabWriter":
+        return self
+
+    def __exit__(self, kind, exc, tb) -> None:
+        if kind is None:
+            self.close()
+            return
+        self.error = self.error or exc  # the thread skips what is still queued
+        if self._thread.is_alive():
+            self._queue.put(None)
+            self._thread.join()
+
+
+@functools.lru_cache(maxsize=1)
+def _sync_file_range():
+    """libc's sync_file_range (Linux), or None."""
+    if not sys.platform.startswith("linux"):
+        return None
+    import ctypes
+
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).sync_file_range
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
+    return fn
+
+
+def _start_writeback(fd: int, offset: int, nbytes: int) -> None:
+    """Start writing the range's dirty pages to the disk without waiting (SYNC_FILE_RANGE_WRITE);
+    nothing where the call is missing or the file system refuses it (the fsync does it all)."""
+    fn = _sync_file_range()
+    if fn is not None:
+        fn(fd, offset, nbytes, 2)
+
+
 def _pwrite_all(fd: int, data: np.ndarray, offset: int) -> None:
     view = memoryview(np.ascontiguousarray(data).reshape(-1).view(np.uint8))
     done = 0
@@ -418,10 +497,11 @@ def _pwrite_all(fd: int, data: np.ndarray, offset: int) -> None:
 def write_mrc_slabs(path: str | os.PathLike, shape_zyx: tuple[int, int, int], slabs, header: MrcHeader, *,
                     overwrite: bool = False) -> str:
     """Write a float32 MRC (Z, Y, X) = ``shape_zyx`` from ``slabs``, an iterable of
-    ``(z0, array (dz, Y, X))`` that covers the planes 0..Z-1 once each, in order, without ever
-    holding more than one slab in memory: the file is created at its full size (header first),
-    each slab is written into its planes with ``pwrite`` (no page of the file is mapped into the
-    process), and the header statistics are combined plane by plane (:class:`_PlaneStats`), so any
+    ``(z0, array (dz, Y, X))`` that covers the planes 0..Z-1 once each, in order, holding at most
+    three slabs in memory (one being made, one queued, one being written): the file is created at
+    its full size (header first), each slab is written into its planes with ``pwrite`` on a
+    background thread while the next is made (:class:`SlabWriter`; no page of the file is mapped
+    into the process), and the header statistics are combined plane by plane (:class:`_PlaneStats`), so any
     slab partition gives the same bytes. A slab may be a torch tensor on a GPU: its finiteness and
     plane statistics are then computed there (float64; they agree with numpy's to float64
     rounding). Atomic (a temporary name, renamed when complete). A slab with NaN/Inf raises
@@ -435,7 +515,8 @@ def write_mrc_slabs(path: str | os.PathLike, shape_zyx: tuple[int, int, int], sl
 
     def _write(tmp: str) -> None:
         stats, nxt = _PlaneStats(), 0
-        with mrcfile.new_mmap(tmp, shape, mrc_mode=2, overwrite=True) as m, open(tmp, "r+b") as f:
+        with mrcfile.new_mmap(tmp, shape, mrc_mode=2, overwrite=True) as m, open(tmp, "r+b") as f, \
+                SlabWriter(f.fileno()) as writer:
             offset = int(m.data.offset)
             for z0, slab in slabs:
                 on_device = _device_slab(slab)
@@ -447,7 +528,7 @@ def write_mrc_slabs(path: str | os.PathLike, shape_zyx: tuple[int, int, int], sl
                                         f"{shape} at plane {nxt}.")
                 if not (np.isfinite(part).all() if finite is None else finite):
                     raise NonFiniteSlab(f"{path}: planes {z0}..{z0 + part.shape[0] - 1} hold non-finite values.")
-                _pwrite_all(f.fileno(), part.astype(m.data.dtype, copy=False), offset + z0 * plane_bytes)
+                writer.put(part.astype(m.data.dtype, copy=False), offset + z0 * plane_bytes)
                 if moments is None:
                     for plane in part:
                         stats.add_plane(plane)
@@ -457,6 +538,7 @@ def write_mrc_slabs(path: str | os.PathLike, shape_zyx: tuple[int, int, int], sl
                 nxt = z0 + part.shape[0]
             if nxt != shape[0]:
                 raise DataFileError(f"{path}: the slabs ended at plane {nxt} of {shape[0]}.")
+            writer.close()  # every slab in the file (a write's error raised here)
             m.set_image_stack() if header.image_stack else m.set_volume()
             m.voxel_size = vx
             m.header.origin = (0.0, 0.0, 0.0)
