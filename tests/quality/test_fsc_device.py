@@ -65,7 +65,7 @@ def test_a_gpu_too_full_for_the_transforms_falls_back_to_numpy(kind, monkeypatch
     def full(*args, **kwargs):
         raise torch.cuda.OutOfMemoryError("CUDA out of memory")
 
-    monkeypatch.setattr(metrics, "scoring_device", lambda: "cuda" if kind == "sector" else "cpu")
+    monkeypatch.setattr(metrics, "scoring_device", lambda: "cpu")
     monkeypatch.setattr(metrics, "_shell_sums_torch", full)
     got = curves()
     for r in ref:
@@ -73,9 +73,30 @@ def test_a_gpu_too_full_for_the_transforms_falls_back_to_numpy(kind, monkeypatch
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_chunked_fsc_on_a_device_refuses_non_finite_volumes(device, monkeypatch):
+@pytest.mark.parametrize("kind", ["fsc", "chunked"])
+def test_the_fsc_on_a_device_refuses_non_finite_volumes(kind, device, monkeypatch):
     a, b = _pair()
     a[3, 4, 5] = np.inf
     monkeypatch.setattr(metrics, "scoring_device", lambda: device)
-    with pytest.raises(ValueError, match="NaN or Inf"):
-        metrics.chunked_fsc(a, b, 3.0, crop=16, max_crops=8)
+    with pytest.raises(ValueError, match=f"^{kind}.*NaN or Inf"):
+        if kind == "fsc":
+            metrics.fsc(a, b, 3.0)
+        else:
+            metrics.chunked_fsc(a, b, 3.0, crop=16, max_crops=8)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_masked_fsc_on_a_device_matches_numpy_and_leaves_the_inputs_alone(device, monkeypatch):
+    a, b = _pair()
+    mask = np.zeros(a.shape, dtype=np.float32)
+    mask[4:20, 6:26, 4:22] = 1.0
+    mask[4:20, 6:26, 4:8] = 0.5  # a soft edge: the mask-weighted mean is not the plain one
+    a0, b0 = a.copy(), b.copy()
+    monkeypatch.setattr(metrics, "scoring_device", lambda: None)
+    ref = metrics.fsc(a, b, 3.0, mask=mask)
+    monkeypatch.setattr(metrics, "scoring_device", lambda: device)
+    got = metrics.fsc(a, b, 3.0, mask=mask)
+    np.testing.assert_allclose(got.fsc, ref.fsc, rtol=0, atol=1e-5)
+    np.testing.assert_allclose(got.power_a, ref.power_a, rtol=1e-5)
+    np.testing.assert_array_equal(a, a0)  # centred on a copy, even where the device is the host's
+    np.testing.assert_array_equal(b, b0)

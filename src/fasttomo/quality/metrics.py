@@ -299,7 +299,8 @@ def _hermitian_weights(x: int) -> np.ndarray:
     return w
 
 
-def _check_pair(a, b, mask, what: str) -> tuple[np.ndarray, np.ndarray]:
+def _check_shapes(a, b, mask, what: str) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """The pair as arrays and the mask as float32, after the checks of shape and of the mask."""
     a = np.asarray(a)
     b = np.asarray(b)
     if a.ndim != 3 or b.ndim != 3:
@@ -307,8 +308,6 @@ def _check_pair(a, b, mask, what: str) -> tuple[np.ndarray, np.ndarray]:
     if a.shape != b.shape:
         raise ValueError(f"{what}: volume shapes differ, (Z, Y, X) = {a.shape} vs {b.shape}; they must match "
                          "voxel for voxel.")
-    if not (np.all(np.isfinite(a)) and np.all(np.isfinite(b))):
-        raise ValueError(f"{what}: the volumes hold NaN or Inf values; FSC needs finite volumes.")
     m = None
     if mask is not None:
         m = np.asarray(mask, dtype=np.float32)
@@ -316,6 +315,15 @@ def _check_pair(a, b, mask, what: str) -> tuple[np.ndarray, np.ndarray]:
             raise ValueError(f"{what}: mask shape {m.shape} differs from the volumes' {a.shape}.")
         if not np.all(np.isfinite(m)) or m.min() < 0 or not m.max() > 0:
             raise ValueError(f"{what}: the mask must be finite, >= 0 and not all zero (a soft mask in [0, 1]).")
+    return a, b, m
+
+
+def _check_pair(a, b, mask, what: str) -> tuple[np.ndarray, np.ndarray]:
+    """The pair prepared for the transform in numpy: checked, each (mask-weighted) mean removed in
+    float64, float32, times the mask."""
+    a, b, m = _check_shapes(a, b, mask, what)
+    if not (np.all(np.isfinite(a)) and np.all(np.isfinite(b))):
+        raise ValueError(f"{what}: the volumes hold NaN or Inf values; FSC needs finite volumes.")
     out = []
     for v in (a, b):
         # remove the (mask-weighted) mean first: the float32 transform then keeps its precision for
@@ -343,8 +351,14 @@ def _check_scalars(voxel_size_A, shell_width, what: str) -> tuple[float, float]:
 def _fsc_curves(a, b, voxel_size_A: float, mask, shell_width: float, tilt_range_deg, what: str
                 ) -> dict[str, FSCCurve]:
     vx, sw = _check_scalars(voxel_size_A, shell_width, what)
-    a, b = _check_pair(a, b, mask, what)
-    sums = _shell_sums(a, b, vx, sw, tilt_range_deg)
+    device = scoring_device()
+    sums = None
+    if device is not None:  # checked, centred and transformed on the device: no float64 pass on the host
+        a, b, m = _check_shapes(a, b, mask, what)
+        sums = _crop_sums_torch(a, b, m, vx, sw, tilt_range_deg, device, what)
+    if sums is None:
+        a, b = _check_pair(a, b, mask, what)
+        sums = _shell_sums(a, b, vx, sw, tilt_range_deg, device=None)
     return _curves(sums, a.shape, vx, sw)
 
 
@@ -516,7 +530,7 @@ def chunked_fsc(a: np.ndarray, b: np.ndarray, voxel_size_A: float, tilt_range_de
                 cut = (slice(z0, z0 + box[0]), slice(y0, y0 + box[1]), slice(x0, x0 + box[2]))
                 sums = None
                 if device is not None:
-                    sums = _crop_sums_torch(a[cut], b[cut], taper, vx, sw, tilt_range_deg, device)
+                    sums = _crop_sums_torch(a[cut], b[cut], taper, vx, sw, tilt_range_deg, device, "chunked_fsc")
                 if sums is None:
                     ca, cb = _check_pair(a[cut], b[cut], taper, "chunked_fsc")
                     sums = _shell_sums(ca, cb, vx, sw, tilt_range_deg, device=None)
@@ -527,23 +541,26 @@ def chunked_fsc(a: np.ndarray, b: np.ndarray, voxel_size_A: float, tilt_range_de
 
 
 def _crop_sums_torch(a: np.ndarray, b: np.ndarray, taper: np.ndarray | None, vx: float, sw: float,
-                     tilt_range_deg, device: str) -> dict[str, np.ndarray] | None:
-    """:func:`_check_pair` and :func:`_shell_sums` of one crop with torch on ``device``: the crop
-    is copied to the device as it is stored and its mean removed and taper applied there (the
-    same float64 mean and float32 results as numpy's); None when the device is too full."""
+                     tilt_range_deg, device: str, what: str) -> dict[str, np.ndarray] | None:
+    """:func:`_check_pair` and :func:`_shell_sums` of a pair (a crop, or whole volumes) with torch on
+    ``device``: each volume is copied to the device as it is stored and checked, its mean removed
+    (in float64, a slab at a time) and the taper or mask applied there (the same float64 mean and
+    float32 results as numpy's); None when the device is too full."""
     import torch
 
     try:
         t = taper if taper is None else torch.from_numpy(taper).to(device)
         out = []
         for v in (a, b):
-            g = host_tensor(np.ascontiguousarray(v, dtype=np.float32)).to(device)
+            g = host_tensor(np.ascontiguousarray(v, dtype=np.float32)).to(device, copy=True)  # centred in place
             if not bool(torch.isfinite(g).all()):
-                raise ValueError("chunked_fsc: the volumes hold NaN or Inf values; FSC needs finite volumes.")
+                raise ValueError(f"{what}: the volumes hold NaN or Inf values; FSC needs finite volumes.")
             mean = g.mean(dtype=torch.float64) if t is None else (g * t).sum(dtype=torch.float64) / t.sum(
                 dtype=torch.float64)
-            c = (g.to(torch.float64) - mean).to(torch.float32)
-            out.append(c if t is None else c * t)
+            step = max(1, (1 << 24) // max(1, g[0].numel()))  # Z planes at a time: no whole float64 copy
+            for z0 in range(0, g.shape[0], step):
+                g[z0:z0 + step] = g[z0:z0 + step].to(torch.float64) - mean
+            out.append(g if t is None else g.mul_(t))
         return _shell_sums_torch(out[0], out[1], vx, sw, tilt_range_deg, device)
     except torch.cuda.OutOfMemoryError:
         torch.cuda.empty_cache()
