@@ -817,8 +817,9 @@ class LossConfig:
     rays, added to the data term; 0 turns it off)."""
     plane_tv: float | None = None
     """Weight of the plane total variation (K-Planes planes). None: chosen from the data when the
-    run is built (``models.regularizers.plane_tv_for``): 3e-2, or 1e-1 for a dose-limited series
-    (estimated per-pixel signal-to-noise below 1); optim.lr_grids 3e-2 goes with both."""
+    run is built (``models.regularizers.plane_tv_for``): 3e-2 where the estimated per-pixel
+    signal-to-noise is at least 1.3, 1 for a dose-limited series (0.6 or less), log-linear between;
+    optim.lr_grids 3e-2 goes with all."""
     volume_tv: float = 1e-3
     """Weight of the volume total variation (on density of a random sub-grid, or the voxel grid)."""
     volume_tv_kind: str = "l1"

@@ -13,7 +13,7 @@ from cli_helpers import cli
 from fasttomo.config import DataConfig, LossConfig
 from fasttomo.data.noise import SNR_CROP, SNR_VIEWS, estimate_snr
 from fasttomo.data.phantom import make_tiltseries
-from fasttomo.models.regularizers import LOW_SNR, PLANE_TV, PLANE_TV_LOW_SNR, plane_tv_for, regularization
+from fasttomo.models.regularizers import HIGH_SNR, LOW_SNR, PLANE_TV, PLANE_TV_LOW_SNR, plane_tv_for, regularization
 
 
 def _smooth_views(n=6, h=96, w=112, seed=0):
@@ -79,14 +79,20 @@ def test_too_small_images_are_refused():
 
 
 def test_the_rule_and_its_table():
-    assert plane_tv_for(math.inf) == (PLANE_TV, f"at least {LOW_SNR:g}")
-    assert plane_tv_for(3.4)[0] == plane_tv_for(LOW_SNR)[0] == PLANE_TV == 3e-2
-    assert plane_tv_for(0.25)[0] == plane_tv_for(0.999)[0] == PLANE_TV_LOW_SNR == 1e-1
+    assert plane_tv_for(math.inf) == (PLANE_TV, f"at least {HIGH_SNR:g}")
+    assert plane_tv_for(3.4)[0] == plane_tv_for(HIGH_SNR)[0] == plane_tv_for(1.33)[0] == PLANE_TV == 3e-2
+    assert plane_tv_for(0.25)[0] == plane_tv_for(LOW_SNR)[0] == plane_tv_for(0.59)[0] == PLANE_TV_LOW_SNR == 1.0
+    between = [plane_tv_for(s)[0] for s in np.linspace(LOW_SNR, HIGH_SNR, 40)[1:-1]]
+    assert all(PLANE_TV <= w <= PLANE_TV_LOW_SNR for w in between)
+    assert between == sorted(between, reverse=True)  # the weight falls as the estimate rises
+    steps = np.diff(np.log(between))  # no jump: adjacent estimates 1/40 of the span apart stay within 15 %
+    assert np.all(np.abs(steps) < np.log(1.15)), steps
+    assert plane_tv_for(math.sqrt(LOW_SNR * HIGH_SNR))[0] == pytest.approx(math.sqrt(PLANE_TV * PLANE_TV_LOW_SNR), rel=0.03)
 
 
 def test_the_suite_falls_on_the_measured_sides():
     """The H200 suite's split, at a small size: Gaussian noise on ellipsoids -> 3e-2, Poisson counts
-    of the cell specimen at 20 e/px -> 1e-1."""
+    of the cell specimen at 20 e/px -> 1."""
     kw = dict(width=64, height=64, thickness=32, n_tilts=21, tilt_min=-60.0, tilt_max=60.0, phantom_seed=0)
     ell = make_tiltseries(DataConfig(phantom="ellipsoids", noise=0.05, noise_relative_to="max", **kw))
     cell = make_tiltseries(DataConfig(phantom="cell", dose=20.0, pixel_size=20.0, **kw))
@@ -103,8 +109,8 @@ def test_regularization_refuses_an_unresolved_weight():
 
 
 @pytest.mark.parametrize("extra,weight,why", [
-    ([], "0.03", "at least 1"),
-    (["data.phantom=cell", "data.dose=20", "data.pixel_size=20"], "0.1", "below 1: a dose-limited series"),
+    ([], "0.03", "at least 1.3"),
+    (["data.phantom=cell", "data.dose=20", "data.pixel_size=20"], "1", "at most 0.6: a dose-limited series"),
 ])
 def test_the_run_says_what_it_chose(tmp_path, extra, weight, why):
     res = cli(["dry_run=true", "runtime=cpu", "data.width=48", "data.height=48", "data.thickness=24",

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import nn
 
@@ -14,23 +16,33 @@ SUBGRID_NOISE = 4
 """Uniform random numbers one sub-grid takes (its side and its xyz corner)."""
 
 PLANE_TV = 3e-2
-"""loss.plane_tv=null on data whose estimated per-pixel signal-to-noise is at least LOW_SNR (and
+"""loss.plane_tv=null on data whose estimated per-pixel signal-to-noise is at least HIGH_SNR (and
 the weight of a Projector built without a loss config)."""
-PLANE_TV_LOW_SNR = 1e-1
-"""loss.plane_tv=null on data below LOW_SNR: dose-limited series want the smoother fit."""
-LOW_SNR = 1.0
+PLANE_TV_LOW_SNR = 1.0
+"""loss.plane_tv=null on data at or below LOW_SNR: dose-limited series want the smoother fit."""
+HIGH_SNR = 1.3
+LOW_SNR = 0.6
 """Measured on the H200 suite (benchmarks/README.md, "The defaults, and plane TV on the whole
-suite"): the Gaussian-noise ellipsoid cases estimate 1.7-3.8 (clean ones far more) and the 128^3
-ones fit best or equal at 3e-2; the cell and catalyst specimens at 20 and 200 e/px estimate
-0.25-0.59 and fit best at 1e-1."""
+suite"): the Gaussian-noise ellipsoid cases and the camera-sized cases estimate 1.33-3.8 (clean
+ones far more) and fit best or equal at 3e-2; the cell and catalyst specimens at 20 and 200 e/px
+estimate 0.25-0.59, and their FSC to the truth rises from 1e-2 through 3e-2, 1e-1 and 3e-1 to 1.
+Between the two bounds, where no case was measured, the weight goes log-linearly from one to the
+other, so that no small change of the estimate makes a large change of the weight."""
 
 
 def plane_tv_for(snr: float) -> tuple[float, str]:
     """(loss.plane_tv, why) for data of estimated per-pixel signal-to-noise ``snr``
-    (``fasttomo.data.noise.estimate_snr``)."""
-    if snr < LOW_SNR:
-        return PLANE_TV_LOW_SNR, f"below {LOW_SNR:g}: a dose-limited series, the smoother fit"
-    return PLANE_TV, f"at least {LOW_SNR:g}"
+    (``fasttomo.data.noise.estimate_snr``): :data:`PLANE_TV` at or above :data:`HIGH_SNR`,
+    :data:`PLANE_TV_LOW_SNR` at or below :data:`LOW_SNR`, log-linear between (two significant
+    digits)."""
+    if snr >= HIGH_SNR:
+        return PLANE_TV, f"at least {HIGH_SNR:g}"
+    if snr <= LOW_SNR:
+        return PLANE_TV_LOW_SNR, f"at most {LOW_SNR:g}: a dose-limited series, the smoother fit"
+    t = math.log(HIGH_SNR / snr) / math.log(HIGH_SNR / LOW_SNR)
+    weight = float(f"{math.exp((1 - t) * math.log(PLANE_TV) + t * math.log(PLANE_TV_LOW_SNR)):.2g}")
+    return weight, (f"between {LOW_SNR:g} and {HIGH_SNR:g}: between {PLANE_TV:g} and {PLANE_TV_LOW_SNR:g}, "
+                    "log-linear in the estimate")
 
 
 def _device(field: nn.Module) -> torch.device:
