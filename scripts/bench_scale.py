@@ -24,6 +24,9 @@ loads the kernels from Triton's on-disk cache instead of compiling them (rows sa
 ``kernel_cache``). Each run's volumes are deleted once it is scored (the disk of a lent GPU machine holds one
 camera4k volume at a time); its metrics.json and log stay in the work folder.
     peak_gpu_GB, peak_host_GB          torch's peak allocation; the process's peak resident memory
+    peak_gpu_before_scoring_GB         torch's peak before the scoring against a truth, which copies the
+                                       pair to the GPU only where it has room (the run's own need; the
+                                       estimate is compared with it)
 
 Cases (5 % noise relative to the clean projections' maximum; 8 random ellipsoids; +-60 degrees):
 
@@ -203,6 +206,8 @@ def row_of(case: str, method: str, m: dict) -> dict:
            "pearson": m.get("pearson_global"), "pearson_fg": m.get("pearson_foreground"),
            "fsc05_A": m.get("fsc05_A"), "halfset_fsc0143_A": None,
            "peak_gpu_GB": _r(tl["peak_gpu_bytes"] / 1e9) if tl.get("peak_gpu_bytes") else None,
+           "peak_gpu_before_scoring_GB": (_r(tl["peak_gpu_bytes_before_scoring"] / 1e9)
+                                          if tl.get("peak_gpu_bytes_before_scoring") else None),
            "peak_host_GB": _r(m["_peak_host_bytes"] / 1e9), "steps": m.get("steps"), "plane_tv": m.get("plane_tv")}
     if method == "sirt" and m.get("curve"):
         best = max(m["curve"], key=lambda r: r.get("pearson_global") or -1)
@@ -273,7 +278,7 @@ def main() -> None:
             row = row_of(case, method, run_method(case, files, method, work, False, args.python))
             row["kernel_cache"] = "warm" if args.warmup else "as found"
             if estimate is not None:  # the device's estimate against its measured peak (GPU; else the host's)
-                peak = row["peak_gpu_GB"] if device != "cpu" else row["peak_host_GB"]
+                peak = (row["peak_gpu_before_scoring_GB"] or row["peak_gpu_GB"]) if device != "cpu" else row["peak_host_GB"]
                 row["estimate_GB"] = _r(estimate / 1e9)
                 row["estimate_over_peak"] = _r(estimate / 1e9 / peak) if peak else None
             if args.half_sets:

@@ -272,3 +272,36 @@ def test_moments_stream_before_the_fsc_does(monkeypatch):
         assert mixed[key] == pytest.approx(whole[key], rel=1e-9), key
     for region in ("fsc", "fsc_measured", "fsc_wedge"):
         assert mixed[region] == whole[region]
+
+
+@pytest.mark.parametrize("headroom", [2.0, 1e12])
+def test_a_large_pair_scored_from_the_scoring_device_agrees_with_the_host(monkeypatch, headroom):
+    """Above WHOLE_VOLUME_MAX_VOXELS the pair is copied to the scoring device once when it has room
+    (here the CPU stands in for the GPU; a headroom of 1e12 leaves it on the host) and the moments
+    and the FSC crops read it there: the scores of the host's numpy path, the FSC to float32
+    rounding. The volumes given are memory maps and stay unchanged."""
+    import fasttomo.quality.metrics as metrics
+    import fasttomo.quality.scoring as scoring
+    from fasttomo.data.io.mrc import mrc_memmap, write_mrc
+
+    rng = np.random.default_rng(4)
+    truth = rng.normal(size=(12, 20, 24)).astype(np.float32) + 2.0
+    vol = (truth + 0.5 * rng.normal(size=truth.shape)).astype(np.float32)
+    monkeypatch.setattr(scoring, "WHOLE_VOLUME_MAX_VOXELS", 1000)
+    monkeypatch.setattr(scoring, "STREAMED_MOMENTS_ABOVE", 1000)
+    host, _ = scoring.score_against_truth(vol, truth, 2.0, tilt_range=(-60, 60))
+    import tempfile
+    from pathlib import Path
+
+    with tempfile.TemporaryDirectory() as d:
+        mv, mt = (mrc_memmap(write_mrc(Path(d) / f"{n}.mrc", a, 2.0)) for n, a in (("v", vol), ("t", truth)))
+        monkeypatch.setattr(metrics, "scoring_device", lambda: "cpu")
+        monkeypatch.setattr(scoring, "SCORING_DEVICE_HEADROOM", headroom)
+        assert (scoring.on_scoring_device(mv, mt) is None) == (headroom > 2)
+        dev, _ = scoring.score_against_truth(mv, mt, 2.0, tilt_range=(-60, 60))
+        np.testing.assert_array_equal(mv, vol)
+    for key in ("pearson_global", "pearson_foreground", "foreground_fraction", "mse", "psnr_dB", "data_range"):
+        assert dev[key] == pytest.approx(host[key], rel=1e-9), key
+    for region in ("fsc", "fsc_measured", "fsc_wedge"):
+        np.testing.assert_allclose(np.array(dev[region]["fsc"], dtype=float), np.array(host[region]["fsc"], dtype=float),
+                                   rtol=0, atol=1e-5)

@@ -113,7 +113,9 @@ def streamed_volume_metrics(recon: np.ndarray, truth: np.ndarray, planes: int | 
 
     from fasttomo.data.io.mrc import drop_mapped_pages
 
-    def slab(v: np.ndarray, z0: int) -> torch.Tensor:
+    def slab(v, z0: int) -> torch.Tensor:
+        if isinstance(v, torch.Tensor):  # already on the scoring device (score_against_truth)
+            return v[z0:z0 + planes].to(dev, torch.float64)
         t = host_tensor(np.ascontiguousarray(v[z0:z0 + planes])).to(dev).to(torch.float64)  # cast there
         drop_mapped_pages(v[z0:z0 + planes])  # a memory map's pages read leave this process
         return t
@@ -141,7 +143,7 @@ def streamed_volume_metrics(recon: np.ndarray, truth: np.ndarray, planes: int | 
         cov, va, vb = sab - sa * sb / max(n, 1), saa - sa * sa / max(n, 1), sbb - sb * sb / max(n, 1)
         return float(cov / math.sqrt(va * vb)) if n > 0 and va > 0 and vb > 0 else float("nan")
 
-    n = float(recon.size)
+    n = float(math.prod(recon.shape))
     return {"pearson_global": _r(sums["all"]), "pearson_foreground": _r(sums["fg"]),
             "foreground_fraction": float(sums["fg"][0]) / n, "mse": float(sq) / n, "truth_min": lo, "truth_max": top}
 
@@ -532,12 +534,18 @@ def chunked_fsc(a: np.ndarray, b: np.ndarray, voxel_size_A: float, tilt_range_de
                 if device is not None:
                     sums = _crop_sums_torch(a[cut], b[cut], taper, vx, sw, tilt_range_deg, device, "chunked_fsc")
                 if sums is None:
-                    ca, cb = _check_pair(a[cut], b[cut], taper, "chunked_fsc")
+                    ca, cb = _check_pair(_host(a[cut]), _host(b[cut]), taper, "chunked_fsc")
                     sums = _shell_sums(ca, cb, vx, sw, tilt_range_deg, device=None)
-                drop_mapped_pages(a[cut])
-                drop_mapped_pages(b[cut])
+                for v in (a, b):
+                    if isinstance(v, np.ndarray):
+                        drop_mapped_pages(v[cut])
                 total = sums if total is None else {r: total[r] + sums[r] for r in total}
     return _curves(total, box, vx, sw)
+
+
+def _host(v) -> np.ndarray:
+    """``v`` as a numpy array (a torch tensor copied to the host)."""
+    return v.detach().cpu().numpy() if type(v).__module__.split(".")[0] == "torch" else v
 
 
 def _crop_sums_torch(a: np.ndarray, b: np.ndarray, taper: np.ndarray | None, vx: float, sw: float,
@@ -552,7 +560,8 @@ def _crop_sums_torch(a: np.ndarray, b: np.ndarray, taper: np.ndarray | None, vx:
         t = taper if taper is None else torch.from_numpy(taper).to(device)
         out = []
         for v in (a, b):
-            g = host_tensor(np.ascontiguousarray(v, dtype=np.float32)).to(device, copy=True)  # centred in place
+            g = (v.to(device, torch.float32, copy=True) if isinstance(v, torch.Tensor) else  # centred in place
+                 host_tensor(np.ascontiguousarray(v, dtype=np.float32)).to(device, copy=True))
             if not bool(torch.isfinite(g).all()):
                 raise ValueError(f"{what}: the volumes hold NaN or Inf values; FSC needs finite volumes.")
             mean = g.mean(dtype=torch.float64) if t is None else (g * t).sum(dtype=torch.float64) / t.sum(

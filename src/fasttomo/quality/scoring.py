@@ -268,6 +268,47 @@ where the FSC is still one transform: numpy's float64 copies of a 1024^2 x 256 p
 than the transform (2-core CPU, 512^2 x 256: 41 s in numpy, 17 s streamed on the CPU)."""
 
 
+SCORING_DEVICE_HEADROOM = 2.0
+""":func:`on_scoring_device` moves a pair to the GPU only when its free memory is at least this
+many times the pair's float32 bytes (the crops' transforms and the moments' float64 slabs come
+on top)."""
+
+
+def on_scoring_device(vol: np.ndarray, truth: np.ndarray):
+    """(volume, truth) as float32 tensors on the scoring GPU, read once from the host (memory maps
+    welcome: a slab at a time, each slab's pages released after it), or None where there is no GPU
+    or too little free memory (:data:`SCORING_DEVICE_HEADROOM`). Both the streamed moments and the
+    FSC crops then read device memory instead of paging the files in once per pass (three passes
+    over a camera-sized pair)."""
+    from fasttomo.quality.metrics import host_tensor, scoring_device
+
+    device = scoring_device()
+    if device is None:
+        return None
+    import torch
+
+    from fasttomo.data.io.mrc import drop_mapped_pages
+
+    need = 4 * (vol.size + truth.size)
+    free = free_memory_bytes(torch.device(device))
+    if free is None or free < SCORING_DEVICE_HEADROOM * need:
+        return None
+    planes = max(1, (1 << 26) // max(1, int(np.prod(vol.shape[1:]))))
+    out = []
+    try:
+        for v in (vol, truth):
+            t = torch.empty(v.shape, dtype=torch.float32, device=device)
+            for z0 in range(0, v.shape[0], planes):
+                t[z0:z0 + planes].copy_(host_tensor(np.ascontiguousarray(v[z0:z0 + planes], dtype=np.float32)))
+                drop_mapped_pages(v[z0:z0 + planes])
+            out.append(t)
+    except torch.cuda.OutOfMemoryError:
+        out.clear()
+        torch.cuda.empty_cache()
+        return None
+    return out[0], out[1]
+
+
 def large_fsc(a: np.ndarray, b: np.ndarray, voxel_size_A: float, tilt_range) -> dict:
     """FSC curves by region (``{"all"}``, plus measured and wedge with ``tilt_range``) of two
     large volumes from crops (``quality.metrics.chunked_fsc``, crops of CHUNK_FSC_CROP voxels)."""
@@ -294,9 +335,11 @@ def score_against_truth(vol: np.ndarray, truth: np.ndarray, voxel_size_A: float,
                             "match voxel for voxel. Crop or resample one of them.")
     large = mask is None and vol.size > WHOLE_VOLUME_MAX_VOXELS
     streamed = mask is None and vol.size > STREAMED_MOMENTS_ABOVE
-    t0 = time.perf_counter()
-    out = streamed_volume_metrics(vol, truth) if streamed else volume_metrics(vol, truth)
     cast = truth.dtype.type  # the span in the truth's own precision, as truth.max() - truth.min() gives it
+    t0 = time.perf_counter()
+    if large and streamed:
+        vol, truth = on_scoring_device(vol, truth) or (vol, truth)
+    out = streamed_volume_metrics(vol, truth) if streamed else volume_metrics(vol, truth)
     t_min, t_max = (cast(out.pop("truth_min")), cast(out.pop("truth_max"))) if streamed else (truth.min(), truth.max())
     if data_range is None:
         span = float(t_max - t_min)

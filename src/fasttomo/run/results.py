@@ -185,6 +185,8 @@ def _pictures(run) -> None:
     curves = None
     if ts.ground_truth is not None and volume.shape == ts.ground_truth.shape:
         t_score = time.perf_counter()
+        if torch.cuda.is_initialized():  # the run's own peak: scoring uses free GPU memory only where there is room
+            metrics.setdefault("timeline", {})["peak_gpu_bytes_before_scoring"] = torch.cuda.max_memory_allocated()
         report, curves = truth_scores(volume, ts.ground_truth, ts.pixel_size, tilt_range(ts))
         metrics.update(report)
         metrics.setdefault("timeline", {})["scoring_s"] = round(time.perf_counter() - t_score, 3)
