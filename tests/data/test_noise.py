@@ -11,7 +11,8 @@ import pytest
 from cli_helpers import cli
 
 from fasttomo.config import DataConfig, LossConfig
-from fasttomo.data.noise import SNR_CROP, SNR_VIEWS, estimate_snr
+import fasttomo.data.noise as noise_mod
+from fasttomo.data.noise import SNR_CROP, SNR_TILE, SNR_TILES, SNR_VIEWS, estimate_snr
 from fasttomo.data.phantom import make_tiltseries
 from fasttomo.models.regularizers import HIGH_SNR, LOW_SNR, PLANE_TV, PLANE_TV_LOW_SNR, plane_tv_for, regularization
 
@@ -63,14 +64,31 @@ def test_the_ratio_ignores_gain_offset_and_inversion():
 
 
 def test_the_cost_is_bounded_at_camera_size():
-    """More views than SNR_VIEWS and images wider than SNR_CROP: only SNR_VIEWS views and their
-    central SNR_CROP pixels are read (noise outside that crop never shows)."""
-    n, side = SNR_VIEWS + 2, SNR_CROP + 64
+    """More views than SNR_VIEWS and images wider than SNR_CROP: only SNR_VIEWS views and, of
+    each, SNR_TILES x SNR_TILES tiles of SNR_TILE pixels spread from edge to edge are read (noise
+    outside the tiles never shows)."""
+    n, side = SNR_VIEWS + 2, 2 * SNR_CROP
     stack = np.random.default_rng(5).standard_normal((n, side, side)).astype(np.float32)
-    stack[:, 32:-32, 32:-32] = 1.0  # the central crop: flat, noiseless
+    seg = noise_mod._segments(side)
+    assert len(seg) == SNR_TILES and seg[0].start == 0 and seg[-1].stop == side
+    assert all(s.stop - s.start == SNR_TILE for s in seg) and noise_mod._segments(SNR_CROP) == [slice(0, SNR_CROP)]
+    for ys in seg:
+        for xs in seg:
+            stack[:, ys, xs] = 1.0  # the tiles: flat, noiseless
     est = estimate_snr(stack)
     assert est.views == SNR_VIEWS and est.noise_std == 0.0 and est.signal_std == 0.0
     assert estimate_snr(np.zeros((3, 8, 8)) + np.arange(8)).views == 3
+
+
+def test_contrast_away_from_the_centre_of_a_large_view_counts():
+    """A 2048^2 view whose only structure is a band along one edge (outside the central 1024^2):
+    the tiles reach it, so its signal is seen (std of a quarter-covering band: sqrt(3/16))."""
+    side = 2 * SNR_CROP
+    img = np.random.default_rng(6).normal(0.0, 0.05, (1, side, side))
+    img[:, : side // 4] += 1.0
+    est = estimate_snr(img)
+    assert est.noise_std == pytest.approx(0.05, rel=0.05)
+    assert est.signal_std == pytest.approx(math.sqrt(3 / 16), rel=0.05)
 
 
 def test_too_small_images_are_refused():

@@ -7,8 +7,12 @@ Signal: the image's own standard deviation with the noise's variance taken out,
 sqrt(max(var - s^2, 0)). The ratio is taken per view and the median over views is reported.
 
 Cost is bounded at any camera size: at most SNR_VIEWS views, evenly spread over the series, and
-of each the central SNR_CROP x SNR_CROP pixels. Affine changes of the intensities (gain, offset,
-inversion, normalization) leave the ratio unchanged.
+of each at most SNR_CROP pixels a side: the whole image where it is that small, else SNR_TILES
+tiles of SNR_TILE pixels a side along each longer axis, evenly spread from edge to edge (each
+tile's residuals taken inside it, the signal's variance over all of them), so the estimate sees
+the whole field of view at any size instead of its centre alone (one central 1024^2 crop of a
+4096^2 view of large objects saw little of their contrast). Affine changes of the intensities
+(gain, offset, inversion, normalization) leave the ratio unchanged.
 """
 
 from __future__ import annotations
@@ -21,7 +25,10 @@ import numpy as np
 SNR_VIEWS = 8
 """At most this many views (evenly spread over the series) enter the estimate."""
 SNR_CROP = 1024
-"""Of each view, at most this many central pixels a side."""
+"""Of each view, at most this many pixels a side (SNR_TILES x SNR_TILE)."""
+SNR_TILE = 256
+SNR_TILES = SNR_CROP // SNR_TILE
+"""Along an axis longer than SNR_CROP: this many tiles of SNR_TILE pixels, evenly spread."""
 _MAD_TO_STD = 1.4826
 """Standard deviation of a normal distribution over its median absolute deviation."""
 
@@ -39,9 +46,23 @@ class NoiseEstimate:
         return f"estimated signal-to-noise {shown} per pixel (median of {self.views} views)"
 
 
+def _segments(n: int) -> list[slice]:
+    """The stretches of an axis of ``n`` pixels that enter the estimate: all of it up to
+    SNR_CROP, else SNR_TILES stretches of SNR_TILE evenly spread from one edge to the other."""
+    if n <= SNR_CROP:
+        return [slice(0, n)]
+    starts = np.linspace(0, n - SNR_TILE, SNR_TILES).round().astype(int)
+    return [slice(int(a), int(a) + SNR_TILE) for a in starts]
+
+
 def _view_estimate(img: np.ndarray) -> tuple[float, float]:
-    x = np.asarray(img, dtype=np.float64)
-    r = x[1:-1, 1:-1] - 0.25 * (x[:-2, 1:-1] + x[2:, 1:-1] + x[1:-1, :-2] + x[1:-1, 2:])
+    residuals, pixels = [], []
+    for ys in _segments(img.shape[0]):
+        for xs in _segments(img.shape[1]):
+            x = np.asarray(img[ys, xs], dtype=np.float64)
+            residuals.append((x[1:-1, 1:-1] - 0.25 * (x[:-2, 1:-1] + x[2:, 1:-1] + x[1:-1, :-2] + x[1:-1, 2:])).ravel())
+            pixels.append(x.ravel())
+    r, x = np.concatenate(residuals), np.concatenate(pixels)
     noise = _MAD_TO_STD * float(np.median(np.abs(r - np.median(r)))) / math.sqrt(1.25)
     signal = math.sqrt(max(float(x.var()) - noise * noise, 0.0))
     return noise, signal
@@ -54,8 +75,6 @@ def estimate_snr(stack: np.ndarray) -> NoiseEstimate:
     if h < 3 or w < 3 or n < 1:
         raise ValueError(f"estimate_snr: images of {h} x {w} pixels are too small to estimate their noise (>= 3 x 3)")
     views = np.unique(np.linspace(0, n - 1, min(n, SNR_VIEWS)).round().astype(int))
-    ch, cw = min(h, SNR_CROP), min(w, SNR_CROP)
-    y0, x0 = (h - ch) // 2, (w - cw) // 2
-    noise, signal = zip(*(_view_estimate(stack[v, y0:y0 + ch, x0:x0 + cw]) for v in views))
+    noise, signal = zip(*(_view_estimate(stack[v]) for v in views))
     ratio = [s / nz if nz > 0 else (math.inf if s > 0 else 0.0) for nz, s in zip(noise, signal)]
     return NoiseEstimate(float(np.median(ratio)), float(np.median(noise)), float(np.median(signal)), len(views))
