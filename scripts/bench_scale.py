@@ -24,6 +24,8 @@ loads the kernels from Triton's on-disk cache instead of compiling them (rows sa
 ``kernel_cache``). Each run's volumes are deleted once it is scored (the disk of a lent GPU machine holds one
 camera4k volume at a time); its metrics.json and log stay in the work folder.
     peak_gpu_GB, peak_host_GB          torch's peak allocation; the process's peak resident memory
+    peak_host_GB_at                    the process's peak resident memory when training starts, when
+                                       the export starts and when it ends (the run's timeline)
     peak_gpu_before_scoring_GB         torch's peak before the scoring against a truth, which copies the
                                        pair to the GPU only where it has room (the run's own need; the
                                        estimate is compared with it)
@@ -208,6 +210,7 @@ def row_of(case: str, method: str, m: dict) -> dict:
            "peak_gpu_GB": _r(tl["peak_gpu_bytes"] / 1e9) if tl.get("peak_gpu_bytes") else None,
            "peak_gpu_before_scoring_GB": (_r(tl["peak_gpu_bytes_before_scoring"] / 1e9)
                                           if tl.get("peak_gpu_bytes_before_scoring") else None),
+           "peak_host_GB_at": {k: _r(v / 1e9) for k, v in (tl.get("peak_host_bytes_at") or {}).items() if v},
            "peak_host_GB": _r(m["_peak_host_bytes"] / 1e9), "steps": m.get("steps"), "plane_tv": m.get("plane_tv")}
     if method == "sirt" and m.get("curve"):
         best = max(m["curve"], key=lambda r: r.get("pearson_global") or -1)

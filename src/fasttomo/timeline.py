@@ -3,7 +3,8 @@
 ``since_start()`` counts from the moment the operating system started the process (Linux:
 ``/proc/self/stat``), so interpreter start-up and imports are included; elsewhere it counts from
 the first import of this module. Used for the run's ``timeline`` in metrics.json and by
-``scripts/bench_step.py`` (process start to the first training step).
+``scripts/bench_step.py`` (process start to the first training step). ``peak_rss_bytes()`` is the
+process's peak resident memory so far, recorded at the same phase borders.
 """
 
 from __future__ import annotations
@@ -32,3 +33,15 @@ EXACT = _AGO is not None
 def since_start(t: float | None = None) -> float:
     """Seconds from process start to perf_counter() value ``t`` (default: now)."""
     return (time.perf_counter() if t is None else t) - PROCESS_START
+
+
+def peak_rss_bytes() -> int | None:
+    """The process's peak resident memory so far (getrusage's ru_maxrss; Linux), or None."""
+    try:
+        import resource
+        import sys
+
+        kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        return int(kb) * (1 if sys.platform == "darwin" else 1024)
+    except (ImportError, OSError, ValueError):
+        return None

@@ -135,7 +135,7 @@ def test_field_export_in_slabs_equals_the_one_shot_export(tmp_path, planes):
 def test_run_writes_one_mrc_by_default_and_h5_on_request(tmp_path, caplog):
     """The default formats are [mrc]; a run given slab_planes that does not divide Z writes the
     volume the one-shot array would give (the HDF5 file asked for beside it holds the same); the
-    log splits the export's time between evaluating the slabs and the rest."""
+    log splits the export's time between evaluating the slabs and the rest, and the timeline keeps the peak host memory at the phase borders."""
     import re
 
     from fasttomo.data.io.volume import read_volume
@@ -146,6 +146,12 @@ def test_run_writes_one_mrc_by_default_and_h5_on_request(tmp_path, caplog):
     split = re.search(r"volume.mrc evaluated and written in ([0-9.]+) s \(waiting for the slabs' evaluation ([0-9.]+) "
                       r"s; the rest ([0-9.]+) s: ", caplog.text)
     assert split and abs(float(split[1]) - float(split[2]) - float(split[3])) <= 0.11, caplog.text[-2000:]
+    import json
+
+    tl = json.loads((tmp_path / "a" / "metrics.json").read_text())["timeline"]  # the host's peak by phase
+    at = tl["peak_host_bytes_at"]
+    assert list(at) == ["training_start", "export_start", "export_end"]
+    assert 0 < at["training_start"] <= at["export_start"] <= at["export_end"] <= tl["peak_host_bytes"]
     run(compose_config([*TINY, "optim.steps=3", "output.formats=[mrc,h5]", "output.slab_planes=3",
                         f"output.dir={tmp_path / 'b'}"]))
     mrc, (h5, _, attrs) = read_volume(tmp_path / "b" / "volume.mrc")[0], read_volume(tmp_path / "b" / "volume.h5")

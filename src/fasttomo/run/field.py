@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from fasttomo import timeline
 from fasttomo.config import Config, ConfigError
 from fasttomo.data.io.alignment import view_poses
 from fasttomo.data.io.poses import read_poses_json
@@ -57,6 +58,7 @@ class FieldMethod:
         self.resumed_from: dict | None = None
         self._t_fit = time.perf_counter()
         self._export_s = 0.0
+        self._peak_rss: dict[str, int | None] = {}  # the process's peak resident memory at phase borders
 
     @property
     def step(self) -> int:
@@ -80,6 +82,7 @@ class FieldMethod:
         log.info("training from step %d to %d (Ctrl-C or SIGTERM: stop after the current step and save)",
                  trainer.step, self.cfg.optim.steps)
         self._t_fit = time.perf_counter()
+        self._peak_rss["training_start"] = timeline.peak_rss_bytes()
         try:
             trainer.fit()
         except DivergenceError as exc:  # the guard rolled back to the last good state: keep it if it is new
@@ -121,9 +124,11 @@ class FieldMethod:
         """(volume, step, written, failed, finite): the volume evaluated and written as it goes
         (slab by slab into volume.mrc, fasttomo.run.outputs.export_field). Collective."""
         t_export = time.perf_counter()
+        self._peak_rss["export_start"] = timeline.peak_rss_bytes()
         with self.trainer.exported_field() as exported_step:
             volume, written, failed, finite = export_field(self.trainer, self.cfg, out_dir, self.ts.pixel_size, attrs)
         self._export_s = time.perf_counter() - t_export
+        self._peak_rss["export_end"] = timeline.peak_rss_bytes()
         return volume, exported_step, written, failed, finite
 
     def state(self) -> dict | None:
@@ -133,7 +138,8 @@ class FieldMethod:
         """Speeds are of this process's training (after the resume, if any); ``train_seconds`` is
         the total over the whole run."""
         m = _summarize(self, volume)
-        m["timeline"] = {**_timeline(self.place.t0, self._t_fit, self.trainer), "export_s": round(self._export_s, 3)}
+        m["timeline"] = {**_timeline(self.place.t0, self._t_fit, self.trainer), "export_s": round(self._export_s, 3),
+                         "peak_host_bytes_at": dict(self._peak_rss)}
         m["guard"] = self.trainer.guard.summary()
         if self.resumed_from is not None:
             m["resumed_from"] = {"checkpoint": self.resumed_from["checkpoint"], "step": self.steps_before}
@@ -214,8 +220,6 @@ def _timeline(t0: float, t_fit: float, trainer) -> dict:
     the process started, interpreter and imports included): run start, training start, the end of
     the first step (compilation, autotuning, CUDA-graph capture), validation and image time inside
     training; ``process_to_end_s`` (added when metrics.json is written) closes it."""
-    from fasttomo import timeline
-
     tm = trainer.timing
     first = tm["first_step_done"]
     return {

@@ -167,6 +167,7 @@ def finish_files(run, pictures: bool = True) -> None:
     metrics["wall_seconds"] = time.perf_counter() - run.place.t0
     if "timeline" in metrics:
         metrics["timeline"]["process_to_end_s"] = round(timeline.since_start(), 3)
+        metrics["timeline"]["peak_host_bytes"] = timeline.peak_rss_bytes()
         metrics["timeline"]["peak_gpu_bytes"] = (torch.cuda.max_memory_allocated() if torch.cuda.is_initialized()
                                                  else None)
     try:

@@ -501,7 +501,8 @@ def write_mrc_slabs(path: str | os.PathLike, shape_zyx: tuple[int, int, int], sl
     three slabs in memory (one being made, one queued, one being written): the file is created at
     its full size (header first), each slab is written into its planes with ``pwrite`` on a
     background thread while the next is made (:class:`SlabWriter`; no page of the file is mapped
-    into the process), and the header statistics are combined plane by plane (:class:`_PlaneStats`), so any
+    into the process; a slab handed over must not change afterwards), and the header statistics are
+    combined plane by plane (:class:`_PlaneStats`), so any
     slab partition gives the same bytes. A slab may be a torch tensor on a GPU: its finiteness and
     plane statistics are then computed there (float64; they agree with numpy's to float64
     rounding). Atomic (a temporary name, renamed when complete). A slab with NaN/Inf raises
