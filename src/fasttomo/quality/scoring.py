@@ -285,8 +285,6 @@ def on_scoring_device(vol: np.ndarray, truth: np.ndarray):
     device = scoring_device()
     if device is None:
         return None
-    import torch
-
     from fasttomo.data.io.mrc import drop_mapped_pages
 
     need = 4 * (vol.size + truth.size)
