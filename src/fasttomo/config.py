@@ -843,10 +843,12 @@ class LossConfig:
 @dataclasses.dataclass
 class PrecisionConfig:
     dtype: str = "auto"
-    """Autocast dtype of the field: auto (bf16 on a CUDA device that supports it, else fp32), fp32,
+    """Autocast dtype of the field: auto (bf16 on a CUDA device that supports it, bf16 for the decoder's
+    layers on a CPU with bf16 dot-product instructions, else fp32), fp32,
     bf16 or fp16 (fp16 uses a GradScaler). Rays, rotations and the line integral always run in
     fp32. bench_quality measured no quality difference between fp32 and bf16 fields (128^3,
-    clean and 5 % noise) and bf16 steps are faster on the GPU; CPUs gain nothing from it."""
+    clean and 5 % noise) and bf16 steps are faster on the GPU; on a CPU bf16 speeds up the
+    decoder's matrix products only (docs/quality.md)."""
 
     def __post_init__(self) -> None:
         _choice(self.dtype, ("auto", "fp32", "bf16", "fp16"), "precision.dtype")

@@ -30,6 +30,9 @@ class Decoder(nn.Module):
         else:
             raise ValueError(f"Decoder: kind must be 'linear' or 'hybrid', got {kind!r}")
         self.kind = kind
+        self.train_dtype: torch.dtype | None = None
+        """bf16 on a CPU (train.precision.Precision.decoder_only): the layers run under CPU autocast
+        in that dtype while gradients are recorded; evaluation without gradients stays fp32."""
         if generator is not None:
             for layer in self.modules():
                 if isinstance(layer, nn.Linear):
@@ -39,6 +42,9 @@ class Decoder(nn.Module):
 
     def forward(self, features: torch.Tensor) -> torch.Tensor:
         """(N, in_features) -> (N,) raw density."""
+        if self.train_dtype is not None and features.device.type == "cpu" and torch.is_grad_enabled():
+            with torch.autocast("cpu", dtype=self.train_dtype):
+                return self.net(features).squeeze(-1).float()
         return self.net(features).squeeze(-1)
 
 

@@ -257,6 +257,7 @@ def _summarize(method: FieldMethod, volume: np.ndarray) -> dict:
         },
         "val_loss": {"last": val[-1][1] if val else None, "curve": val},
         "device": str(comps.device) if comps.device.type != "cuda" else torch.cuda.get_device_name(comps.device),
+        "precision": comps.precision.name + (" (decoder layers in training)" if comps.precision.decoder_only else ""),
         "world_size": comps.world_size,
         "cuda_graph": comps.cuda_graph,
         "n_parameters": sum(p.numel() for p in comps.projector.parameters()),

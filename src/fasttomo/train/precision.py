@@ -3,23 +3,45 @@ which a device-side ``skip`` flag (the divergence guard's, see train/guard.py) c
 without a host sync.
 
 Rays, rotations, poses and the line integral always run in fp32 (the callers disable autocast
-around them); the field's features and MLP run in the configured dtype.
+around them); the field's features and MLP run in the configured dtype. On a CPU, bf16 covers the
+decoder's layers in training alone (``Precision.decoder_only``): the interpolation's CPU kernels
+are fp32, and bf16 matrix products are what the CPU speeds up (on a 2-core Zen 4 machine a
+131072 x 32 by 32 x 32 product took 0.92 ms in bf16 against 4.58 ms in fp32).
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 
 import torch
 
 _DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
+@functools.lru_cache(maxsize=1)
+def cpu_has_native_bf16() -> bool:
+    """Whether this CPU has bf16 dot-product instructions (x86: avx512_bf16 or amx_bf16 among the
+    flags of /proc/cpuinfo); False where that cannot be read."""
+    try:
+        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    flags = set(line.split(":", 1)[1].split())
+                    return bool(flags & {"avx512_bf16", "amx_bf16"})
+    except OSError:
+        pass
+    return False
+
+
 def resolve_dtype(dtype: str, device: torch.device) -> str:
-    """precision.dtype=auto: bf16 on a CUDA device that supports it, else fp32."""
+    """precision.dtype=auto: bf16 on a CUDA device that supports it and on a CPU with bf16
+    dot-product instructions (there: the decoder alone, see the module docstring), else fp32."""
     if dtype != "auto":
         return dtype
     if device.type == "cuda" and torch.cuda.is_bf16_supported():
+        return "bf16"
+    if device.type == "cpu" and cpu_has_native_bf16():
         return "bf16"
     return "fp32"
 
@@ -30,7 +52,10 @@ class Precision:
         self.name = dtype
         self.dtype = _DTYPES[dtype]
         self.device_type = device.type
-        self.enabled = dtype != "fp32"
+        self.decoder_only = device.type == "cpu" and dtype == "bf16"
+        """bf16 on a CPU: the decoder's layers in training (``models.decoder.Decoder.train_dtype``),
+        the rest of the field in fp32."""
+        self.enabled = dtype != "fp32" and not self.decoder_only
         self.scaler = torch.amp.GradScaler(self.device_type, enabled=dtype == "fp16")
 
     def autocast(self):
