@@ -319,14 +319,19 @@ def build(cfg: Config, ts: TiltSeries, *, rank: int = 0, world_size: int = 1, lo
     log.info("device %s, box (Z,Y,X)=%s, %d parameters, %d train / %d val pixels, world size %d",
              device, box.shape_zyx, sum(p.numel() for p in projector.parameters()),
              sampler.n_train, sampler.n_val, world_size)
+    return Components(cfg, device, ts, box, sampler, projector, model, optimizer, base_lrs, schedule, plateau,
+                      field_precision(cfg, device, projector.field), reg_gen, rank, world_size, graph, why)
+
+
+def field_precision(cfg: Config, device: torch.device, field) -> Precision:
+    """The run's Precision; bf16 on a CPU sets the field's decoder to train in it (its layers alone)."""
     precision = Precision(cfg.precision.dtype, device)
-    decoder = getattr(projector.field, "decoder", None)
+    decoder = getattr(field, "decoder", None)
     if precision.decoder_only and decoder is not None:
-        decoder.train_dtype = precision.dtype  # bf16 on a CPU: the decoder's layers alone
+        decoder.train_dtype = precision.dtype
         log.info("precision: bf16 for the decoder's layers in training, the rest fp32 (a CPU with bf16 dot-product "
                  "instructions; precision=fp32 to choose)")
-    return Components(cfg, device, ts, box, sampler, projector, model, optimizer, base_lrs, schedule, plateau,
-                      precision, reg_gen, rank, world_size, graph, why)
+    return precision
 
 
 def use_cuda_graph(cfg: Config, device: torch.device, world_size: int) -> bool:
