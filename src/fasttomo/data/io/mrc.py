@@ -469,7 +469,7 @@ def _sync_file_range():
     import ctypes
 
     try:
-        fn = ctypes.CDLL(None, use_errno=True).sync_file_range
+        fn = _libc().sync_file_range
     except (OSError, AttributeError):
         return None
     fn.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
