@@ -328,12 +328,15 @@ def export_slabs(source, cfg, out_dir: Path, files: VolumeFiles):
     shape, planes, slabs = source
     log.info("exporting the volume %s in slabs of %d Z planes", tuple(shape), planes)
     try:
-        t0, waited = time.perf_counter(), [0.0]
-        path = write_volume_slabs(out_dir / "volume.mrc", shape, _timed(slabs, waited), files.pixel_size, cfg.name)
+        t0, waited, split = time.perf_counter(), [0.0], {}
+        path = write_volume_slabs(out_dir / "volume.mrc", shape, _timed(slabs, waited), files.pixel_size, cfg.name,
+                                  split)
         total = time.perf_counter() - t0
-        log.info("volume.mrc evaluated and written in %.1f s (waiting for the slabs' evaluation %.1f s; the rest "
-                 "%.1f s: statistics, copies to the host, writes the evaluation did not hide, fsync)",
-                 total, waited[0], total - waited[0])
+        log.info("volume.mrc evaluated and written in %.1f s: waiting for the slabs' evaluation %.1f s, for the "
+                 "writer's queue %.1f s, for the fsync and the rest %.1f s (the writer thread: copies to the host "
+                 "%.1f s, writes %.1f s)", total, waited[0], split.get("queue_wait", 0.0),
+                 total - waited[0] - split.get("queue_wait", 0.0), split.get("copy_to_host", 0.0),
+                 split.get("write", 0.0))
         volume = mrc_memmap(path)
         written, failed = write_volumes(out_dir, volume, cfg, dataclasses.replace(files, skip=("volume.mrc",)))
         return volume, {"volume.mrc": path, **written}, failed
@@ -363,13 +366,15 @@ def _timed(slabs, waited: list):
         yield item
 
 
-def write_volume_slabs(path: Path, shape_zyx, slabs, pixel_size: float, run_name: str) -> str:
+def write_volume_slabs(path: Path, shape_zyx, slabs, pixel_size: float, run_name: str,
+                       timings: dict | None = None) -> str:
     """volume.mrc of a run from ``slabs`` ((z0, array) in Z order), atomically, with the labels
-    :func:`fasttomo.data.io.volume.write_volume` gives it: the same bytes as the one-shot write."""
+    :func:`fasttomo.data.io.volume.write_volume` gives it: the same bytes as the one-shot write
+    (``timings``: see :func:`fasttomo.data.io.mrc.write_mrc_slabs`)."""
     from fasttomo.data.io.mrc import MrcHeader, write_mrc_slabs
     from fasttomo.data.io.volume import mrc_label
 
     header = MrcHeader(pixel_size, (mrc_label(run_name),))
-    out = write_mrc_slabs(path, shape_zyx, slabs, header, overwrite=True)
+    out = write_mrc_slabs(path, shape_zyx, slabs, header, overwrite=True, timings=timings)
     log.info("wrote mrc volume %s slab by slab (Z, Y, X = %s, voxel %.4g A)", out, tuple(shape_zyx), pixel_size)
     return out

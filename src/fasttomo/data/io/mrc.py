@@ -30,6 +30,7 @@ import math
 import os
 import re
 import sys
+import time
 import warnings
 from dataclasses import dataclass, field
 
@@ -385,10 +386,11 @@ class _PlaneStats:
 
 
 def _device_slab(slab):
-    """(host float32 array, finite, per-plane (mean, m2, min, max) or None) of a slab that is a
-    torch tensor on a GPU: the finiteness test and the plane statistics run there (float64, one
-    plane at a time, so they depend on the plane's values alone), then one copy to the host; None
-    for anything else (numpy does all of it on the host)."""
+    """(float32 tensor left on its GPU, finite, per-plane (mean, m2, min, max) or None) of a slab
+    that is a torch tensor on a GPU: the finiteness test and the plane statistics run there
+    (float64, one plane at a time, so they depend on the plane's values alone); the copy to the
+    host is the writer's (:class:`SlabWriter`). None for anything else (numpy does all of it on the
+    host)."""
     if type(slab).__module__.split(".")[0] != "torch" or slab.device.type == "cpu":
         return None
     import torch
@@ -402,22 +404,27 @@ def _device_slab(slab):
         m2 = (p - mean.to(torch.float32)).to(torch.float64).square().sum()
         rows.append(torch.stack([mean, m2, p.min().to(torch.float64), p.max().to(torch.float64)]))
     moments = torch.stack(rows).cpu().numpy() if rows else np.zeros((0, 4))
-    return t.cpu().numpy(), True, moments
+    return t.contiguous(), True, moments
 
 
 class SlabWriter:
     """Writes slabs into an open file (``pwrite`` at their offsets) on a background thread, one slab
-    queued at most, so the next slab is evaluated (on a GPU) while this one goes to the file; each
-    written range is handed to the kernel's writeback at once (Linux ``sync_file_range``), so the
-    final fsync of a camera-sized volume finds little left to write. A failed write (a full disk)
-    is raised by the next :meth:`put` or by :meth:`close`; leaving the ``with`` block on an error
-    stops the thread without writing what is still queued."""
+    queued at most, so the next slab is evaluated (on a GPU) while this one goes to the file; a slab
+    still on a GPU is copied to the host there, on a stream of its own (after the work queued
+    before :meth:`put` on the caller's stream), so the copy overlaps the next slab's evaluation
+    too. Each written range is handed to the kernel's writeback at once (Linux
+    ``sync_file_range``), so the final fsync of a camera-sized volume finds little left to write.
+    A failed write (a full disk) is raised by the next :meth:`put` or by :meth:`close`; leaving the
+    ``with`` block on an error stops the thread without writing what is still queued.
+    ``seconds``: time spent copying to the host, writing, and waiting for the queue (the caller's)."""
 
     def __init__(self, fd: int):
         import queue
         import threading
 
         self.fd, self.error = fd, None
+        self.seconds = {"copy_to_host": 0.0, "write": 0.0, "queue_wait": 0.0}
+        self._stream = None
         self._queue = queue.Queue(maxsize=1)
         self._thread = threading.Thread(target=self._run, name="fasttomo-slab-writer", daemon=True)
         self._thread.start()
@@ -429,19 +436,50 @@ class SlabWriter:
                 return
             if self.error is None:
                 try:
-                    _pwrite_all(self.fd, *item)
-                    _start_writeback(self.fd, item[1], item[0].nbytes)
+                    data, offset, ready = item
+                    t0 = time.perf_counter()
+                    data = self._to_host(data, ready)
+                    t1 = time.perf_counter()
+                    _pwrite_all(self.fd, data, offset)
+                    _start_writeback(self.fd, offset, data.nbytes)
+                    self.seconds["copy_to_host"] += t1 - t0
+                    self.seconds["write"] += time.perf_counter() - t1
                 except BaseException as exc:  # noqa: BLE001 - raised in the caller's thread
                     self.error = exc
 
-    def put(self, data: np.ndarray, offset: int) -> None:
+    def _to_host(self, data, ready) -> np.ndarray:
+        if ready is None:
+            return data
+        import torch
+
+        if self._stream is None:
+            self._stream = torch.cuda.Stream(device=data.device)
+        self._stream.wait_event(ready)
+        with torch.cuda.stream(self._stream):
+            return data.cpu().numpy()  # synchronous: the slab's GPU memory is free to reuse after
+
+    def put(self, data, offset: int) -> None:
+        """Queue ``data`` (a numpy array, or a contiguous tensor on a GPU) for bytes ``offset``..;
+        it must not change afterwards."""
         self._raise()
-        self._queue.put((np.ascontiguousarray(data), offset))
+        ready = None
+        if type(data).__module__.split(".")[0] == "torch":
+            import torch
+
+            ready = torch.cuda.Event()
+            ready.record(torch.cuda.current_stream(data.device))
+        else:
+            data = np.ascontiguousarray(data)
+        t0 = time.perf_counter()
+        self._queue.put((data, offset, ready))
+        self.seconds["queue_wait"] += time.perf_counter() - t0
 
     def close(self) -> None:
         if self._thread.is_alive():
+            t0 = time.perf_counter()
             self._queue.put(None)
             self._thread.join()
+            self.seconds["queue_wait"] += time.perf_counter() - t0
         self._raise()
 
     def _raise(self) -> None:
@@ -495,7 +533,7 @@ def _pwrite_all(fd: int, data: np.ndarray, offset: int) -> None:
 
 
 def write_mrc_slabs(path: str | os.PathLike, shape_zyx: tuple[int, int, int], slabs, header: MrcHeader, *,
-                    overwrite: bool = False) -> str:
+                    overwrite: bool = False, timings: dict | None = None) -> str:
     """Write a float32 MRC (Z, Y, X) = ``shape_zyx`` from ``slabs``, an iterable of
     ``(z0, array (dz, Y, X))`` that covers the planes 0..Z-1 once each, in order, holding at most
     three slabs in memory (one being made, one queued, one being written): the file is created at
@@ -506,7 +544,9 @@ def write_mrc_slabs(path: str | os.PathLike, shape_zyx: tuple[int, int, int], sl
     slab partition gives the same bytes. A slab may be a torch tensor on a GPU: its finiteness and
     plane statistics are then computed there (float64; they agree with numpy's to float64
     rounding). Atomic (a temporary name, renamed when complete). A slab with NaN/Inf raises
-    :class:`NonFiniteSlab` and leaves no file."""
+    :class:`NonFiniteSlab` and leaves no file. ``timings`` (a dict) receives the seconds of the
+    whole write (``total``, the fsync included), of the writer's copies to the host and writes, and
+    of waiting for its queue (:class:`SlabWriter`)."""
     shape = tuple(int(n) for n in shape_zyx)
     if len(shape) != 3 or min(shape) <= 0:
         raise DataFileError(f"{path}: an MRC volume needs a 3-D shape with every side > 0, got {shape}.")
@@ -529,7 +569,7 @@ def write_mrc_slabs(path: str | os.PathLike, shape_zyx: tuple[int, int, int], sl
                                         f"{shape} at plane {nxt}.")
                 if not (np.isfinite(part).all() if finite is None else finite):
                     raise NonFiniteSlab(f"{path}: planes {z0}..{z0 + part.shape[0] - 1} hold non-finite values.")
-                writer.put(part.astype(m.data.dtype, copy=False), offset + z0 * plane_bytes)
+                writer.put(part if on_device else part.astype(m.data.dtype, copy=False), offset + z0 * plane_bytes)
                 if moments is None:
                     for plane in part:
                         stats.add_plane(plane)
@@ -540,6 +580,7 @@ def write_mrc_slabs(path: str | os.PathLike, shape_zyx: tuple[int, int, int], sl
             if nxt != shape[0]:
                 raise DataFileError(f"{path}: the slabs ended at plane {nxt} of {shape[0]}.")
             writer.close()  # every slab in the file (a write's error raised here)
+            seconds.update(writer.seconds)
             m.set_image_stack() if header.image_stack else m.set_volume()
             m.voxel_size = vx
             m.header.origin = (0.0, 0.0, 0.0)
@@ -548,7 +589,11 @@ def write_mrc_slabs(path: str | os.PathLike, shape_zyx: tuple[int, int, int], sl
             for lab in all_labels:
                 m.add_label(_ascii80(lab))
 
-    return atomic_write(path, _write, overwrite=overwrite)
+    t0, seconds = time.perf_counter(), {}
+    out = atomic_write(path, _write, overwrite=overwrite)
+    if timings is not None:
+        timings.update({k: round(v, 3) for k, v in seconds.items()}, total=round(time.perf_counter() - t0, 3))
+    return out
 
 
 def _ascii80(text: str) -> str:
