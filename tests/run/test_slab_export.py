@@ -128,7 +128,7 @@ def test_field_export_in_slabs_equals_the_one_shot_export(tmp_path, planes):
     parts = list(field_slabs(comps.projector, comps.sampler.scale, shape, planes))
     np.testing.assert_array_equal(np.concatenate([p.cpu().numpy() for _, p in parts]), whole)
     one = write_volume(tmp_path / "one.mrc", whole, 2.0, label=f"fasttomo run {cfg.name}", attrs={}, fmt="mrc")
-    many = write_volume_slabs(tmp_path / "many.mrc", shape, iter(parts), 2.0, cfg.name)
+    many = write_volume_slabs(tmp_path / "many.mrc", shape, iter(parts), 2.0, cfg.name)[0]
     assert _bytes(one) == _bytes(many)
 
 

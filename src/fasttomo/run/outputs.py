@@ -328,9 +328,9 @@ def export_slabs(source, cfg, out_dir: Path, files: VolumeFiles):
     shape, planes, slabs = source
     log.info("exporting the volume %s in slabs of %d Z planes", tuple(shape), planes)
     try:
-        t0, waited, split = time.perf_counter(), [0.0], {}
-        path = write_volume_slabs(out_dir / "volume.mrc", shape, _timed(slabs, waited), files.pixel_size, cfg.name,
-                                  split)
+        t0, waited = time.perf_counter(), [0.0]
+        path, split = write_volume_slabs(out_dir / "volume.mrc", shape, _timed(slabs, waited), files.pixel_size,
+                                         cfg.name)
         total = time.perf_counter() - t0
         log.info("volume.mrc evaluated and written in %.1f s: waiting for the slabs' evaluation %.1f s, for the "
                  "writer's queue %.1f s, for the fsync and the rest %.1f s (the writer thread: copies to the host "
@@ -366,15 +366,14 @@ def _timed(slabs, waited: list):
         yield item
 
 
-def write_volume_slabs(path: Path, shape_zyx, slabs, pixel_size: float, run_name: str,
-                       timings: dict | None = None) -> str:
+def write_volume_slabs(path: Path, shape_zyx, slabs, pixel_size: float, run_name: str) -> tuple[str, dict]:
     """volume.mrc of a run from ``slabs`` ((z0, array) in Z order), atomically, with the labels
-    :func:`fasttomo.data.io.volume.write_volume` gives it: the same bytes as the one-shot write
-    (``timings``: see :func:`fasttomo.data.io.mrc.write_mrc_slabs`)."""
+    :func:`fasttomo.data.io.volume.write_volume` gives it: the same bytes as the one-shot write.
+    Returns (path, seconds of its parts: see ``timings`` of :func:`fasttomo.data.io.mrc.write_mrc_slabs`)."""
     from fasttomo.data.io.mrc import MrcHeader, write_mrc_slabs
     from fasttomo.data.io.volume import mrc_label
 
-    header = MrcHeader(pixel_size, (mrc_label(run_name),))
+    header, timings = MrcHeader(pixel_size, (mrc_label(run_name),)), {}
     out = write_mrc_slabs(path, shape_zyx, slabs, header, overwrite=True, timings=timings)
     log.info("wrote mrc volume %s slab by slab (Z, Y, X = %s, voxel %.4g A)", out, tuple(shape_zyx), pixel_size)
-    return out
+    return out, timings

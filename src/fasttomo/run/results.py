@@ -147,7 +147,7 @@ def _half_in_slabs(run, method, half: str) -> np.ndarray | None:
         return None
     try:
         with method.volume_slabs(slab_planes_of(cfg)) as (shape, _planes, slabs):
-            path = write_volume_slabs(run.out_dir / mrc, shape, slabs, ts.pixel_size, cfg.name)
+            path = write_volume_slabs(run.out_dir / mrc, shape, slabs, ts.pixel_size, cfg.name)[0]
     except NonFiniteSlab:
         return None
     except OSError as exc:
