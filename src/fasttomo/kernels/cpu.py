@@ -207,12 +207,17 @@ class PlaneTVCPU(torch.autograd.Function):
     @staticmethod
     def forward(ctx, plane_data, layout: PlaneLayout):
         ctx.layout = layout
-        ctx.save_for_backward(plane_data)
+        lib = _tv_library(plane_data, layout)
+        if lib is not None:  # value and gradient in one native pass; the backward scales the gradient
+            value, g = cpu_native.plane_tv(lib, plane_data, layout, with_grad=True)
+            ctx.save_for_backward(plane_data, g)
+            return value
+        ctx.save_for_backward(plane_data, None)
         return _plane_tv_value(plane_data, layout)
 
     @staticmethod
     def backward(ctx, grad):
-        (plane_data,) = ctx.saved_tensors
+        plane_data, g_native = ctx.saved_tensors
         layout: PlaneLayout = ctx.layout
         if torch.is_grad_enabled():  # create_graph backward: higher-order autograd through the twin
             _spy.count("plane_tv_bwd", "torch")
@@ -220,6 +225,8 @@ class PlaneTVCPU(torch.autograd.Function):
             (g,) = torch.autograd.grad(out, [plane_data], grad.to(out.dtype), create_graph=True)
             return g, None
         _spy.count("plane_tv_bwd", "cpu")
+        if g_native is not None:
+            return g_native * grad.to(plane_data.dtype), None
         gx = torch.empty_like(plane_data)
         scale = grad.to(plane_data.dtype) * (2.0 / (3 * layout.n_scales * layout.n_rot))
         for v, gv in zip(_tv_runs(plane_data, layout), _tv_runs(gx, layout)):
@@ -244,9 +251,20 @@ def _plane_tv_value(plane_data: torch.Tensor, layout: PlaneLayout) -> torch.Tens
     return total / (3 * layout.n_scales * layout.n_rot)
 
 
+def _tv_library(plane_data: torch.Tensor, layout: PlaneLayout):
+    """The native kernels for the plane TV of this buffer, or None (the aten passes then)."""
+    if plane_data.dtype not in (torch.float32, torch.float64) or not plane_data.is_contiguous():
+        return None
+    return cpu_native.library(plane_data.dtype, layout.channels)
+
+
 def plane_tv(plane_data: torch.Tensor, layout: PlaneLayout) -> torch.Tensor:
     """The twin's ``plane_tv`` on a CPU float32/float64 contiguous 1-D buffer of ``layout`` (whose
-    planes are at least 2 x 2 texels: PlaneLayout refuses less)."""
+    planes are at least 2 x 2 texels: PlaneLayout refuses less): one native pass for the value and
+    the gradient where the native kernels build (``kernels/cpu_native.py``), aten passes otherwise."""
     if torch.is_grad_enabled() and plane_data.requires_grad:
         return PlaneTVCPU.apply(plane_data, layout)
+    lib = _tv_library(plane_data, layout)
+    if lib is not None:
+        return cpu_native.plane_tv(lib, plane_data, layout, with_grad=False)[0]
     return _plane_tv_value(plane_data, layout)

@@ -262,6 +262,40 @@ void tk_backward(int64_t N, int T, int C, int L, const int32_t *res, const int64
     for (int i = 1; i < nthreads; i++) pthread_join(th[i], NULL);
   }
 }
+
+/* plane TV of the runs (nruns x {offset, planes, H, W, C}) of x: norm x the sum over runs of the
+   mean squared neighbour difference along H and along W (sums in double); with g, its gradient
+   (zeroed here first) in the same pass */
+double tk_plane_tv(int nruns, const int64_t *runs, const real *x, real *g, double norm) {
+  double total = 0;
+  for (int r = 0; r < nruns; r++) {
+    const int64_t off = runs[5 * r], n = runs[5 * r + 1], h = runs[5 * r + 2], w = runs[5 * r + 3],
+                  c = runs[5 * r + 4], wc = w * c;
+    const double ah = norm / ((double)(h - 1) * wc), aw = norm / ((double)h * (w - 1) * c);
+    const real gh = (real)(2 * ah), gw = (real)(2 * aw);
+    double sh = 0, sw = 0;
+    if (g) memset(g + off, 0, sizeof(real) * n * h * wc);
+    for (int64_t p = 0; p < n; p++)
+      for (int64_t i = 0; i < h; i++) {
+        const real *row = x + off + (p * h + i) * wc;
+        real *grow = g ? g + off + (p * h + i) * wc : NULL;
+        if (i + 1 < h) {
+          for (int64_t k = 0; k < wc; k++) {
+            real d = row[wc + k] - row[k];
+            sh += (double)d * d;
+            if (grow) { grow[wc + k] += gh * d; grow[k] -= gh * d; }
+          }
+        }
+        for (int64_t k = 0; k + c < wc; k++) {
+          real d = row[c + k] - row[k];
+          sw += (double)d * d;
+          if (grow) { grow[c + k] += gw * d; grow[k] -= gw * d; }
+        }
+      }
+    total += ah * sh + aw * sw;
+  }
+  return total;
+}
 """
 
 _libs: dict = {}
@@ -318,6 +352,8 @@ def library(dtype: torch.dtype, channels: int):
                 lib.tk_backward.argtypes = [_I64, _I, _I, _I, _P, _P, _P, _P, _P, _P, _P, _I64, _P, _P, _P,
                                             _I, _I]
                 lib.tk_backward.restype = None
+                lib.tk_plane_tv.argtypes = [_I, _P, _P, _P, ctypes.c_double]
+                lib.tk_plane_tv.restype = ctypes.c_double
             except (OSError, RuntimeError, subprocess.SubprocessError) as e:
                 log.info("tilted_kplanes: native CPU kernels unavailable (%s); using the aten path", e)
                 lib = None
@@ -361,3 +397,15 @@ def backward(lib, points, matrices, plane_data, layout: PlaneLayout, grad, need_
                     gm.data_ptr() if need_q else None, dq.data_ptr() if need_q else None, int(need_q), nt)
     gmat = gm.sum(0).view(layout.n_rot, 3, 3).to(matrices.dtype) if need_m else None
     return gp, gmat, (gbuf[0] if need_x else None)
+
+
+def plane_tv(lib, plane_data, layout: PlaneLayout, with_grad: bool):
+    """(plane TV as a 0-d tensor of plane_data's dtype, its gradient or None) of a contiguous buffer,
+    in one pass over it: the twin's ``plane_tv`` (sums in float64)."""
+    runs = [(layout.offsets[l][k0], (k1 - k0) * layout.n_rot, h, w, layout.channels)
+            for l in range(layout.n_scales) for k0, k1, h, w in layout.kind_runs(l)]
+    meta = torch.tensor(runs, dtype=torch.int64)
+    g = torch.empty_like(plane_data) if with_grad else None
+    value = lib.tk_plane_tv(len(runs), meta.data_ptr(), plane_data.data_ptr(), g.data_ptr() if with_grad else None,
+                            1.0 / (3 * layout.n_scales * layout.n_rot))
+    return torch.tensor(value, dtype=plane_data.dtype), g
