@@ -332,11 +332,11 @@ def export_slabs(source, cfg, out_dir: Path, files: VolumeFiles):
         path, split = write_volume_slabs(out_dir / "volume.mrc", shape, _timed(slabs, waited), files.pixel_size,
                                          cfg.name)
         total = time.perf_counter() - t0
-        log.info("volume.mrc evaluated and written in %.1f s: waiting for the slabs' evaluation %.1f s, for the "
-                 "writer's queue %.1f s, for the fsync and the rest %.1f s (the writer thread: copies to the host "
-                 "%.1f s, writes %.1f s)", total, waited[0], split.get("queue_wait", 0.0),
-                 total - waited[0] - split.get("queue_wait", 0.0), split.get("copy_to_host", 0.0),
-                 split.get("write", 0.0))
+        rest = total - waited[0] - split.get("copy_to_host", 0.0) - split.get("queue_wait", 0.0)
+        log.info("volume.mrc evaluated and written in %.1f s: waiting for the slabs' evaluation %.1f s, their "
+                 "statistics and copies to the host %.1f s, the writer's queue %.1f s, the fsync and the rest %.1f s "
+                 "(the writer thread's writes %.1f s)", total, waited[0], split.get("copy_to_host", 0.0),
+                 split.get("queue_wait", 0.0), rest, split.get("write", 0.0))
         volume = mrc_memmap(path)
         written, failed = write_volumes(out_dir, volume, cfg, dataclasses.replace(files, skip=("volume.mrc",)))
         return volume, {"volume.mrc": path, **written}, failed

@@ -386,11 +386,10 @@ class _PlaneStats:
 
 
 def _device_slab(slab):
-    """(float32 tensor left on its GPU, finite, per-plane (mean, m2, min, max) or None) of a slab
-    that is a torch tensor on a GPU: the finiteness test and the plane statistics run there
-    (float64, one plane at a time, so they depend on the plane's values alone); the copy to the
-    host is the writer's (:class:`SlabWriter`). None for anything else (numpy does all of it on the
-    host)."""
+    """(host float32 array, finite, per-plane (mean, m2, min, max) or None) of a slab that is a
+    torch tensor on a GPU: the finiteness test and the plane statistics run there (float64, one
+    plane at a time, so they depend on the plane's values alone), then one copy to the host; None
+    for anything else (numpy does all of it on the host)."""
     if type(slab).__module__.split(".")[0] != "torch" or slab.device.type == "cpu":
         return None
     import torch
@@ -404,27 +403,24 @@ def _device_slab(slab):
         m2 = (p - mean.to(torch.float32)).to(torch.float64).square().sum()
         rows.append(torch.stack([mean, m2, p.min().to(torch.float64), p.max().to(torch.float64)]))
     moments = torch.stack(rows).cpu().numpy() if rows else np.zeros((0, 4))
-    return t.contiguous(), True, moments
+    return t.cpu().numpy(), True, moments
 
 
 class SlabWriter:
     """Writes slabs into an open file (``pwrite`` at their offsets) on a background thread, one slab
-    queued at most, so the next slab is evaluated (on a GPU) while this one goes to the file; a slab
-    still on a GPU is copied to the host there, on a stream of its own (after the work queued
-    before :meth:`put` on the caller's stream), so the copy overlaps the next slab's evaluation
-    too. Each written range is handed to the kernel's writeback at once (Linux
-    ``sync_file_range``), so the final fsync of a camera-sized volume finds little left to write.
-    A failed write (a full disk) is raised by the next :meth:`put` or by :meth:`close`; leaving the
-    ``with`` block on an error stops the thread without writing what is still queued.
-    ``seconds``: time spent copying to the host, writing, and waiting for the queue (the caller's)."""
+    queued at most, so the next slab is evaluated (on a GPU) while this one goes to the file; each
+    written range is handed to the kernel's writeback at once (Linux ``sync_file_range``), so the
+    final fsync of a camera-sized volume finds little left to write. A failed write (a full disk)
+    is raised by the next :meth:`put` or by :meth:`close`; leaving the ``with`` block on an error
+    stops the thread without writing what is still queued. ``seconds``: the thread's time writing,
+    and the caller's waiting for the queue."""
 
     def __init__(self, fd: int):
         import queue
         import threading
 
         self.fd, self.error = fd, None
-        self.seconds = {"copy_to_host": 0.0, "write": 0.0, "queue_wait": 0.0}
-        self._stream = None
+        self.seconds = {"write": 0.0, "queue_wait": 0.0}
         self._queue = queue.Queue(maxsize=1)
         self._thread = threading.Thread(target=self._run, name="fasttomo-slab-writer", daemon=True)
         self._thread.start()
@@ -436,42 +432,17 @@ class SlabWriter:
                 return
             if self.error is None:
                 try:
-                    data, offset, ready = item
                     t0 = time.perf_counter()
-                    data = self._to_host(data, ready)
-                    t1 = time.perf_counter()
-                    _pwrite_all(self.fd, data, offset)
-                    _start_writeback(self.fd, offset, data.nbytes)
-                    self.seconds["copy_to_host"] += t1 - t0
-                    self.seconds["write"] += time.perf_counter() - t1
+                    _pwrite_all(self.fd, *item)
+                    _start_writeback(self.fd, item[1], item[0].nbytes)
+                    self.seconds["write"] += time.perf_counter() - t0
                 except BaseException as exc:  # noqa: BLE001 - raised in the caller's thread
                     self.error = exc
 
-    def _to_host(self, data, ready) -> np.ndarray:
-        if ready is None:
-            return data
-        import torch
-
-        if self._stream is None:
-            self._stream = torch.cuda.Stream(device=data.device)
-        self._stream.wait_event(ready)
-        with torch.cuda.stream(self._stream):
-            return data.cpu().numpy()  # synchronous: the slab's GPU memory is free to reuse after
-
-    def put(self, data, offset: int) -> None:
-        """Queue ``data`` (a numpy array, or a contiguous tensor on a GPU) for bytes ``offset``..;
-        it must not change afterwards."""
+    def put(self, data: np.ndarray, offset: int) -> None:
         self._raise()
-        ready = None
-        if type(data).__module__.split(".")[0] == "torch":
-            import torch
-
-            ready = torch.cuda.Event()
-            ready.record(torch.cuda.current_stream(data.device))
-        else:
-            data = np.ascontiguousarray(data)
         t0 = time.perf_counter()
-        self._queue.put((data, offset, ready))
+        self._queue.put((np.ascontiguousarray(data), offset))
         self.seconds["queue_wait"] += time.perf_counter() - t0
 
     def close(self) -> None:
@@ -545,8 +516,9 @@ def write_mrc_slabs(path: str | os.PathLike, shape_zyx: tuple[int, int, int], sl
     plane statistics are then computed there (float64; they agree with numpy's to float64
     rounding). Atomic (a temporary name, renamed when complete). A slab with NaN/Inf raises
     :class:`NonFiniteSlab` and leaves no file. ``timings`` (a dict) receives the seconds of the
-    whole write (``total``, the fsync included), of the writer's copies to the host and writes, and
-    of waiting for its queue (:class:`SlabWriter`)."""
+    whole write (``total``, the fsync included), of the GPU slabs' statistics and copies to the
+    host (``copy_to_host``), of the writer thread's writes and of waiting for its queue
+    (:class:`SlabWriter`)."""
     shape = tuple(int(n) for n in shape_zyx)
     if len(shape) != 3 or min(shape) <= 0:
         raise DataFileError(f"{path}: an MRC volume needs a 3-D shape with every side > 0, got {shape}.")
@@ -560,7 +532,9 @@ def write_mrc_slabs(path: str | os.PathLike, shape_zyx: tuple[int, int, int], sl
                 SlabWriter(f.fileno()) as writer:
             offset = int(m.data.offset)
             for z0, slab in slabs:
+                t0 = time.perf_counter()
                 on_device = _device_slab(slab)
+                seconds["copy_to_host"] = seconds.get("copy_to_host", 0.0) + time.perf_counter() - t0
                 part, finite, moments = on_device or (np.asarray(slab, dtype=np.float32), None, None)
                 if finite is False:
                     raise NonFiniteSlab(f"{path}: planes from {z0} on hold non-finite values.")
@@ -569,7 +543,7 @@ def write_mrc_slabs(path: str | os.PathLike, shape_zyx: tuple[int, int, int], sl
                                         f"{shape} at plane {nxt}.")
                 if not (np.isfinite(part).all() if finite is None else finite):
                     raise NonFiniteSlab(f"{path}: planes {z0}..{z0 + part.shape[0] - 1} hold non-finite values.")
-                writer.put(part if on_device else part.astype(m.data.dtype, copy=False), offset + z0 * plane_bytes)
+                writer.put(part.astype(m.data.dtype, copy=False), offset + z0 * plane_bytes)
                 if moments is None:
                     for plane in part:
                         stats.add_plane(plane)

@@ -119,15 +119,13 @@ class Projector(nn.Module):
         return self.field(points).float() / self.length_unit
 
     @torch.no_grad()
-    def volume(self, shape_zyx: tuple[int, int, int] | None = None, chunk: int | None = None,
+    def volume(self, shape_zyx: tuple[int, int, int] | None = None, chunk: int = 1 << 18,
                z_range: tuple[int, int] | None = None) -> torch.Tensor:
-        """Density at voxel centres of the box (or of ``shape_zyx`` resampling it), fp32 (Z, Y, X),
-        ``chunk`` points at a time (default: :data:`VOLUME_CHUNK` on a GPU, :data:`VOLUME_CHUNK_CPU`
-        elsewhere). ``z_range`` selects a slab of Z planes (the export's slabs, and its shards
-        across ranks); only that slab's grid is built. The volume is
+        """Density at voxel centres of the box (or of ``shape_zyx`` resampling it), fp32 (Z, Y, X).
+        ``z_range`` selects a slab of Z planes (the export's slabs, and its shards across ranks);
+        only that slab's grid is built. The volume is
         given in the frame where the reference view's shift is zero (``Poses.gauge_translation``)."""
         param = next(self.field.parameters())
-        chunk = chunk or (VOLUME_CHUNK if param.device.type == "cuda" else VOLUME_CHUNK_CPU)
         grid = voxel_grid(self.box, shape_zyx, device=param.device, z_range=z_range)  # (Z, Y, X, 3) normalized xyz
         pts = grid.reshape(-1, 3)
         if self.poses.free_reference_shift:
@@ -137,14 +135,6 @@ class Projector(nn.Module):
         for i in range(0, pts.shape[0], chunk):
             out[i:i + chunk] = self.density(pts[i:i + chunk])
         return out.reshape(grid.shape[:3])
-
-
-VOLUME_CHUNK = 1 << 21
-"""Points a field evaluates at a time for a volume on a GPU: a camera-sized volume in a few
-thousand calls, not tens of thousands of launch-bound ones (~0.6 GB of features and activations
-at a time for 3 scales x 2 frames x 8 channels)."""
-VOLUME_CHUNK_CPU = 1 << 18
-"""The same on a CPU, where a chunk's buffers should stay in the caches' reach."""
 
 
 @torch.no_grad()
