@@ -73,16 +73,15 @@ def save_checkpoint(out_dir: Path, state: dict, written: dict, failed: dict) -> 
 class CheckpointSave:
     """checkpoints/last.pt written on a background thread (serialized, hashed, fsynced, renamed)
     while the run goes on with its scores; :meth:`wait` joins it and records the file in
-    ``written`` or ``failed``, as :func:`save_checkpoint` does. The thread writes a copy of the
-    state's tensors taken here (on their device): the scores load the best-validation weights into
-    the model for a while (``Trainer.exported_field``)."""
+    ``written`` or ``failed``, as :func:`save_checkpoint` does. The state must not change until
+    then (after the export nothing trains)."""
 
     def __init__(self, out_dir: Path, state: dict):
         import threading
 
         self.result: tuple[str | None, str | None] = (None, "the checkpoint's thread did not finish")
-        self._thread = threading.Thread(target=self._save, args=(out_dir / "checkpoints" / "last.pt",
-                                                                 _snapshot(state)), name="fasttomo-checkpoint")
+        self._thread = threading.Thread(target=self._save, args=(out_dir / "checkpoints" / "last.pt", state),
+                                        name="fasttomo-checkpoint")
         self._thread.start()
 
     def _save(self, path: Path, state: dict) -> None:
@@ -202,17 +201,6 @@ def finish_files(run, pictures: bool = True) -> None:
         write_text(run.out_dir / "metrics.json", dumps(metrics), True)
     except OSError as exc:
         run.failed["metrics.json"] = exc.strerror or str(exc)
-
-
-def _snapshot(obj):
-    """``obj`` with every tensor in its dicts, lists and tuples cloned (everything else shared)."""
-    if isinstance(obj, torch.Tensor):
-        return obj.detach().clone()
-    if isinstance(obj, dict):
-        return type(obj)((k, _snapshot(v)) for k, v in obj.items())
-    if isinstance(obj, (list, tuple)) and not hasattr(obj, "_fields"):
-        return type(obj)(_snapshot(v) for v in obj)
-    return obj
 
 
 def _pictures(run) -> None:
