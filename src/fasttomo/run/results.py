@@ -70,32 +70,6 @@ def save_checkpoint(out_dir: Path, state: dict, written: dict, failed: dict) -> 
         written["checkpoints/last.pt"] = path
 
 
-class CheckpointSave:
-    """checkpoints/last.pt written on a background thread (serialized, hashed, fsynced, renamed)
-    while the run goes on with its scores; :meth:`wait` joins it and records the file in
-    ``written`` or ``failed``, as :func:`save_checkpoint` does. The state must not change until
-    then (after the export nothing trains)."""
-
-    def __init__(self, out_dir: Path, state: dict):
-        import threading
-
-        self.result: tuple[str | None, str | None] = (None, "the checkpoint's thread did not finish")
-        self._thread = threading.Thread(target=self._save, args=(out_dir / "checkpoints" / "last.pt", state),
-                                        name="fasttomo-checkpoint")
-        self._thread.start()
-
-    def _save(self, path: Path, state: dict) -> None:
-        self.result = save_checkpoint_file(path, state)
-
-    def wait(self, written: dict, failed: dict) -> None:
-        self._thread.join()
-        path, err = self.result
-        if err:
-            failed["checkpoints/last.pt"] = err
-        else:
-            written["checkpoints/last.pt"] = path
-
-
 # --------------------------------------------------------------------------------------- half sets
 def half_sets(run) -> tuple[dict | None, dict | None]:
     """(FSC report, FSC curves) of the even and the odd views (in tilt order) reconstructed apart
@@ -190,7 +164,6 @@ def finish_files(run, pictures: bool = True) -> None:
     metrics["wall_seconds"] = time.perf_counter() - run.place.t0  # again below, with the pictures
     if pictures:
         _pictures(run)
-    run.checkpoint_written()
     metrics["wall_seconds"] = time.perf_counter() - run.place.t0
     if "timeline" in metrics:
         metrics["timeline"]["process_to_end_s"] = round(timeline.since_start(), 3)
@@ -218,7 +191,6 @@ def _pictures(run) -> None:
         report, curves = truth_scores(volume, ts.ground_truth, ts.pixel_size, tilt_range(ts))
         metrics.update(report)
         metrics.setdefault("timeline", {})["scoring_s"] = round(time.perf_counter() - t_score, 3)
-    run.checkpoint_written()  # the checkpoint's thread ran beside the scores; the pictures come after it
     truth = ts.ground_truth if metrics.get("pearson_global") else None
     jobs = [("slices.png", lambda: slices_png(out_dir / "slices.png", volume, ts.pixel_size, truth, True)),
             ("loss.png", lambda: _loss_plot(out_dir / "loss.png", metrics, True))]

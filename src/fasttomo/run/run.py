@@ -70,7 +70,6 @@ class Run:
         self.failed: dict = {}
         self.metrics: dict = {}
         self.state: dict | None = None
-        self.checkpoint: results.CheckpointSave | None = None
         self.half_curves: dict | None = None
 
     # ------------------------------------------------------------------------------ the whole run
@@ -90,7 +89,6 @@ class Run:
             self.end()
             return self.metrics
         except BaseException as exc:
-            self.checkpoint_written()  # a checkpoint being written is finished before the run ends
             self._failed(exc)
             raise
         finally:
@@ -187,14 +185,8 @@ class Run:
             self._export_whole(attrs)
         self.finite = broadcast_object(self.finite)  # every rank takes the same branches (half sets are collective)
         self.state = self.method.state()
-        if self.main and self.state is not None:  # written beside the scores (results.CheckpointSave)
-            self.checkpoint = results.CheckpointSave(self.out_dir, self.state)
-
-    def checkpoint_written(self) -> None:
-        """Wait for the checkpoint's thread (if one runs) and record its file as written or failed."""
-        if self.checkpoint is not None:
-            self.checkpoint, pending = None, self.checkpoint
-            pending.wait(self.written, self.failed)
+        if self.main and self.state is not None:
+            results.save_checkpoint(self.out_dir, self.state, self.written, self.failed)
 
     def _export_slabs(self, attrs: dict) -> bool:
         """One process, mrc among the formats, a method with ``volume_slabs`` (SIRT): volume.mrc
