@@ -6,7 +6,7 @@ import torch
 
 from fasttomo.geometry.poses import Poses
 from fasttomo.geometry.rays import (Box, RaySamples, inside_box, line_integral, project_points,
-                                    ray_samples, voxel_grid)
+                                    ray_samples, voxel_grid, voxel_plane)
 
 
 def _np_ray(R, shift, row, col, hw):
@@ -191,3 +191,13 @@ def test_voxel_grid_centres_match_pixel_centres():
     torch.testing.assert_close(p[:, 0, 0, 2], torch.arange(3) - 1.0)
     g2 = voxel_grid(box, (2, 2, 2))
     torch.testing.assert_close(g2[..., 0].unique(), torch.tensor([-0.5, 0.5]))
+
+
+def test_voxel_plane_is_the_grid_cut_at_one_index():
+    """The central slices' points (Trainer.central_slices) are built plane by plane: each plane is
+    the whole grid's cut, bit for bit, at every index of every axis."""
+    box = Box.for_images(4, 6, 3)
+    g = voxel_grid(box)
+    for axis in range(3):
+        for i in range(g.shape[axis]):
+            assert torch.equal(voxel_plane(box, axis, i), g.select(axis, i))

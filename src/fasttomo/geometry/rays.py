@@ -199,9 +199,23 @@ def voxel_grid(box: Box, shape_zyx: tuple[int, int, int] | None = None, device=N
     same box (centres at (2k + 1)/n - 1 on each axis). ``z_range`` (lo, hi) gives only the planes
     lo..hi-1 of that grid (the same values, without building the rest).
     """
-    shape = tuple(box.shape_zyx if shape_zyx is None else shape_zyx)
-    z, y, x = (((torch.arange(n, device=device, dtype=dtype) * 2 + 1) / n) - 1 for n in shape)
+    z, y, x = _voxel_axes(box, shape_zyx, device, dtype)
     if z_range is not None:
         z = z[z_range[0]:z_range[1]]
     gz, gy, gx = torch.meshgrid(z, y, x, indexing="ij")
     return torch.stack((gx, gy, gz), dim=-1)
+
+
+def _voxel_axes(box: Box, shape_zyx, device, dtype) -> list[torch.Tensor]:
+    """The normalized z, y and x coordinates of :func:`voxel_grid`'s voxel centres."""
+    shape = tuple(box.shape_zyx if shape_zyx is None else shape_zyx)
+    return [((torch.arange(n, device=device, dtype=dtype) * 2 + 1) / n) - 1 for n in shape]
+
+
+def voxel_plane(box: Box, axis: int, index: int, device=None) -> torch.Tensor:
+    """``voxel_grid(box).select(axis, index)`` (axis 0, 1, 2: Z, Y, X) without building the rest
+    of the grid: the plane's normalized xyz, (2-D, 3), the same values."""
+    axes = _voxel_axes(box, None, device, torch.float32)
+    axes[axis] = axes[axis][index:index + 1]
+    gz, gy, gx = torch.meshgrid(*axes, indexing="ij")
+    return torch.stack((gx, gy, gz), dim=-1).select(axis, 0)
