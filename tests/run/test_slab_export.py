@@ -4,6 +4,7 @@ that does not divide Z); the header statistics are those of the whole volume."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import mrcfile
@@ -70,17 +71,19 @@ def test_torch_slabs_write_the_numpy_slabs_file(tmp_path):
 
 
 @pytest.mark.gpu
-def test_gpu_slabs_keep_the_data_and_the_header_statistics(tmp_path):
-    """Slabs on a GPU (finiteness and plane statistics computed there) write the same data bytes;
-    the header's min, max and mean are the numpy ones and its rms agrees to one float32 ulp; a
-    non-finite GPU slab still leaves no file."""
+@pytest.mark.parametrize("planes", [1, 4])
+def test_gpu_slabs_keep_the_data_and_the_header_statistics(tmp_path, planes):
+    """Slabs on a GPU (finiteness and plane statistics computed there, copied into reused pinned
+    buffers: nine slabs through three) write the same data bytes; the header's min, max and mean
+    are the numpy ones and its rms agrees to one float32 ulp; a non-finite GPU slab still leaves
+    no file."""
     import torch
 
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
     big = (RNG.normal(size=(9, 300, 200)) * 40 + 3).astype(np.float32)
     one = write_mrc(tmp_path / "one.mrc", big, 1.5, labels=["x"])
-    slabs = ((z, torch.from_numpy(big[z:z + 4]).cuda()) for z in range(0, big.shape[0], 4))
+    slabs = ((z, torch.from_numpy(big[z:z + planes]).cuda()) for z in range(0, big.shape[0], planes))
     gpu = write_mrc_slabs(tmp_path / "gpu.mrc", big.shape, slabs, MrcHeader(1.5, ("x",)))
     a, b = _bytes(one), _bytes(gpu)
     assert a[1024:] == b[1024:]
@@ -159,3 +162,51 @@ def test_run_writes_one_mrc_by_default_and_h5_on_request(tmp_path, caplog):
     np.testing.assert_array_equal(mrc, h5)
     assert attrs["config"]["output"]["slab_planes"] == 3
     np.testing.assert_array_equal(mrc, read_volume(tmp_path / "a" / "volume.mrc")[0])  # same seed, same run
+
+
+def test_host_buffers_are_reused_only_after_the_writer_released_them(tmp_path):
+    """The GPU slabs' host buffers (here pageable, the pinning needs a GPU): at most three exist,
+    a buffer comes back only once its slab is in the file, a larger slab gets a larger buffer, and
+    the file holds every slab's values."""
+    import os
+
+    import torch
+
+    from fasttomo.data.io.mrc import SlabWriter, _HostBuffers
+
+    vol = (RNG.normal(size=(12, 5, 6)) * 10).astype(np.float32)
+    sizes = [1, 1, 2, 1, 3, 1, 3]  # one slab grows past the buffers made so far
+    buffers, seen, z = _HostBuffers(count=3, pin=False), set(), 0
+    path = tmp_path / "raw.bin"
+    with open(path, "wb+") as f, SlabWriter(f.fileno()) as writer:
+        for dz in sizes:
+            host, release = buffers.copy(torch.from_numpy(vol[z:z + dz]).clone())
+            seen.add(host.__array_interface__["data"][0])
+            np.testing.assert_array_equal(host, vol[z:z + dz])
+            writer.put(host, z * vol[0].nbytes, release)
+            assert buffers.made <= 3
+            z += dz
+        writer.close()
+        assert os.path.getsize(path) == vol.nbytes
+    np.testing.assert_array_equal(np.fromfile(path, dtype=np.float32).reshape(vol.shape), vol)
+    assert buffers.made == 3 and len(seen) >= 4  # reused, and made again for the larger slabs
+
+
+def test_slab_writer_releases_what_it_skips_after_a_failed_write(tmp_path):
+    """A slab queued behind a failed write is not written, but its buffer is released (the GPU
+    export would otherwise wait for one forever); the failure is raised by close."""
+    import threading
+
+    from fasttomo.data.io.mrc import SlabWriter
+
+    released, first_done = [], threading.Event()
+    with open(tmp_path / "v.bin", "wb+") as f:
+        writer = SlabWriter(f.fileno())
+        writer.put(np.ones(4, np.float32), 0, lambda: (first_done.wait(5), released.append(0)))
+        writer.put(np.ones(4, np.float32), -16, lambda: released.append(1))  # a negative offset fails
+        threading.Timer(0.3, first_done.set).start()
+        writer.put(np.full(4, 7, np.float32), 16, lambda: released.append(2))  # queued behind it
+        with pytest.raises(OSError):
+            writer.close()
+        assert released == [0, 1, 2]
+        assert os.path.getsize(tmp_path / "v.bin") == 16  # the slab behind the failure was skipped

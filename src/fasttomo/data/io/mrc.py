@@ -385,25 +385,89 @@ class _PlaneStats:
         header.rms = np.float32(math.sqrt(max(self.m2, 0.0) / max(self.n, 1)))
 
 
-def _device_slab(slab):
-    """(host float32 array, finite, per-plane (mean, m2, min, max) or None) of a slab that is a
-    torch tensor on a GPU: the finiteness test and the plane statistics run there (float64, one
-    plane at a time, so they depend on the plane's values alone), then one copy to the host; None
-    for anything else (numpy does all of it on the host)."""
+def _device_slab(slab, buffers: "_HostBuffers"):
+    """(host float32 array, finite, per-plane (mean, m2, min, max) or None, release or None) of a
+    slab that is a torch tensor on a GPU: the finiteness test and the plane statistics run there
+    (float64, one plane at a time, so they depend on the plane's values alone), then one copy into
+    a reused host buffer of ``buffers`` (``release`` hands it back once written); None for anything
+    else (numpy does all of it on the host)."""
     if type(slab).__module__.split(".")[0] != "torch" or slab.device.type == "cpu":
         return None
     import torch
 
     t = slab.detach().to(torch.float32)
     if not bool(torch.isfinite(t).all()):
-        return None, False, None
+        return None, False, None, None
     rows = []
     for p in t:
         mean = p.mean(dtype=torch.float64)
         m2 = (p - mean.to(torch.float32)).to(torch.float64).square().sum()
         rows.append(torch.stack([mean, m2, p.min().to(torch.float64), p.max().to(torch.float64)]))
     moments = torch.stack(rows).cpu().numpy() if rows else np.zeros((0, 4))
-    return t.cpu().numpy(), True, moments
+    host, release = buffers.copy(t)
+    return host, True, moments, release
+
+
+class _HostBuffers:
+    """Host buffers that GPU slabs are copied into, reused (at most ``count``: one being filled,
+    one being written; :meth:`copy` waits for the writer to hand one back) and page-locked
+    (``cudaHostRegister``) where the driver allows, so the copy runs at the bus's speed: a fresh
+    array per slab paid for its page faults (1.25 GB/s on the H200's host for a 2048^2 x 512
+    volume). :meth:`close` unlocks them; they are freed with the last slab written from them."""
+
+    def __init__(self, count: int = 2, pin: bool = True):
+        import queue
+
+        self.count, self.made, self.pin = count, 0, pin
+        self._free, self._pinned = queue.Queue(), []
+
+    def copy(self, t) -> tuple[np.ndarray, object]:
+        """(float32 array holding the tensor ``t``'s values, release): ``release()`` returns the
+        buffer for reuse; the array must not be read after it."""
+        import torch
+
+        n = t.numel()
+        buf = self._take(n)
+        torch.from_numpy(buf[:n]).view(t.shape).copy_(t)
+        return buf[:n].reshape(t.shape), lambda: self._free.put(buf)
+
+    def _take(self, n: int) -> np.ndarray:
+        """A free buffer of at least ``n`` floats: a returned one, a new one while fewer than
+        ``count`` exist, else the next one the writer returns."""
+        import queue
+
+        while True:
+            try:
+                buf = self._free.get_nowait() if self.made < self.count else self._free.get()
+            except queue.Empty:
+                buf = None
+            if buf is not None and buf.size >= n:
+                return buf
+            if buf is not None:  # too small for this slab: dropped, made again at its size
+                self.made -= 1
+                continue
+            self.made += 1
+            return self._new(n)
+
+    def _new(self, n: int) -> np.ndarray:
+        buf = np.empty(n, dtype=np.float32)
+        if self.pin:
+            try:
+                import torch
+
+                self.pin = int(torch.cuda.cudart().cudaHostRegister(buf.ctypes.data, buf.nbytes, 0)) == 0
+            except Exception:  # noqa: BLE001 - no driver, no runtime binding: pageable copies
+                self.pin = False
+            if self.pin:
+                self._pinned.append(buf)
+        return buf
+
+    def close(self) -> None:
+        """Unlock the page-locked buffers (each stays valid memory until its last user drops it)."""
+        while self._pinned:
+            import torch
+
+            torch.cuda.cudart().cudaHostUnregister(self._pinned.pop().ctypes.data)
 
 
 class SlabWriter:
@@ -430,19 +494,25 @@ class SlabWriter:
             item = self._queue.get()
             if item is None:
                 return
-            if self.error is None:
-                try:
+            data, offset, release = item
+            try:
+                if self.error is None:
                     t0 = time.perf_counter()
-                    _pwrite_all(self.fd, *item)
-                    _start_writeback(self.fd, item[1], item[0].nbytes)
+                    _pwrite_all(self.fd, data, offset)
+                    _start_writeback(self.fd, offset, data.nbytes)
                     self.seconds["write"] += time.perf_counter() - t0
-                except BaseException as exc:  # noqa: BLE001 - raised in the caller's thread
-                    self.error = exc
+            except BaseException as exc:  # noqa: BLE001 - raised in the caller's thread
+                self.error = exc
+            finally:
+                if release is not None:
+                    release()
 
-    def put(self, data: np.ndarray, offset: int) -> None:
+    def put(self, data: np.ndarray, offset: int, release=None) -> None:
+        """Queue ``data`` for the file at byte ``offset``; ``release()`` is called once it is
+        written (or skipped after an error)."""
         self._raise()
         t0 = time.perf_counter()
-        self._queue.put((np.ascontiguousarray(data), offset))
+        self._queue.put((np.ascontiguousarray(data), offset, release))
         self.seconds["queue_wait"] += time.perf_counter() - t0
 
     def close(self) -> None:
@@ -527,15 +597,23 @@ def write_mrc_slabs(path: str | os.PathLike, shape_zyx: tuple[int, int, int], sl
     plane_bytes = 4 * shape[1] * shape[2]
 
     def _write(tmp: str) -> None:
-        stats, nxt = _PlaneStats(), 0
+        stats = _PlaneStats()
+        buffers = _HostBuffers()
+        try:
+            _write_slabs(tmp, buffers, stats)
+        finally:
+            buffers.close()
+
+    def _write_slabs(tmp: str, buffers: _HostBuffers, stats: _PlaneStats) -> None:
+        nxt = 0
         with mrcfile.new_mmap(tmp, shape, mrc_mode=2, overwrite=True) as m, open(tmp, "r+b") as f, \
                 SlabWriter(f.fileno()) as writer:
             offset = int(m.data.offset)
             for z0, slab in slabs:
                 t0 = time.perf_counter()
-                on_device = _device_slab(slab)
+                on_device = _device_slab(slab, buffers)
                 seconds["copy_to_host"] = seconds.get("copy_to_host", 0.0) + time.perf_counter() - t0
-                part, finite, moments = on_device or (np.asarray(slab, dtype=np.float32), None, None)
+                part, finite, moments, release = on_device or (np.asarray(slab, dtype=np.float32), None, None, None)
                 if finite is False:
                     raise NonFiniteSlab(f"{path}: planes from {z0} on hold non-finite values.")
                 if z0 != nxt or part.ndim != 3 or part.shape[1:] != shape[1:] or z0 + part.shape[0] > shape[0]:
@@ -543,7 +621,7 @@ def write_mrc_slabs(path: str | os.PathLike, shape_zyx: tuple[int, int, int], sl
                                         f"{shape} at plane {nxt}.")
                 if not (np.isfinite(part).all() if finite is None else finite):
                     raise NonFiniteSlab(f"{path}: planes {z0}..{z0 + part.shape[0] - 1} hold non-finite values.")
-                writer.put(part.astype(m.data.dtype, copy=False), offset + z0 * plane_bytes)
+                writer.put(part.astype(m.data.dtype, copy=False), offset + z0 * plane_bytes, release)
                 if moments is None:
                     for plane in part:
                         stats.add_plane(plane)
