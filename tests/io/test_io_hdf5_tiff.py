@@ -156,3 +156,13 @@ def test_tiff_imagej_spacing_in_nm(tmp_path):
     tifffile.imwrite(p, make_stack(), imagej=True, resolution=(1 / 0.25, 1 / 0.25), metadata={"unit": "nm"})
     t = write_tlt(tmp_path / "nm.tlt", ANGLES5)
     assert load_tiltseries(data_cfg(source="tiff", path=str(p), angles=t)).pixel_size == pytest.approx(2.5)
+
+
+def test_a_tilt_series_with_non_finite_pixels_names_their_count_and_the_first():
+    """The check runs view by view (no stack-sized mask) and still counts every bad pixel."""
+    from fasttomo.data.tiltseries import TiltSeriesError
+
+    stack = make_stack()
+    stack[2, 4, 5], stack[2, 7, 1], stack[4, 0, 0] = np.nan, np.inf, -np.inf
+    with pytest.raises(TiltSeriesError, match=r"3 NaN/Inf pixels \(first at view, row, col = \[2, 4, 5\]\)"):
+        TiltSeries(stack=stack, angles=ANGLES5, pixel_size=1.0)

@@ -77,8 +77,10 @@ def _tile_means(stack: np.ndarray, valid: np.ndarray | None, block: int) -> tupl
     ty, tx = h // block, w // block
     # centre the tiling (edge rows/columns that do not fill a tile are left out symmetrically)
     y0, x0 = (h - ty * block) // 2, (w - tx * block) // 2
-    i, j = np.meshgrid(np.arange(ty * block), np.arange(tx * block), indexing="ij")
-    a_mask = ((i + j) % 2 == 0)[None]
+    strided = valid is None and block % 2 == 0  # every half holds block^2 / 2 pixels: strided sums, no copies
+    if not strided:
+        i, j = np.meshgrid(np.arange(ty * block), np.arange(tx * block), indexing="ij")
+        a_mask = ((i + j) % 2 == 0)[None]
     out_a, out_b = np.empty((n, ty, tx)), np.empty((n, ty, tx))
 
     def means(s: np.ndarray, ok: np.ndarray, mask: np.ndarray) -> np.ndarray:
@@ -91,7 +93,7 @@ def _tile_means(stack: np.ndarray, valid: np.ndarray | None, block: int) -> tupl
 
     def views(lo: int, hi: int) -> None:
         cut = (slice(lo, hi), slice(y0, y0 + ty * block), slice(x0, x0 + tx * block))
-        if valid is None and block % 2 == 0:  # every half holds block^2 / 2 pixels: strided sums, no copies
+        if strided:
             out_a[lo:hi], out_b[lo:hi] = _checker_means(np.asarray(stack[cut]), ty, tx, block)
             return
         s = np.asarray(stack[cut], dtype=np.float64)

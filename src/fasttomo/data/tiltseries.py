@@ -99,13 +99,14 @@ class TiltSeries:
             if not valid.any():
                 raise TiltSeriesError(f"{where}: the validity mask marks every pixel invalid; nothing to fit.")
             self.valid = None if valid.all() else np.ascontiguousarray(valid)
-        bad = ~np.isfinite(self.stack)
-        if bad.any():
-            first = np.argwhere(bad)[0].tolist()
-            raise TiltSeriesError(
-                f"{where}: stack has {int(bad.sum())} NaN/Inf pixels (first at view, row, col = {first}); "
-                "repair the data or set data.nonfinite=mask to ignore those pixels."
-            )
+        for k, view in enumerate(self.stack):  # view by view: no stack-sized bool array
+            if not np.isfinite(view).all():
+                first = [k, *np.argwhere(~np.isfinite(view))[0].tolist()]
+                count = sum(int((~np.isfinite(v)).sum()) for v in self.stack[k:])
+                raise TiltSeriesError(
+                    f"{where}: stack has {count} NaN/Inf pixels (first at view, row, col = {first}); "
+                    "repair the data or set data.nonfinite=mask to ignore those pixels."
+                )
         if not (isinstance(self.pixel_size, (int, float)) and math.isfinite(self.pixel_size) and self.pixel_size > 0):
             raise TiltSeriesError(
                 f"{where}: pixel_size must be a positive number of Angstrom, got {self.pixel_size!r}; "
