@@ -26,8 +26,9 @@ RESULTS = ROOT / "benchmarks" / "results"
 
 
 def timed_process(cmd: list[str], env: dict, cwd: Path, log: Path) -> tuple[float, int, int]:
-    """Run ``cmd`` with its output in ``log``; returns (wall seconds, peak resident bytes of that
-    child alone (os.wait4), exit code)."""
+    """Run ``cmd`` with its output in ``log``; returns (wall seconds, peak resident bytes of the
+    child (os.wait4's ru_maxrss: on Linux at least this process's own peak when the child
+    started, so prefer the child's own VmHWM where it reports one), exit code)."""
     import os
     import time
 
