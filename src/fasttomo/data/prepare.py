@@ -216,10 +216,21 @@ def crop_stack(stack, valid, angles, crop: list, where: str):
 
 
 def _view_stats(stack: np.ndarray, valid: np.ndarray | None):
-    means, stds = np.empty(len(stack)), np.empty(len(stack))
+    """Each view's mean and standard deviation over its valid pixels (float64 sums), through one
+    reused view-sized buffer: a 4096^2 view's temporaries otherwise cost page faults every view."""
+    means, stds = np.zeros(len(stack)), np.zeros(len(stack))
+    buf = None
     for i, img in enumerate(stack):
         v = img if valid is None else img[valid[i]]
-        means[i], stds[i] = (float(v.mean()), float(v.std())) if v.size else (0.0, 0.0)
+        if not v.size:
+            continue
+        if buf is None or buf.size < v.size:
+            buf = np.empty(v.size, dtype=np.float32)
+        dev = buf[: v.size].reshape(v.shape)
+        means[i] = float(v.mean(dtype=np.float64))
+        np.subtract(v, np.float32(means[i]), out=dev)
+        np.square(dev, out=dev)
+        stds[i] = math.sqrt(float(dev.mean(dtype=np.float64)))
     return means, stds
 
 
