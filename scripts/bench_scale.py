@@ -211,7 +211,8 @@ def row_of(case: str, method: str, m: dict) -> dict:
            "peak_gpu_before_scoring_GB": (_r(tl["peak_gpu_bytes_before_scoring"] / 1e9)
                                           if tl.get("peak_gpu_bytes_before_scoring") else None),
            "peak_host_GB_at": {k: _r(v / 1e9) for k, v in (tl.get("peak_host_bytes_at") or {}).items() if v},
-           "peak_host_GB": _r((tl.get("peak_host_bytes") or m["_peak_host_bytes"]) / 1e9), "steps": m.get("steps"), "plane_tv": m.get("plane_tv")}
+           "peak_host_GB": _r((tl.get("peak_host_bytes") or m["_peak_host_bytes"]) / 1e9),  # the run's own
+           "steps": m.get("steps"), "plane_tv": m.get("plane_tv")}
     if method == "sirt" and m.get("curve"):
         best = max(m["curve"], key=lambda r: r.get("pearson_global") or -1)
         row.update(method=f"sirt-{best['step']}", variant=f"sirt-{best['step']}", pearson=best.get("pearson_global"),
