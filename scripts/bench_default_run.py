@@ -79,7 +79,8 @@ def main() -> None:
         rows.append({"variant": f"default-{cache}-cache" if gpu else "default", "cache": cache,
                      "process_wall_s": round(wall, 2), "train_seconds": m.get("train_seconds"),
                      "steps": m.get("steps"), "pearson": m.get("pearson_global"),
-                     "peak_host_GB": round(peak / 1e9, 3), "timeline": m.get("timeline")})
+                     "peak_host_GB": round(((m.get("timeline") or {}).get("peak_host_bytes") or peak) / 1e9, 3),
+                     "timeline": m.get("timeline")})  # the run's own peak (VmHWM): wait4's carries this script's over
     t_import = statistics.median(imports)
     for r in rows:
         r["torch_import_s"] = round(t_import, 2)
