@@ -13,7 +13,9 @@ overrides and ``evaluation.truth`` (scoring only). The numbers come from each ru
     fixed_seconds     start (process start to the run's start: imports, Hydra), data (reading,
                       preparing, building, up to the first training step), first_step (compile,
                       capture), validation, export (the volume evaluated and written), scoring
-                      (against the truth)
+                      (against the truth), checkpoint (its copy and write), pictures (slices, loss,
+                      FSC and report pictures), exit (metrics.json, the closing summary, the
+                      interpreter's exit)
     pearson, pearson_fg, fsc05_A      against the truth (null without one)
     halfset_fsc0143_A                  with --half-sets (a second, even/odd run of each method)
     estimate_GB, estimate_over_peak    with --estimate: the dry run's memory estimate and its ratio to the
@@ -204,7 +206,10 @@ def row_of(case: str, method: str, m: dict) -> dict:
            "fixed_seconds": {"start": _r(start), "data": _r(train_start - start if train_start is not None else None),
                              "first_step": _r(first), "validation": _r(val if first is not None else None),
                              "export": _r(tl.get("export_s", m.get("export_seconds"))),  # SIRT: export_seconds
-                             "scoring": _r(tl.get("scoring_s"))},
+                             "scoring": _r(tl.get("scoring_s")), "checkpoint": _r(tl.get("checkpoint_s")),
+                             "pictures": _r(tl.get("pictures_s")),
+                             "exit": _r(m["_process_seconds"] - tl["process_to_end_s"]
+                                        if tl.get("process_to_end_s") is not None else None)},
            "pearson": m.get("pearson_global"), "pearson_fg": m.get("pearson_foreground"),
            "fsc05_A": m.get("fsc05_A"), "halfset_fsc0143_A": None,
            "peak_gpu_GB": _r(tl["peak_gpu_bytes"] / 1e9) if tl.get("peak_gpu_bytes") else None,

@@ -162,10 +162,13 @@ def finish_files(run, pictures: bool = True) -> None:
     the wall time and metrics.json; what cannot be written is recorded in ``run.failed``."""
     metrics = run.metrics
     metrics["wall_seconds"] = time.perf_counter() - run.place.t0  # again below, with the pictures
+    t_pictures = time.perf_counter()
     if pictures:
         _pictures(run)
     metrics["wall_seconds"] = time.perf_counter() - run.place.t0
     if "timeline" in metrics:
+        scoring = metrics["timeline"].get("scoring_s") or 0.0
+        metrics["timeline"]["pictures_s"] = round(time.perf_counter() - t_pictures - scoring, 3)
         metrics["timeline"]["process_to_end_s"] = round(timeline.since_start(), 3)
         metrics["timeline"]["peak_host_bytes"] = timeline.peak_rss_bytes()
         metrics["timeline"]["peak_gpu_bytes"] = (torch.cuda.max_memory_allocated() if torch.cuda.is_initialized()

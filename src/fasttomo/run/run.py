@@ -70,6 +70,7 @@ class Run:
         self.failed: dict = {}
         self.metrics: dict = {}
         self.state: dict | None = None
+        self.checkpoint_s: float | None = None
         self.half_curves: dict | None = None
 
     # ------------------------------------------------------------------------------ the whole run
@@ -184,9 +185,11 @@ class Run:
         elif not self._export_slabs(attrs):
             self._export_whole(attrs)
         self.finite = broadcast_object(self.finite)  # every rank takes the same branches (half sets are collective)
+        t_save = time.perf_counter()
         self.state = self.method.state()
         if self.main and self.state is not None:
             results.save_checkpoint(self.out_dir, self.state, self.written, self.failed)
+            self.checkpoint_s = time.perf_counter() - t_save
 
     def _export_slabs(self, attrs: dict) -> bool:
         """One process, mrc among the formats, a method with ``volume_slabs`` (SIRT): volume.mrc
@@ -222,6 +225,8 @@ class Run:
         if self.main:
             self.metrics = self.method.summary(self.volume)
             self.metrics["status"] = ("interrupted" if self.interrupted else "finished") if self.finite else "diverged"
+            if "timeline" in self.metrics and self.checkpoint_s is not None:
+                self.metrics["timeline"]["checkpoint_s"] = round(self.checkpoint_s, 3)
             self.method.scores(self.metrics, self.exported_step)
             if "poses" in self.metrics:
                 results.write_pose_files(self.out_dir, self.metrics["poses"], self.ts, self.written, self.failed)
