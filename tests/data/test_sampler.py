@@ -73,6 +73,20 @@ def test_dataloader_with_workers_matches_device():
         assert_same(snap(dev.next_batch()), snap(dl.next_batch()))
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("masked", [False, True])
+def test_cuda_stack_is_the_host_normalization_bit_for_bit(masked):
+    """On a GPU the stack is uploaded as it is and divided there (two upload slabs here): the
+    float32 values, bit for bit, of the host's normalization (numpy's division, masked pixels 0)."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    ts = random_series(5, 1900, 1800, seed=3, valid=masked)  # 17.1 M pixels: more than one slab of 2^24
+    s = DeviceBatchSampler(ts, cfg(), seed=0, device=torch.device("cuda"))
+    host = s._host_stack()
+    assert np.array_equal(s._stack_d.cpu().numpy().view(np.uint32), host.view(np.uint32))
+    assert (host == 0).any() == masked
+
+
 def test_batch_contents_are_the_pixels():
     ts = make_ts(valid=True)
     s = build_sampler(ts, cfg(), seed=1, device=CPU)

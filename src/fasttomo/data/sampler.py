@@ -505,8 +505,8 @@ class DeviceBatchSampler(RaySampler):
                  rank: int = 0, world_size: int = 1, offset: float = 0.0) -> None:
         super().__init__(ts, cfg, seed=seed, device=device, rank=rank, world_size=world_size, offset=offset)
         dev = self.device
-        self._stack_d = self._device_stack()
         self._valid_d = None if self._valid is None else torch.from_numpy(self._valid.view(np.uint8)).to(dev)
+        self._stack_d = self._device_stack()
         self._units_d = None if self._units_cpu is None else self._units_cpu.to(dev)
         self._order_d: torch.Tensor | None = None
         self._chunk: tuple[int, int] | None = None  # order=hashed: (epoch, chunk) held in _order_d
@@ -528,13 +528,24 @@ class DeviceBatchSampler(RaySampler):
         )
 
     def _device_stack(self) -> torch.Tensor:
-        """The normalized stack on the device, normalized on the host a slab at a time (the same
-        float32 values as :meth:`_host_stack`, without a second whole copy in host memory)."""
+        """The normalized stack on the device: the same float32 values as :meth:`_host_stack`,
+        without a second whole copy in host memory. On a GPU the stack's own values are uploaded a
+        slab at a time and divided there (by the scale as a device tensor, which divides exactly as
+        numpy does; a CPU scalar would multiply by its reciprocal); elsewhere each slab is
+        normalized on the host."""
         n = int(self._stack.size)
         out = torch.empty(n, dtype=torch.float32, device=self.device)
         step = 1 << 24
+        if self.device.type != "cuda" or self._stack.dtype != np.float32:
+            for lo in range(0, n, step):
+                out[lo:lo + step].copy_(torch.from_numpy(self._normalized(lo, min(n, lo + step))))
+            return out
+        flat = self._stack.reshape(-1)
         for lo in range(0, n, step):
-            out[lo:lo + step].copy_(torch.from_numpy(self._normalized(lo, min(n, lo + step))))
+            out[lo:lo + step].copy_(torch.from_numpy(np.ascontiguousarray(flat[lo:lo + step])))
+        out.div_(torch.tensor(np.float32(self.scale), device=self.device))
+        if self._valid_d is not None:
+            out.masked_fill_(self._valid_d == 0, 0.0)
         return out
 
     def _materialize(self, epoch: int) -> None:
