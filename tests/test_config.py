@@ -310,3 +310,16 @@ def test_an_old_refined_run_keeps_learning_z1():
     assert from_dict(Config, upgrade({**old, "pose": {**old["pose"], "learn_z1": False}})).pose.learn_z1 is False
     fixed = to_dict(Config())
     assert "learn_z1" not in upgrade(fixed)["pose"]   # fixed poses read no such key
+
+
+def test_the_validation_cadence_follows_the_step_count_unless_given():
+    """logging.val_every=null: every 100 steps up to 2500 (the embedded run's 1500 included), then
+    about 25 checks a run; a given value is kept; 0 is refused with the key named."""
+    from fasttomo.train.trainer import TrainerConfig, auto_val_every
+
+    assert [auto_val_every(s) for s in (150, 1500, 2500, 2750, 4000, 5250, 6500)] == [100, 100, 100, 150, 200,
+                                                                                         250, 300]
+    assert TrainerConfig.from_config(compose_config(["optim.steps=5250"])).val_every == 250
+    assert TrainerConfig.from_config(compose_config(["optim.steps=5250", "logging.val_every=70"])).val_every == 70
+    with pytest.raises(ConfigError, match="logging.val_every"):
+        compose_config(["logging.val_every=0"])

@@ -937,8 +937,10 @@ class GuardConfig:
 class LoggingConfig:
     log_every: int = 25
     """Scalars (losses, learning rates, step time) every N steps."""
-    val_every: int = 100
-    """Validation loss (fp32) every N steps."""
+    val_every: Optional[int] = None
+    """Validation loss (fp32) every N steps; null: every max(100, 50 x ceil(optim.steps / 1250))
+    steps (100 up to 1250 steps; about 25 checks in longer runs, so a camera-sized run spends no
+    more of its time validating than a short one)."""
     image_every: int = 200
     """Central-slice images to TensorBoard every N steps (0: only at the end)."""
     tensorboard: bool = True
@@ -957,7 +959,9 @@ class LoggingConfig:
     def __post_init__(self) -> None:
         for name in ("log_every", "val_every"):
             v = getattr(self, name)
-            _require(isinstance(v, int) and v >= 1, f"logging.{name}", f"must be an integer >= 1, got {v!r}.")
+            _require((v is None and name == "val_every") or (isinstance(v, int) and v >= 1), f"logging.{name}",
+                     f"must be an integer >= 1{' or null (sized from optim.steps)' if name == 'val_every' else ''}, "
+                     f"got {v!r}.")
         for name in ("image_every", "checkpoint_every"):
             v = getattr(self, name)
             _require(isinstance(v, int) and v >= 0, f"logging.{name}", f"must be an integer >= 0, got {v!r}.")

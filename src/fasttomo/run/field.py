@@ -79,8 +79,8 @@ class FieldMethod:
             trainer.fit()
             return
         stop.phase = "training"
-        log.info("training from step %d to %d (Ctrl-C or SIGTERM: stop after the current step and save)",
-                 trainer.step, self.cfg.optim.steps)
+        log.info("training from step %d to %d, validation every %d steps (Ctrl-C or SIGTERM: stop after the current "
+                 "step and save)", trainer.step, self.cfg.optim.steps, trainer.cfg.val_every)
         self._t_fit = time.perf_counter()
         self._peak_rss["training_start"] = timeline.peak_rss_bytes()
         try:

@@ -56,9 +56,16 @@ class TrainerConfig:
         o, lg = cfg.optim, cfg.logging
         return cls(steps=o.steps, grad_clip=o.grad_clip, keep_best=o.keep_best, early_stop=o.early_stop,
                    pose_start_step=getattr(cfg.pose, "start_step", 0), log_every=lg.log_every,
-                   val_every=lg.val_every, image_every=lg.image_every, tensorboard=lg.tensorboard,
+                   val_every=lg.val_every or auto_val_every(o.steps), image_every=lg.image_every,
+                   tensorboard=lg.tensorboard,
                    progress=lg.progress, checkpoint_every=lg.checkpoint_every,
                    curve_every=cfg.evaluation.curve_every, guard=cfg.guard)
+
+
+def auto_val_every(steps: int) -> int:
+    """logging.val_every=null: a check every max(100, 50 x ceil(steps / 1250)) steps, so at most
+    about 25 checks however long the run (at 2048^2 x 121 a check costs 3.3 training steps)."""
+    return max(100, 50 * -(-int(steps) // 1250))
 
 
 VAL_CHUNK_FLOATS = 1 << 28
