@@ -13,9 +13,9 @@ overrides and ``evaluation.truth`` (scoring only). The numbers come from each ru
     fixed_seconds     start (process start to the run's start: imports, Hydra), data (reading,
                       preparing, building, up to the first training step), first_step (compile,
                       capture), validation, export (the volume evaluated and written), scoring
-                      (against the truth), checkpoint (its copy and write), pictures (slices, loss,
-                      FSC and report pictures), exit (metrics.json, the closing summary, the
-                      interpreter's exit)
+                      (against the truth), checkpoint (its copy to the host and the wait for its
+                      background write), pictures (slices, loss, FSC and report pictures), exit
+                      (metrics.json, the closing summary, the interpreter's exit)
     pearson, pearson_fg, fsc05_A      against the truth (null without one)
     halfset_fsc0143_A                  with --half-sets (a second, even/odd run of each method)
     estimate_GB, estimate_over_peak    with --estimate: the dry run's memory estimate and its ratio to the
@@ -187,6 +187,11 @@ def dry_estimate(case: str, files: dict, method: str, work: Path, python: str) -
     return float(found.group(1)) * _UNITS[found.group(2)] if found else None
 
 
+def _waited(ckpt):
+    """The run's seconds for its checkpoint: the copy to the host and the wait for its background write."""
+    return ckpt.get("copy", 0.0) + ckpt.get("wait", 0.0) if isinstance(ckpt, dict) else ckpt
+
+
 def _r(x, nd: int = 3):
     return None if x is None else round(float(x), nd)
 
@@ -206,7 +211,7 @@ def row_of(case: str, method: str, m: dict) -> dict:
            "fixed_seconds": {"start": _r(start), "data": _r(train_start - start if train_start is not None else None),
                              "first_step": _r(first), "validation": _r(val if first is not None else None),
                              "export": _r(tl.get("export_s", m.get("export_seconds"))),  # SIRT: export_seconds
-                             "scoring": _r(tl.get("scoring_s")), "checkpoint": _r(tl.get("checkpoint_s")),
+                             "scoring": _r(tl.get("scoring_s")), "checkpoint": _r(_waited(tl.get("checkpoint_s"))),
                              "pictures": _r(tl.get("pictures_s")),
                              "exit": _r(m["_process_seconds"] - tl["process_to_end_s"]
                                         if tl.get("process_to_end_s") is not None else None)},

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from fasttomo.config import DataConfig
 from fasttomo.data.phantom import make_tiltseries
@@ -274,12 +275,13 @@ def test_moments_stream_before_the_fsc_does(monkeypatch):
         assert mixed[region] == whole[region]
 
 
-@pytest.mark.parametrize("headroom", [2.0, 1e12])
-def test_a_large_pair_scored_from_the_scoring_device_agrees_with_the_host(monkeypatch, headroom):
+@pytest.mark.parametrize("headroom, given", [(2.0, False), (2.0, True), (1e12, False)])
+def test_a_large_pair_scored_from_the_scoring_device_agrees_with_the_host(monkeypatch, headroom, given):
     """Above WHOLE_VOLUME_MAX_VOXELS the pair is copied to the scoring device once when it has room
-    (here the CPU stands in for the GPU; a headroom of 1e12 leaves it on the host) and the moments
-    and the FSC crops read it there: the scores of the host's numpy path, the FSC to float32
-    rounding. The volumes given are memory maps and stay unchanged."""
+    (here the CPU stands in for the GPU; a headroom of 1e12 leaves it on the host), or only the
+    truth when the volume is given there already (the export's copy), and the moments and the FSC
+    crops read it there: the scores of the host's numpy path, the FSC to float32 rounding. The
+    volumes given are memory maps and stay unchanged."""
     import fasttomo.quality.metrics as metrics
     import fasttomo.quality.scoring as scoring
     from fasttomo.data.io.mrc import mrc_memmap, write_mrc
@@ -297,8 +299,11 @@ def test_a_large_pair_scored_from_the_scoring_device_agrees_with_the_host(monkey
         mv, mt = (mrc_memmap(write_mrc(Path(d) / f"{n}.mrc", a, 2.0)) for n, a in (("v", vol), ("t", truth)))
         monkeypatch.setattr(metrics, "scoring_device", lambda: "cpu")
         monkeypatch.setattr(scoring, "SCORING_DEVICE_HEADROOM", headroom)
-        assert (scoring.on_scoring_device(mv, mt) is None) == (headroom > 2)
-        dev, _ = scoring.score_against_truth(mv, mt, 2.0, tilt_range=(-60, 60))
+        kept = torch.from_numpy(vol.copy()) if given else None
+        assert (scoring.on_scoring_device(mv, mt, kept) is None) == (headroom > 2)
+        if given:
+            assert scoring.on_scoring_device(mv, mt, kept)[0] is kept
+        dev, _ = scoring.score_against_truth(mv, mt, 2.0, tilt_range=(-60, 60), vol_on_device=kept)
         np.testing.assert_array_equal(mv, vol)
     for key in ("pearson_global", "pearson_foreground", "foreground_fraction", "mse", "psnr_dB", "data_range"):
         assert dev[key] == pytest.approx(host[key], rel=1e-9), key

@@ -214,3 +214,38 @@ def test_slab_writer_releases_what_it_skips_after_a_failed_write(tmp_path):
             writer.close()
         assert released == [0, 1, 2]
         assert os.path.getsize(tmp_path / "v.bin") == 16  # the slab behind the failure was skipped
+
+
+@pytest.mark.gpu
+def test_gpu_export_keeps_the_volume_for_the_scoring(tmp_path, monkeypatch):
+    """Given a truth, the slab-wise export on a GPU also keeps the volume there (its copy is the
+    file, bit for bit), and the scores that read that copy (large-volume path: streamed moments,
+    FSC crops) are the scores that read the file; without a truth nothing is kept."""
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    import fasttomo.quality.scoring as scoring
+    from fasttomo.data.load import load_tiltseries
+    from fasttomo.run.outputs import VolumeFiles, export_field
+
+    cfg = compose_config([*TINY, "runtime=cuda", "optim.steps=3", f"output.dir={tmp_path / 'unused'}"])
+    comps = build(cfg, load_tiltseries(cfg.data))
+    trainer = make_trainer(comps)
+    trainer.fit()
+    shape = tuple(comps.box.shape_zyx)
+    truth = np.zeros(shape, np.float32)
+    with trainer.exported_field():
+        vol, written, failed, finite, keep = export_field(trainer, cfg, tmp_path / "a", VolumeFiles(2.0, {}), truth)
+        none = export_field(trainer, cfg, tmp_path / "b", VolumeFiles(2.0, {}))[4]
+    assert finite and not failed and "volume.mrc" in written and none is None
+    assert keep is not None and keep.is_cuda
+    np.testing.assert_array_equal(keep.cpu().numpy(), np.asarray(vol))
+    truth = (np.asarray(vol) + np.random.default_rng(1).normal(0, 0.01, shape)).astype(np.float32)
+    monkeypatch.setattr(scoring, "WHOLE_VOLUME_MAX_VOXELS", 1000)
+    monkeypatch.setattr(scoring, "STREAMED_MOMENTS_ABOVE", 1000)
+    from_file, _ = scoring.score_against_truth(vol, truth, 2.0, tilt_range=(-60, 60))
+    from_copy, _ = scoring.score_against_truth(vol, truth, 2.0, tilt_range=(-60, 60), vol_on_device=keep)
+    for key in ("pearson_global", "pearson_foreground", "mse", "data_range"):
+        assert from_copy[key] == pytest.approx(from_file[key], rel=1e-12), key
+    assert from_copy["fsc"]["fsc"] == from_file["fsc"]["fsc"]

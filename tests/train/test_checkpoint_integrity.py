@@ -85,3 +85,26 @@ def test_resume_from_a_run_folder_takes_the_newest_intact_checkpoint(tmp_path):
     assert find_checkpoint(tmp_path / "run") == old
     with pytest.raises(CheckpointError, match="no checkpoint"):
         find_checkpoint(tmp_path)
+
+
+def test_a_checkpoint_written_in_the_background_saves_the_state_of_its_start(tmp_path):
+    """The run's checkpoint is written on a thread while the run scores and draws: what it saves
+    is the state when it was started, although the run's tensors change right after; join()
+    records the file, or the reason it could not be written (never raises)."""
+    from fasttomo.run.results import CheckpointWrite
+
+    state = _state()
+    before = state["model"]["w"].clone()
+    job = CheckpointWrite(tmp_path, state)
+    state["model"]["w"].zero_()  # the run goes on with its tensors
+    written, failed = {}, {}
+    job.join(written, failed)
+    assert not failed and written == {"checkpoints/last.pt": str(tmp_path / "checkpoints" / "last.pt")}
+    loaded = load_checkpoint(tmp_path / "checkpoints" / "last.pt")
+    assert torch.equal(loaded["model"]["w"], before) and loaded["step"] == 7
+    blocked = tmp_path / "blocked"
+    blocked.mkdir()
+    (blocked / "checkpoints").write_text("a file where the folder goes")
+    written, failed = {}, {}
+    CheckpointWrite(blocked, _state()).join(written, failed)
+    assert not written and "checkpoints/last.pt" in failed and failed["checkpoints/last.pt"]

@@ -62,12 +62,14 @@ def fsc_flat(report: dict) -> dict:
 
 
 def truth_scores(volume: np.ndarray, truth: np.ndarray, voxel_size: float,
-                 tilt_range: tuple[float, float] | None = None) -> tuple[dict, dict]:
+                 tilt_range: tuple[float, float] | None = None,
+                 vol_on_device: torch.Tensor | None = None) -> tuple[dict, dict]:
     """Scores of ``volume`` against ``truth`` (same shape): Pearson global/foreground, MSE, PSNR
     (data range: the truth's max - min), FSC over all of Fourier space and in the measured region
-    and the missing wedge of ``tilt_range``; flat crossing keys (:func:`fsc_flat`) on top. Returns
-    (metrics, FSC curves by region)."""
-    report, curves = score_against_truth(volume, truth, voxel_size, tilt_range=tilt_range)
+    and the missing wedge of ``tilt_range``; flat crossing keys (:func:`fsc_flat`) on top
+    (``vol_on_device``: see :func:`score_against_truth`). Returns (metrics, FSC curves by region)."""
+    report, curves = score_against_truth(volume, truth, voxel_size, tilt_range=tilt_range,
+                                         vol_on_device=vol_on_device)
     report.update(fsc_flat(report))
     return report, curves
 
@@ -274,12 +276,13 @@ many times the pair's float32 bytes (the crops' transforms and the moments' floa
 on top)."""
 
 
-def on_scoring_device(vol: np.ndarray, truth: np.ndarray):
+def on_scoring_device(vol: np.ndarray, truth: np.ndarray, vol_on_device: torch.Tensor | None = None):
     """(volume, truth) as float32 tensors on the scoring GPU, read once from the host (memory maps
     welcome: a slab at a time, each slab's pages released after it), or None where there is no GPU
     or too little free memory (:data:`SCORING_DEVICE_HEADROOM`). Both the streamed moments and the
     FSC crops then read device memory instead of paging the files in once per pass (three passes
-    over a camera-sized pair)."""
+    over a camera-sized pair). ``vol_on_device``: the volume's values already on that device (the
+    export's copy), so only the truth is read."""
     from fasttomo.quality.metrics import host_tensor, scoring_device
 
     device = scoring_device()
@@ -287,14 +290,16 @@ def on_scoring_device(vol: np.ndarray, truth: np.ndarray):
         return None
     from fasttomo.data.io.mrc import drop_mapped_pages
 
-    need = 4 * (vol.size + truth.size)
+    kept = (vol_on_device is not None and tuple(vol_on_device.shape) == tuple(vol.shape)
+            and vol_on_device.device == _indexed(torch.device(device)))
+    need = 4 * (truth.size if kept else vol.size + truth.size)
     free = free_memory_bytes(torch.device(device))
     if free is None or free < SCORING_DEVICE_HEADROOM * need:
         return None
     planes = max(1, (1 << 26) // max(1, int(np.prod(vol.shape[1:]))))
-    out = []
+    out = [vol_on_device.float()] if kept else []
     try:
-        for v in (vol, truth):
+        for v in (truth,) if kept else (vol, truth):
             t = torch.empty(v.shape, dtype=torch.float32, device=device)
             for z0 in range(0, v.shape[0], planes):
                 t[z0:z0 + planes].copy_(host_tensor(np.ascontiguousarray(v[z0:z0 + planes], dtype=np.float32)))
@@ -305,6 +310,13 @@ def on_scoring_device(vol: np.ndarray, truth: np.ndarray):
         torch.cuda.empty_cache()
         return None
     return out[0], out[1]
+
+
+def _indexed(device: torch.device) -> torch.device:
+    """``device`` with its index ("cuda" is the current GPU)."""
+    if device.type == "cuda" and device.index is None:
+        return torch.device("cuda", torch.cuda.current_device())
+    return device
 
 
 def large_fsc(a: np.ndarray, b: np.ndarray, voxel_size_A: float, tilt_range) -> dict:
@@ -318,8 +330,10 @@ def large_fsc(a: np.ndarray, b: np.ndarray, voxel_size_A: float, tilt_range) -> 
 
 
 def score_against_truth(vol: np.ndarray, truth: np.ndarray, voxel_size_A: float, *, tilt_range=None,
-                        data_range: float | None = None, mask: np.ndarray | None = None) -> tuple[dict, dict]:
-    """Pearson (global, foreground), MSE, PSNR, FSC (and measured/wedge FSC with ``tilt_range``).
+                        data_range: float | None = None, mask: np.ndarray | None = None,
+                        vol_on_device: torch.Tensor | None = None) -> tuple[dict, dict]:
+    """Pearson (global, foreground), MSE, PSNR, FSC (and measured/wedge FSC with ``tilt_range``);
+    ``vol_on_device``: ``vol``'s values on the scoring device (:func:`on_scoring_device`).
 
     Returns ``(metrics, curves)``: the JSON-ready dict (keys ``pearson_global``,
     ``pearson_foreground``, ``foreground_fraction``, ``mse``, ``psnr_dB``, ``data_range``,
@@ -336,7 +350,7 @@ def score_against_truth(vol: np.ndarray, truth: np.ndarray, voxel_size_A: float,
     cast = truth.dtype.type  # the span in the truth's own precision, as truth.max() - truth.min() gives it
     t0 = time.perf_counter()
     if large and streamed:
-        vol, truth = on_scoring_device(vol, truth) or (vol, truth)
+        vol, truth = on_scoring_device(vol, truth, vol_on_device) or (vol, truth)
     out = streamed_volume_metrics(vol, truth) if streamed else volume_metrics(vol, truth)
     t_min, t_max = (cast(out.pop("truth_min")), cast(out.pop("truth_max"))) if streamed else (truth.min(), truth.max())
     if data_range is None:

@@ -25,7 +25,7 @@ from fasttomo.quality.metrics import volume_metrics
 from fasttomo.quality.report import number_text
 from fasttomo.quality.scoring import holdout_scores, view_residuals
 from fasttomo.run.build import build, make_trainer
-from fasttomo.run.outputs import export_field, field_slabs, save_checkpoint_file
+from fasttomo.run.outputs import VolumeFiles, export_field, field_slabs, save_checkpoint_file
 from fasttomo.run.place import Place
 from fasttomo.run.preflight import check_free_space, memory_problem
 from fasttomo.train.distributed import broadcast_object
@@ -58,6 +58,8 @@ class FieldMethod:
         self.resumed_from: dict | None = None
         self._t_fit = time.perf_counter()
         self._export_s = 0.0
+        self.volume_on_device = None
+        """The exported volume on the GPU for the scoring against a truth (export_files), or None."""
         self._peak_rss: dict[str, int | None] = {}  # the process's peak resident memory at phase borders
 
     @property
@@ -125,8 +127,11 @@ class FieldMethod:
         (slab by slab into volume.mrc, fasttomo.run.outputs.export_field). Collective."""
         t_export = time.perf_counter()
         self._peak_rss["export_start"] = timeline.peak_rss_bytes()
+        halves = self.cfg.evaluation.half_sets or self.cfg.output.half_volumes  # trained before the scoring
         with self.trainer.exported_field() as exported_step:
-            volume, written, failed, finite = export_field(self.trainer, self.cfg, out_dir, self.ts.pixel_size, attrs)
+            volume, written, failed, finite, self.volume_on_device = export_field(
+                self.trainer, self.cfg, out_dir, VolumeFiles(self.ts.pixel_size, attrs),
+                None if halves else self.ts.ground_truth)
         self._export_s = time.perf_counter() - t_export
         self._peak_rss["export_end"] = timeline.peak_rss_bytes()
         return volume, exported_step, written, failed, finite

@@ -290,32 +290,63 @@ def field_slabs(projector, scale: float, shape_zyx, planes: int):
         yield lo, projector.volume(tuple(shape_zyx), z_range=(lo, hi)) * scale
 
 
-def export_field(trainer, cfg, out_dir: Path, pixel_size: float, attrs: dict):
-    """Evaluate the trainer's field and write the configured volume files; returns (volume,
-    written, failed, finite). Collective under DDP (call it on every rank, inside
-    ``trainer.exported_field()``; ranks other than 0 get (None, {}, {}, True)).
+def scoring_copy(shape, device: torch.device, truth) -> torch.Tensor | None:
+    """An empty float32 volume on the GPU for the slab-wise export to fill beside its file, so that
+    the scoring against ``truth`` reads the volume there instead of reading the file back: only on
+    a GPU, with a truth of the volume's shape, where the free memory holds the pair with the
+    scoring's headroom (``quality.scoring.SCORING_DEVICE_HEADROOM``); else None."""
+    import torch
+
+    from fasttomo.quality.scoring import SCORING_DEVICE_HEADROOM
+
+    if truth is None or device.type != "cuda" or tuple(truth.shape) != tuple(shape):
+        return None
+    if torch.cuda.mem_get_info(device)[0] < SCORING_DEVICE_HEADROOM * 8 * int(np.prod(shape)):
+        return None
+    try:
+        return torch.empty(tuple(int(n) for n in shape), dtype=torch.float32, device=device)
+    except torch.cuda.OutOfMemoryError:
+        return None
+
+
+def _copied(slabs, keep: torch.Tensor):
+    """``slabs`` passed on, each also copied into its planes of ``keep``."""
+    for z0, slab in slabs:
+        keep[z0:z0 + slab.shape[0]].copy_(slab)
+        yield z0, slab
+
+
+def export_field(trainer, cfg, out_dir: Path, files: VolumeFiles, truth=None):
+    """Evaluate the trainer's field and write the configured volume files (``files``: voxel size
+    and attributes); returns (volume,
+    written, failed, finite, the volume on the GPU or None). Collective under DDP (call it on every
+    rank, inside ``trainer.exported_field()``; ranks other than 0 get (None, {}, {}, True, None)).
 
     One process with mrc among the formats: the volume is evaluated slab by slab (output.slab_planes,
     or sized from the free memory) straight into volume.mrc (:func:`export_slabs`), and the volume
     handed back is a read-only map of that file, so the other formats, the pictures (central
-    slices) and the scores page it in as they need it. Otherwise (DDP, no mrc, a volume.mrc that
-    cannot be written or a non-finite slab) the whole volume is evaluated in memory as before."""
+    slices) and the scores page it in as they need it; with a ``truth`` to score against, the slabs
+    are also kept on the GPU where it has room (:func:`scoring_copy`). Otherwise (DDP, no mrc, a
+    volume.mrc that cannot be written or a non-finite slab) the whole volume is evaluated in memory
+    as before."""
     shape = tuple(cfg.output.volume_shape) if cfg.output.volume_shape is not None else trainer.projector.box.shape_zyx
     if trainer.world_size == 1 and "volume.mrc" in volume_names(cfg):
+        keep = scoring_copy(shape, trainer.device, truth)
         planes = slab_planes_of(cfg)(shape, trainer.device)
-        done = export_slabs((shape, planes, field_slabs(trainer.projector, trainer.sampler.scale, shape, planes)), cfg,
-                            out_dir, VolumeFiles(pixel_size, attrs))
+        slabs = field_slabs(trainer.projector, trainer.sampler.scale, shape, planes)
+        done = export_slabs((shape, planes, slabs if keep is None else _copied(slabs, keep)), cfg, out_dir, files)
         if done is not None:
-            return (*done, True)
+            return (*done, True, keep)
+        del keep
     volume = trainer.export_volume(shape)  # collective
     if not trainer.main:
-        return None, {}, {}, True
+        return None, {}, {}, True, None
     if not np.isfinite(volume).all():
         log.error("the volume holds %d non-finite voxels (of %d); no volume file was written",
                   int((~np.isfinite(volume)).sum()), volume.size)
-        return volume, {}, {}, False
-    written, failed = write_volumes(out_dir, volume, cfg, VolumeFiles(pixel_size, attrs))
-    return volume, written, failed, True
+        return volume, {}, {}, False, None
+    written, failed = write_volumes(out_dir, volume, cfg, files)
+    return volume, written, failed, True, None
 
 
 def export_slabs(source, cfg, out_dir: Path, files: VolumeFiles):

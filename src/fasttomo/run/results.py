@@ -61,13 +61,41 @@ def slices_png(path: Path, volume: np.ndarray, pixel_size: float, truth: np.ndar
     return img
 
 
-def save_checkpoint(out_dir: Path, state: dict, written: dict, failed: dict) -> None:
-    """checkpoints/last.pt, recorded in ``written`` or ``failed``."""
-    path, err = save_checkpoint_file(out_dir / "checkpoints" / "last.pt", state)
-    if err:
-        failed["checkpoints/last.pt"] = err
-    else:
-        written["checkpoints/last.pt"] = path
+class CheckpointWrite:
+    """checkpoints/last.pt written on a background thread while the run scores its volume and
+    draws its pictures: the state is copied to the host first, in the caller's thread, so nothing
+    the run does afterwards changes what is saved. :meth:`join` waits for it and records it in
+    ``written`` or ``failed``; the thread is not a daemon, so the process never exits before it."""
+
+    def __init__(self, out_dir: Path, state: dict):
+        import threading
+
+        from fasttomo.train.checkpoint import host_copy
+
+        self.path = out_dir / "checkpoints" / "last.pt"
+        self.result: tuple[str | None, str | None] | None = None
+        self.seconds = {"copy": 0.0, "write": 0.0, "wait": 0.0}
+        t0 = time.perf_counter()
+        payload = host_copy(state)
+        self.seconds["copy"] = time.perf_counter() - t0
+        self._thread = threading.Thread(target=self._write, args=(payload,), name="fasttomo-checkpoint")
+        self._thread.start()
+
+    def _write(self, payload: dict) -> None:
+        t0 = time.perf_counter()
+        self.result = save_checkpoint_file(self.path, payload)  # never raises
+        self.seconds["write"] = time.perf_counter() - t0
+
+    def join(self, written: dict, failed: dict) -> None:
+        if self._thread.is_alive():
+            t0 = time.perf_counter()
+            self._thread.join()
+            self.seconds["wait"] += time.perf_counter() - t0
+        path, err = self.result or (None, "the checkpoint's thread ended without a result")
+        if err:
+            failed["checkpoints/last.pt"] = err
+        else:
+            written["checkpoints/last.pt"] = path
 
 
 # --------------------------------------------------------------------------------------- half sets
@@ -165,10 +193,14 @@ def finish_files(run, pictures: bool = True) -> None:
     t_pictures = time.perf_counter()
     if pictures:
         _pictures(run)
+    t_pictures = time.perf_counter() - t_pictures
+    run.join_checkpoint()
     metrics["wall_seconds"] = time.perf_counter() - run.place.t0
     if "timeline" in metrics:
-        scoring = metrics["timeline"].get("scoring_s") or 0.0
-        metrics["timeline"]["pictures_s"] = round(time.perf_counter() - t_pictures - scoring, 3)
+        tl = metrics["timeline"]
+        tl["pictures_s"] = round(t_pictures - (tl.get("scoring_s") or 0.0), 3)
+        if run.checkpoint is not None:
+            tl["checkpoint_s"] = {k: round(v, 3) for k, v in run.checkpoint.seconds.items()}
         metrics["timeline"]["process_to_end_s"] = round(timeline.since_start(), 3)
         metrics["timeline"]["peak_host_bytes"] = timeline.peak_rss_bytes()
         metrics["timeline"]["peak_gpu_bytes"] = (torch.cuda.max_memory_allocated() if torch.cuda.is_initialized()
@@ -189,11 +221,16 @@ def _pictures(run) -> None:
     curves = None
     if ts.ground_truth is not None and volume.shape == ts.ground_truth.shape:
         t_score = time.perf_counter()
+        kept = getattr(run.method, "volume_on_device", None)
         if torch.cuda.is_initialized():  # the run's own peak: scoring uses free GPU memory only where there is room
-            metrics.setdefault("timeline", {})["peak_gpu_bytes_before_scoring"] = torch.cuda.max_memory_allocated()
-        report, curves = truth_scores(volume, ts.ground_truth, ts.pixel_size, tilt_range(ts))
+            metrics.setdefault("timeline", {})["peak_gpu_bytes_before_scoring"] = (
+                torch.cuda.max_memory_allocated() - (0 if kept is None else kept.numel() * 4))  # the copy: scoring's
+        report, curves = truth_scores(volume, ts.ground_truth, ts.pixel_size, tilt_range(ts), kept)
+        del kept
         metrics.update(report)
         metrics.setdefault("timeline", {})["scoring_s"] = round(time.perf_counter() - t_score, 3)
+    if getattr(run.method, "volume_on_device", None) is not None:
+        run.method.volume_on_device = None  # its GPU memory back
     truth = ts.ground_truth if metrics.get("pearson_global") else None
     jobs = [("slices.png", lambda: slices_png(out_dir / "slices.png", volume, ts.pixel_size, truth, True)),
             ("loss.png", lambda: _loss_plot(out_dir / "loss.png", metrics, True))]

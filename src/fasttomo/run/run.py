@@ -70,7 +70,7 @@ class Run:
         self.failed: dict = {}
         self.metrics: dict = {}
         self.state: dict | None = None
-        self.checkpoint_s: float | None = None
+        self.checkpoint: results.CheckpointWrite | None = None
         self.half_curves: dict | None = None
 
     # ------------------------------------------------------------------------------ the whole run
@@ -107,6 +107,7 @@ class Run:
 
         status = ("interrupted" if isinstance(exc, (RunInterrupted, KeyboardInterrupt))
                   else "diverged" if isinstance(exc, DivergenceError) else "failed")
+        self.join_checkpoint()  # the manifest closes after the checkpoint's write
         results.log_failure(exc, self.handler)
         self.folder.finish(status, error=results.one_line(exc),
                            step=self.method.step if self.method is not None else None)
@@ -185,11 +186,14 @@ class Run:
         elif not self._export_slabs(attrs):
             self._export_whole(attrs)
         self.finite = broadcast_object(self.finite)  # every rank takes the same branches (half sets are collective)
-        t_save = time.perf_counter()
         self.state = self.method.state()
         if self.main and self.state is not None:
-            results.save_checkpoint(self.out_dir, self.state, self.written, self.failed)
-            self.checkpoint_s = time.perf_counter() - t_save
+            self.checkpoint = results.CheckpointWrite(self.out_dir, self.state)  # joined before metrics.json
+
+    def join_checkpoint(self) -> None:
+        """Wait for the checkpoint's write and record it (rank 0; nothing when there is none)."""
+        if self.checkpoint is not None:
+            self.checkpoint.join(self.written, self.failed)
 
     def _export_slabs(self, attrs: dict) -> bool:
         """One process, mrc among the formats, a method with ``volume_slabs`` (SIRT): volume.mrc
@@ -225,8 +229,6 @@ class Run:
         if self.main:
             self.metrics = self.method.summary(self.volume)
             self.metrics["status"] = ("interrupted" if self.interrupted else "finished") if self.finite else "diverged"
-            if "timeline" in self.metrics and self.checkpoint_s is not None:
-                self.metrics["timeline"]["checkpoint_s"] = round(self.checkpoint_s, 3)
             self.method.scores(self.metrics, self.exported_step)
             if "poses" in self.metrics:
                 results.write_pose_files(self.out_dir, self.metrics["poses"], self.ts, self.written, self.failed)

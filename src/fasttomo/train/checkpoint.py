@@ -74,16 +74,22 @@ def checksum(state: dict) -> str:
     return h.hexdigest()
 
 
-def _to_cpu(obj):
+def _to_cpu(obj, copy: bool = False):
     if isinstance(obj, torch.Tensor):
-        return obj.detach().cpu()
+        return obj.detach().to("cpu", copy=copy)
     if isinstance(obj, dict):
-        return {k: _to_cpu(v) for k, v in obj.items()}
+        return {k: _to_cpu(v, copy) for k, v in obj.items()}
     if isinstance(obj, list):
-        return [_to_cpu(v) for v in obj]
+        return [_to_cpu(v, copy) for v in obj]
     if isinstance(obj, tuple):
-        return tuple(_to_cpu(v) for v in obj)
+        return tuple(_to_cpu(v, copy) for v in obj)
     return obj
+
+
+def host_copy(state: dict) -> dict:
+    """``state`` with every tensor copied to the host (a copy also of host tensors): what a
+    checkpoint written on another thread saves, whatever the run does to its tensors meanwhile."""
+    return _to_cpu(state, copy=True)
 
 
 # --------------------------------------------------------------------------------------- save / load
