@@ -293,20 +293,28 @@ def field_slabs(projector, scale: float, shape_zyx, planes: int):
 def scoring_copy(shape, device: torch.device, truth) -> torch.Tensor | None:
     """An empty float32 volume on the GPU for the slab-wise export to fill beside its file, so that
     the scoring against ``truth`` reads the volume there instead of reading the file back: only on
-    a GPU, with a truth of the volume's shape, where the free memory holds the pair with the
+    a GPU, with a truth of the volume's shape that the scoring streams (more than
+    ``quality.scoring.WHOLE_VOLUME_MAX_VOXELS`` voxels), where the free memory holds the pair with the
     scoring's headroom (``quality.scoring.SCORING_DEVICE_HEADROOM``); else None."""
     import torch
 
-    from fasttomo.quality.scoring import SCORING_DEVICE_HEADROOM
+    from fasttomo.quality.scoring import SCORING_DEVICE_HEADROOM, WHOLE_VOLUME_MAX_VOXELS
 
-    if truth is None or device.type != "cuda" or tuple(truth.shape) != tuple(shape):
+    if truth is None or device.type != "cuda" or tuple(truth.shape) != tuple(shape) \
+            or truth.size <= WHOLE_VOLUME_MAX_VOXELS:
         return None
-    if torch.cuda.mem_get_info(device)[0] < SCORING_DEVICE_HEADROOM * 8 * int(np.prod(shape)):
+    need = SCORING_DEVICE_HEADROOM * 8 * int(np.prod(shape))
+    free = torch.cuda.mem_get_info(device)[0]
+    if free < need:
+        log.info("the scoring reads the volume back from its file (%.1f GB free on %s, %.1f GB wanted to keep it "
+                 "there beside the truth)", free / 1e9, device, need / 1e9)
         return None
     try:
-        return torch.empty(tuple(int(n) for n in shape), dtype=torch.float32, device=device)
+        keep = torch.empty(tuple(int(n) for n in shape), dtype=torch.float32, device=device)
     except torch.cuda.OutOfMemoryError:
         return None
+    log.info("the volume is also kept on %s for the scoring (%.1f GB)", device, keep.numel() * 4 / 1e9)
+    return keep
 
 
 def _copied(slabs, keep: torch.Tensor):

@@ -192,6 +192,7 @@ def pass_bytes(shape: RunShape) -> dict[str, int]:
     validation chunk, a rendering chunk (per-view residuals, held-out views), an export chunk."""
     from fasttomo.quality.scoring import (VIEW_RESIDUAL_RAYS, free_memory_bytes, nograd_point_bytes,
                                           render_chunk_rays)
+    from fasttomo.methods.field.projector import volume_chunk
     from fasttomo.train.trainer import VAL_CHUNK_FLOATS
 
     spr, batch = shape.samples_per_ray, shape.batch
@@ -201,7 +202,7 @@ def pass_bytes(shape: RunShape) -> dict[str, int]:
                     render_chunk_rays(spr, nograd, free_memory_bytes(shape.device)))
     return {"training step": batch * spr * train_point_bytes(shape.n_features, shape.hidden, _fused(shape.device)),
             "validation": val_rays * spr * nograd, "rendering views": view_rays * spr * nograd,
-            "export": (1 << 18) * nograd}
+            "export": volume_chunk(shape.device) * nograd}
 
 
 def rss_bytes() -> int | None:
@@ -224,7 +225,8 @@ def memory_bytes(shape: RunShape, guard: bool) -> dict[str, int]:
     allocator keeps the step's freed blocks, so the two add up) and the final volume with its
     scores. On CUDA: parameters, data, gradients, optimizer and snapshots, plus the largest of the
     passes that come one after another (a training step, the largest other chunk, an export slab
-    of at most 1 GiB of float32 at :data:`EXPORT_DEVICE_BYTES_PER_VOXEL`): the measured peaks of the
+    of at most 1 GiB of float32 at :data:`EXPORT_DEVICE_BYTES_PER_VOXEL` with its evaluation's
+    chunk): the measured peaks of the
     camera cases are that sum (benchmarks/README.md). A volume exported whole (DDP, no mrc among
     the formats) needs more than the slab counted here."""
     passes = pass_bytes(shape)
@@ -244,8 +246,9 @@ def memory_bytes(shape: RunShape, guard: bool) -> dict[str, int]:
     if here is None:  # CUDA: the passes follow one another, each in the memory the last one freed
         from fasttomo.run.outputs import EXPORT_SLAB_MAX_BYTES
 
-        phases = {"training step": step, largest: passes[largest],
-                  "export slab": min(shape.voxels, EXPORT_SLAB_MAX_BYTES // 4) * EXPORT_DEVICE_BYTES_PER_VOXEL}
+        slab = min(shape.voxels, EXPORT_SLAB_MAX_BYTES // 4) * EXPORT_DEVICE_BYTES_PER_VOXEL
+        other = max((k for k in passes if k != "export"), key=passes.get)
+        phases = {"training step": step, other: passes[other], "export slab": slab + passes["export"]}
         name = max(phases, key=phases.get)
         out[f"largest pass ({name})"] = phases[name]
         return out

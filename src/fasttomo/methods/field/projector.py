@@ -119,13 +119,15 @@ class Projector(nn.Module):
         return self.field(points).float() / self.length_unit
 
     @torch.no_grad()
-    def volume(self, shape_zyx: tuple[int, int, int] | None = None, chunk: int = 1 << 18,
+    def volume(self, shape_zyx: tuple[int, int, int] | None = None, chunk: int | None = None,
                z_range: tuple[int, int] | None = None) -> torch.Tensor:
-        """Density at voxel centres of the box (or of ``shape_zyx`` resampling it), fp32 (Z, Y, X).
-        ``z_range`` selects a slab of Z planes (the export's slabs, and its shards across ranks);
-        only that slab's grid is built. The volume is
+        """Density at voxel centres of the box (or of ``shape_zyx`` resampling it), fp32 (Z, Y, X),
+        evaluated ``chunk`` points at a time (default :func:`volume_chunk` of the device: the
+        values do not depend on it). ``z_range`` selects a slab of Z planes (the export's slabs,
+        and its shards across ranks); only that slab's grid is built. The volume is
         given in the frame where the reference view's shift is zero (``Poses.gauge_translation``)."""
         param = next(self.field.parameters())
+        chunk = chunk or volume_chunk(param.device)
         grid = voxel_grid(self.box, shape_zyx, device=param.device, z_range=z_range)  # (Z, Y, X, 3) normalized xyz
         pts = grid.reshape(-1, 3)
         if self.poses.free_reference_shift:
@@ -135,6 +137,18 @@ class Projector(nn.Module):
         for i in range(0, pts.shape[0], chunk):
             out[i:i + chunk] = self.density(pts[i:i + chunk])
         return out.reshape(grid.shape[:3])
+
+
+VOLUME_CHUNK = {"cpu": 1 << 18, "cuda": 1 << 21}
+"""Points per field evaluation of :meth:`Projector.volume`, by device type. On a GPU a small
+chunk is bound by the launches of its dozen kernels: a 2048^2 x 64 slab of camera2k's field took
+989 ms at 2^18 points, 190 ms at 2^21 and 185 ms at 2^22, the same values bit for bit (H200,
+benchmarks/README.md); a CPU keeps 2^18 (its chunk's temporaries stay in the cache-friendly range)."""
+
+
+def volume_chunk(device: torch.device) -> int:
+    """:data:`VOLUME_CHUNK` of ``device``'s type (the CPU's for any other type)."""
+    return VOLUME_CHUNK.get(torch.device(device).type, VOLUME_CHUNK["cpu"])
 
 
 @torch.no_grad()
