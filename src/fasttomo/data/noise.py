@@ -22,6 +22,8 @@ import math
 
 import numpy as np
 
+from fasttomo.data.views import map_views
+
 SNR_VIEWS = 8
 """At most this many views (evenly spread over the series) enter the estimate."""
 SNR_CROP = 1024
@@ -75,6 +77,6 @@ def estimate_snr(stack: np.ndarray) -> NoiseEstimate:
     if h < 3 or w < 3 or n < 1:
         raise ValueError(f"estimate_snr: images of {h} x {w} pixels are too small to estimate their noise (>= 3 x 3)")
     views = np.unique(np.linspace(0, n - 1, min(n, SNR_VIEWS)).round().astype(int))
-    noise, signal = zip(*(_view_estimate(stack[v]) for v in views))
+    noise, signal = zip(*map_views(lambda j: _view_estimate(stack[views[j]]), len(views), stack.size))
     ratio = [s / nz if nz > 0 else (math.inf if s > 0 else 0.0) for nz, s in zip(noise, signal)]
     return NoiseEstimate(float(np.median(ratio)), float(np.median(noise)), float(np.median(signal)), len(views))

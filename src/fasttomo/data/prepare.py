@@ -38,12 +38,14 @@ from __future__ import annotations
 
 import logging
 import math
+import threading
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from fasttomo.data.tiltseries import TiltSeries, TiltSeriesError
+from fasttomo.data.views import map_views
 
 log = logging.getLogger("fasttomo.data")
 
@@ -127,8 +129,8 @@ def check_angle_units(angles: np.ndarray, where: str, enabled: bool = True) -> N
 
 
 def handle_nonfinite(stack: np.ndarray, valid: np.ndarray | None, mode: str, where: str) -> np.ndarray | None:
-    if all(np.isfinite(view).all() for view in stack):  # a view at a time: no stack-sized mask when all is well
-        return valid
+    if all(map_views(lambda i: bool(np.isfinite(stack[i]).all()), len(stack), stack.size)):
+        return valid  # a view at a time (on threads): no stack-sized mask when all is well
     bad = ~np.isfinite(stack)
     first = np.argwhere(bad)[0]
     if mode == "reject":
@@ -216,22 +218,26 @@ def crop_stack(stack, valid, angles, crop: list, where: str):
 
 
 def _view_stats(stack: np.ndarray, valid: np.ndarray | None):
-    """Each view's mean and standard deviation over its valid pixels (float64 sums), through one
-    reused view-sized buffer: a 4096^2 view's temporaries otherwise cost page faults every view."""
-    means, stds = np.zeros(len(stack)), np.zeros(len(stack))
-    buf = None
-    for i, img in enumerate(stack):
-        v = img if valid is None else img[valid[i]]
+    """Each view's mean and standard deviation over its valid pixels (float64 sums), the views on
+    threads (``data.views.map_views``), each thread through one reused view-sized buffer: a 4096^2
+    view's temporaries otherwise cost page faults every view."""
+    local = threading.local()
+
+    def stats(i: int) -> tuple[float, float]:
+        v = stack[i] if valid is None else stack[i][valid[i]]
         if not v.size:
-            continue
+            return 0.0, 0.0
+        buf = getattr(local, "buf", None)
         if buf is None or buf.size < v.size:
-            buf = np.empty(v.size, dtype=np.float32)
+            buf = local.buf = np.empty(v.size, dtype=np.float32)
         dev = buf[: v.size].reshape(v.shape)
-        means[i] = float(v.mean(dtype=np.float64))
-        np.subtract(v, np.float32(means[i]), out=dev)
+        mean = float(v.mean(dtype=np.float64))
+        np.subtract(v, np.float32(mean), out=dev)
         np.square(dev, out=dev)
-        stds[i] = math.sqrt(float(dev.mean(dtype=np.float64)))
-    return means, stds
+        return mean, math.sqrt(float(dev.mean(dtype=np.float64)))
+
+    out = np.array(map_views(stats, len(stack), stack.size), dtype=np.float64).reshape(len(stack), 2)
+    return out[:, 0].copy(), out[:, 1].copy()
 
 
 def find_dark_views(stack: np.ndarray, valid: np.ndarray | None) -> dict[int, str]:
@@ -258,7 +264,11 @@ def refuse_constant(stack: np.ndarray, valid: np.ndarray | None, where: str) -> 
     if values.size == 0:
         raise TiltSeriesError(f"{where}: no pixel of the stack holds a finite value; nothing to reconstruct. Check "
                               "data.path: is it the right file?")
-    lo, hi = float(values.min()), float(values.max())
+    if valid is None:  # view by view, on threads
+        ends = map_views(lambda i: (float(stack[i].min()), float(stack[i].max())), len(stack), stack.size)
+        lo, hi = min(e[0] for e in ends), max(e[1] for e in ends)
+    else:
+        lo, hi = float(values.min()), float(values.max())
     if hi == lo:
         raise TiltSeriesError(f"{where}: every pixel of the stack holds the value {lo:.6g}; a constant stack carries "
                               "no signal. Check data.path (the right file? exported empty?) and re-export the stack.")

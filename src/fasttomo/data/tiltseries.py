@@ -17,6 +17,8 @@ from typing import Any
 
 import numpy as np
 
+from fasttomo.data.views import map_views
+
 
 class TiltSeriesError(ValueError):
     """Raised for a tilt series that cannot be used; the message names the problem and the fix."""
@@ -99,14 +101,7 @@ class TiltSeries:
             if not valid.any():
                 raise TiltSeriesError(f"{where}: the validity mask marks every pixel invalid; nothing to fit.")
             self.valid = None if valid.all() else np.ascontiguousarray(valid)
-        for k, view in enumerate(self.stack):  # view by view: no stack-sized bool array
-            if not np.isfinite(view).all():
-                first = [k, *np.argwhere(~np.isfinite(view))[0].tolist()]
-                count = sum(int((~np.isfinite(v)).sum()) for v in self.stack[k:])
-                raise TiltSeriesError(
-                    f"{where}: stack has {count} NaN/Inf pixels (first at view, row, col = {first}); "
-                    "repair the data or set data.nonfinite=mask to ignore those pixels."
-                )
+        _refuse_nonfinite(self.stack, where)
         if not (isinstance(self.pixel_size, (int, float)) and math.isfinite(self.pixel_size) and self.pixel_size > 0):
             raise TiltSeriesError(
                 f"{where}: pixel_size must be a positive number of Angstrom, got {self.pixel_size!r}; "
@@ -141,3 +136,17 @@ class TiltSeries:
         """Index of the view with the smallest |tilt angle| (its pose is held fixed)."""
         a = self.angles if self.angles.ndim == 1 else self.angles.mean(axis=1)
         return int(np.argmin(np.abs(a)))
+
+
+def _refuse_nonfinite(stack: np.ndarray, where: str) -> None:
+    """TiltSeriesError naming the first NaN/Inf pixel of ``stack``, if any (view by view, on
+    threads: no stack-sized array)."""
+    finite = map_views(lambda i: bool(np.isfinite(stack[i]).all()), len(stack), stack.size)
+    for k, ok in enumerate(finite):
+        if not ok:
+            first = [k, *np.argwhere(~np.isfinite(stack[k]))[0].tolist()]
+            count = sum(int((~np.isfinite(v)).sum()) for v in stack[k:])
+            raise TiltSeriesError(
+                f"{where}: stack has {count} NaN/Inf pixels (first at view, row, col = {first}); "
+                "repair the data or set data.nonfinite=mask to ignore those pixels."
+            )
