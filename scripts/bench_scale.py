@@ -14,7 +14,9 @@ overrides and ``evaluation.truth`` (scoring only). The numbers come from each ru
                       preparing, building, up to the first training step), first_step (compile,
                       capture), validation, export (the volume evaluated and written), scoring
                       (against the truth), checkpoint (its copy to the host and the wait for its
-                      background write), pictures (slices, loss, FSC and report pictures), exit
+                      background write), pictures (slices, loss, FSC and report pictures),
+                      volume_disk (the wait for volume.mrc's last writes, fsync and rename, which
+                      run on a thread from the export on), exit
                       (metrics.json, the closing summary, the interpreter's exit)
     pearson, pearson_fg, fsc05_A      against the truth (null without one)
     halfset_fsc0143_A                  with --half-sets (a second, even/odd run of each method)
@@ -213,6 +215,7 @@ def row_of(case: str, method: str, m: dict) -> dict:
                              "export": _r(tl.get("export_s", m.get("export_seconds"))),  # SIRT: export_seconds
                              "scoring": _r(tl.get("scoring_s")), "checkpoint": _r(_waited(tl.get("checkpoint_s"))),
                              "pictures": _r(tl.get("pictures_s")),
+                             "volume_disk": _r((tl.get("volume_publish_s") or {}).get("wait")),
                              "exit": _r(m["_process_seconds"] - tl["process_to_end_s"]
                                         if tl.get("process_to_end_s") is not None else None)},
            "pearson": m.get("pearson_global"), "pearson_fg": m.get("pearson_foreground"),

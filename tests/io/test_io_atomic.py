@@ -61,3 +61,52 @@ def test_written_files_get_the_usual_permissions(tmp_path):
     finally:
         os.umask(old)
     assert os.stat(out).st_mode & 0o777 == 0o644
+
+
+def test_a_write_published_later_is_named_only_once_on_the_disk(tmp_path):
+    """With ``later``: the writer's file is complete and readable at the pending publish's tmp,
+    the destination appears (with a plain open()'s mode) only when the thread has fsync'ed and
+    renamed it; the ranges handed over on the way change nothing."""
+    p, later = tmp_path / "v.bin", []
+
+    def w(tmp):
+        with open(tmp, "wb") as f:
+            f.write(b"x" * 5000)
+        later[-1].written(0, 4096)
+        later[-1].written(4096, 904)
+
+    assert atomic_write(p, w, later=later) == str(p)
+    (pending,) = later
+    assert open(pending.tmp, "rb").read() == b"x" * 5000  # readable before or after the rename
+    assert pending.join() == str(p) and p.read_bytes() == b"x" * 5000
+    assert sorted(os.listdir(tmp_path)) == ["v.bin"] and pending.seconds >= 0
+    mask = os.umask(0)
+    os.umask(mask)
+    assert os.stat(p).st_mode & 0o777 == 0o666 & ~mask
+
+
+def test_a_failed_write_published_later_leaves_nothing(tmp_path):
+    p, later = tmp_path / "v.bin", []
+    p.write_text("old")
+
+    def boom(tmp):
+        with open(tmp, "w") as f:
+            f.write("half")
+        raise RuntimeError("crash mid-write")
+
+    with pytest.raises(WriteFailed, match="crash mid-write"):
+        atomic_write(p, boom, overwrite=True, later=later)
+    assert later == [] and os.listdir(tmp_path) == ["v.bin"] and p.read_text() == "old"
+
+
+def test_a_destination_that_appears_meanwhile_is_kept_and_the_join_says_so(tmp_path):
+    p, later = tmp_path / "v.bin", []
+
+    def w(tmp):
+        _text("new")(tmp)
+        p.write_text("theirs")  # another writer gets there first, before the rename
+
+    atomic_write(p, w, later=later)
+    with pytest.raises(OutputExistsError, match=r"v\.bin"):
+        later[0].join()
+    assert os.listdir(tmp_path) == ["v.bin"] and p.read_text() == "theirs"

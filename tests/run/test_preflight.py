@@ -116,7 +116,7 @@ def test_a_box_too_thick_for_memory_is_refused_with_a_thickness_that_fits(tmp_pa
 
 
 @pytest.mark.parametrize("case,commit,views,side,thickness", [
-    ("camera1k", "e7ffac3", 61, 1024, 256), ("camera2k", "cba97b6", 121, 2048, 512),
+    ("camera1k", "ad5a2e8", 61, 1024, 256), ("camera2k", "ad5a2e8", 121, 2048, 512),
     ("camera4k", "cba97b6", 121, 4096, 256)])
 def test_the_gpu_estimate_of_the_camera_cases_is_within_a_quarter_of_their_measured_peaks(
         case, commit, views, side, thickness, monkeypatch, tmp_path):
@@ -133,7 +133,8 @@ def test_the_gpu_estimate_of_the_camera_cases_is_within_a_quarter_of_their_measu
 
     record = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / \
         f"bench_scale-{case}-NVIDIA-H200-{commit}.json"
-    peak = next(r["peak_gpu_GB"] for r in json.loads(record.read_text())["results"] if r["method"] == "field-default")
+    row = next(r for r in json.loads(record.read_text())["results"] if r["method"] == "field-default")
+    peak = row.get("peak_gpu_before_scoring_GB") or row["peak_gpu_GB"]  # the scoring takes free memory only
     monkeypatch.setattr(preflight, "_fused", lambda device: True)
     monkeypatch.setattr(scoring, "free_memory_bytes", lambda device: 140_000_000_000)  # an H200's free memory
     cfg = compose_config(["data=mrc", f"data.path={tmp_path / 'unused.mrc'}", f"data.thickness={thickness}"])

@@ -16,7 +16,7 @@ from fasttomo.cli.reconstruct import compose_config, run
 from fasttomo.data.io.mrc import MrcHeader, NonFiniteSlab, mrc_memmap, write_mrc, write_mrc_slabs
 from fasttomo.data.io.volume import write_volume
 from fasttomo.run.build import build, make_trainer
-from fasttomo.run.outputs import field_slabs, slab_planes, write_volume_slabs
+from fasttomo.run.outputs import VolumeFiles, field_slabs, slab_planes, write_volume_slabs
 
 def _bytes(path) -> bytes:
     """The file's bytes with mrcfile's own first label ("Created by mrcfile.py <date time>")
@@ -131,7 +131,7 @@ def test_field_export_in_slabs_equals_the_one_shot_export(tmp_path, planes):
     parts = list(field_slabs(comps.projector, comps.sampler.scale, shape, planes))
     np.testing.assert_array_equal(np.concatenate([p.cpu().numpy() for _, p in parts]), whole)
     one = write_volume(tmp_path / "one.mrc", whole, 2.0, label=f"fasttomo run {cfg.name}", attrs={}, fmt="mrc")
-    many = write_volume_slabs(tmp_path / "many.mrc", shape, iter(parts), 2.0, cfg.name)[0]
+    many = write_volume_slabs(tmp_path / "many.mrc", shape, iter(parts), VolumeFiles(2.0, {}), cfg.name)[0]
     assert _bytes(one) == _bytes(many)
 
 
@@ -147,8 +147,8 @@ def test_run_writes_one_mrc_by_default_and_h5_on_request(tmp_path, caplog):
         run(compose_config([*TINY, "optim.steps=3", f"output.dir={tmp_path / 'a'}"]))
     assert sorted(p.name for p in (tmp_path / "a").glob("volume*")) == ["volume.mrc"]
     split = re.search(r"volume.mrc evaluated and written in ([0-9.]+) s: waiting for the slabs' evaluation ([0-9.]+) "
-                      r"s, their statistics and copies to the host ([0-9.]+) s, the writer's queue ([0-9.]+) s, the "
-                      r"fsync and the rest (-?[0-9.]+) s \(the writer thread's writes [0-9.]+ s\)", caplog.text)
+                      r"s, their statistics and copies to the host ([0-9.]+) s, the writer's queue ([0-9.]+) s, "
+                      r"closing the file (-?[0-9.]+) s \(the writer thread's writes [0-9.]+ s\)", caplog.text)
     assert split and abs(float(split[1]) - sum(float(split[i]) for i in (2, 3, 4, 5))) <= 0.21, caplog.text[-2000:]
     import json
 
@@ -156,6 +156,8 @@ def test_run_writes_one_mrc_by_default_and_h5_on_request(tmp_path, caplog):
     at = tl["peak_host_bytes_at"]
     assert list(at) == ["training_start", "export_start", "export_end"]
     assert 0 < at["training_start"] <= at["export_start"] <= at["export_end"] <= tl["peak_host_bytes"]
+    assert set(tl["volume_publish_s"]) == {"wait", "fsync_rename"}  # volume.mrc went to the disk on a thread
+    assert not list((tmp_path / "a").glob(".volume.mrc.*"))  # ... and took its name: no temporary file is left
     run(compose_config([*TINY, "optim.steps=3", "output.formats=[mrc,h5]", "output.slab_planes=3",
                         f"output.dir={tmp_path / 'b'}"]))
     mrc, (h5, _, attrs) = read_volume(tmp_path / "b" / "volume.mrc")[0], read_volume(tmp_path / "b" / "volume.h5")

@@ -122,7 +122,7 @@ class FieldMethod:
         with t.exported_field():
             yield shape, planes, field_slabs(t.projector, t.sampler.scale, shape, planes)
 
-    def export_files(self, out_dir: Path, attrs: dict):
+    def export_files(self, out_dir: Path, files: VolumeFiles):
         """(volume, step, written, failed, finite): the volume evaluated and written as it goes
         (slab by slab into volume.mrc, fasttomo.run.outputs.export_field). Collective."""
         t_export = time.perf_counter()
@@ -130,7 +130,7 @@ class FieldMethod:
         halves = self.cfg.evaluation.half_sets or self.cfg.output.half_volumes  # trained before the scoring
         with self.trainer.exported_field() as exported_step:
             volume, written, failed, finite, self.volume_on_device = export_field(
-                self.trainer, self.cfg, out_dir, VolumeFiles(self.ts.pixel_size, attrs),
+                self.trainer, self.cfg, out_dir, files,
                 None if halves else self.ts.ground_truth)
         self._export_s = time.perf_counter() - t_export
         self._peak_rss["export_end"] = timeline.peak_rss_bytes()

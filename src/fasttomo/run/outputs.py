@@ -91,6 +91,10 @@ class VolumeFiles:
     stem: str = "volume"
     xzy: bool | None = None
     skip: tuple = ()
+    later: list | None = None
+    """Where the slab-wise volume.mrc goes to the disk and takes its name on a thread
+    (``data.io.atomic.PublishLater``, appended here), for the caller to join before it reports the
+    file; None: before the export returns."""
 
 
 def write_volumes(out_dir: Path, volume: np.ndarray, cfg, files: VolumeFiles) -> tuple[dict[str, str], dict[str, str]]:
@@ -368,17 +372,16 @@ def export_slabs(source, cfg, out_dir: Path, files: VolumeFiles):
     log.info("exporting the volume %s in slabs of %d Z planes", tuple(shape), planes)
     try:
         t0, waited = time.perf_counter(), [0.0]
-        path, split = write_volume_slabs(out_dir / "volume.mrc", shape, _timed(slabs, waited), files.pixel_size,
-                                         cfg.name)
+        path, split = write_volume_slabs(out_dir / "volume.mrc", shape, _timed(slabs, waited), files, cfg.name)
         total = time.perf_counter() - t0
         rest = total - waited[0] - split.get("copy_to_host", 0.0) - split.get("queue_wait", 0.0)
         log.info("volume.mrc evaluated and written in %.1f s: waiting for the slabs' evaluation %.1f s, their "
-                 "statistics and copies to the host %.1f s, the writer's queue %.1f s, the fsync and the rest %.1f s "
+                 "statistics and copies to the host %.1f s, the writer's queue %.1f s, closing the file %.1f s "
                  "(the writer thread's writes %.1f s)", total, waited[0], split.get("copy_to_host", 0.0),
                  split.get("queue_wait", 0.0), rest, split.get("write", 0.0))
-        volume = mrc_memmap(path)
+        volume = path if isinstance(path, np.memmap) else mrc_memmap(path)  # files.later: the map already
         written, failed = write_volumes(out_dir, volume, cfg, dataclasses.replace(files, skip=("volume.mrc",)))
-        return volume, {"volume.mrc": path, **written}, failed
+        return volume, {"volume.mrc": os.fspath(out_dir / "volume.mrc"), **written}, failed
     except NonFiniteSlab:
         log.warning("the volume holds non-finite values; evaluating it whole to count them")
     except OSError as exc:
@@ -405,14 +408,17 @@ def _timed(slabs, waited: list):
         yield item
 
 
-def write_volume_slabs(path: Path, shape_zyx, slabs, pixel_size: float, run_name: str) -> tuple[str, dict]:
+def write_volume_slabs(path: Path, shape_zyx, slabs, files: VolumeFiles, run_name: str) -> tuple[str, dict]:
     """volume.mrc of a run from ``slabs`` ((z0, array) in Z order), atomically, with the labels
-    :func:`fasttomo.data.io.volume.write_volume` gives it: the same bytes as the one-shot write.
-    Returns (path, seconds of its parts: see ``timings`` of :func:`fasttomo.data.io.mrc.write_mrc_slabs`)."""
+    :func:`fasttomo.data.io.volume.write_volume` gives it: the same bytes as the one-shot write
+    (voxel size ``files.pixel_size``; its last step on a thread with ``files.later``). Returns (the
+    path, or with ``files.later`` a read-only map of the file, and the seconds of its parts: see
+    :func:`fasttomo.data.io.mrc.write_mrc_slabs`)."""
     from fasttomo.data.io.mrc import MrcHeader, write_mrc_slabs
     from fasttomo.data.io.volume import mrc_label
 
-    header, timings = MrcHeader(pixel_size, (mrc_label(run_name),)), {}
-    out = write_mrc_slabs(path, shape_zyx, slabs, header, overwrite=True, timings=timings)
-    log.info("wrote mrc volume %s slab by slab (Z, Y, X = %s, voxel %.4g A)", out, tuple(shape_zyx), pixel_size)
+    header, timings = MrcHeader(files.pixel_size, (mrc_label(run_name),)), {}
+    out = write_mrc_slabs(path, shape_zyx, slabs, header, overwrite=True, timings=timings, later=files.later)
+    log.info("wrote mrc volume %s slab by slab (Z, Y, X = %s, voxel %.4g A)%s", path, tuple(shape_zyx),
+             files.pixel_size, "; it goes to the disk while the run goes on" if files.later is not None else "")
     return out, timings

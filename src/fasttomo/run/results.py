@@ -149,7 +149,7 @@ def _half_in_slabs(run, method, half: str) -> np.ndarray | None:
         return None
     try:
         with method.volume_slabs(slab_planes_of(cfg)) as (shape, _planes, slabs):
-            path = write_volume_slabs(run.out_dir / mrc, shape, slabs, ts.pixel_size, cfg.name)[0]
+            path = write_volume_slabs(run.out_dir / mrc, shape, slabs, VolumeFiles(ts.pixel_size, {}), cfg.name)[0]
     except NonFiniteSlab:
         return None
     except OSError as exc:
@@ -201,6 +201,8 @@ def finish_files(run, pictures: bool = True) -> None:
         tl["pictures_s"] = round(t_pictures - (tl.get("scoring_s") or 0.0), 3)
         if run.checkpoint is not None:
             tl["checkpoint_s"] = {k: round(v, 3) for k, v in run.checkpoint.seconds.items()}
+        if run.publish_s:
+            tl["volume_publish_s"] = {k: round(v, 3) for k, v in run.publish_s.items()}
         metrics["timeline"]["process_to_end_s"] = round(timeline.since_start(), 3)
         metrics["timeline"]["peak_host_bytes"] = timeline.peak_rss_bytes()
         metrics["timeline"]["peak_gpu_bytes"] = (torch.cuda.max_memory_allocated() if torch.cuda.is_initialized()

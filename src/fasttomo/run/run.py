@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import logging.handlers
+import os
 import time
 from pathlib import Path
 
@@ -71,6 +72,8 @@ class Run:
         self.metrics: dict = {}
         self.state: dict | None = None
         self.checkpoint: results.CheckpointWrite | None = None
+        self.publishing: list = []  # volume.mrc going to the disk on a thread (VolumeFiles.later)
+        self.publish_s: dict[str, float] = {}  # its fsync and rename on the thread, the run's wait for them
         self.half_curves: dict | None = None
 
     # ------------------------------------------------------------------------------ the whole run
@@ -180,22 +183,35 @@ class Run:
         ``export_files`` writes them as it evaluates the volume), the checkpoint (its state is
         collective; rank 0 writes it)."""
         attrs = {"run": self.cfg.name, "config": to_dict(self.cfg), "units": "input stack units per voxel"}
+        files = VolumeFiles(self.ts.pixel_size, attrs, later=self.publishing)
         if hasattr(self.method, "export_files"):
             self.volume, self.exported_step, self.written, self.failed, self.finite = self.method.export_files(
-                self.out_dir, attrs)
-        elif not self._export_slabs(attrs):
-            self._export_whole(attrs)
+                self.out_dir, files)
+        elif not self._export_slabs(files):
+            self._export_whole(files)
         self.finite = broadcast_object(self.finite)  # every rank takes the same branches (half sets are collective)
         self.state = self.method.state()
         if self.main and self.state is not None:
             self.checkpoint = results.CheckpointWrite(self.out_dir, self.state)  # joined before metrics.json
 
     def join_checkpoint(self) -> None:
-        """Wait for the checkpoint's write and record it (rank 0; nothing when there is none)."""
+        """Wait for the checkpoint's write and for volume.mrc's way to the disk and its name, and
+        record them (rank 0; nothing when there is none)."""
         if self.checkpoint is not None:
             self.checkpoint.join(self.written, self.failed)
+        while self.publishing:
+            pending, t0 = self.publishing.pop(0), time.perf_counter()
+            name = os.path.basename(pending.path)
+            try:
+                pending.join()
+            except OSError as exc:
+                self.written.pop(name, None)
+                self.failed[name] = results.one_line(exc)
+                log.error("could not write %s (%s)", pending.path, results.one_line(exc))
+            self.publish_s["wait"] = self.publish_s.get("wait", 0.0) + time.perf_counter() - t0
+            self.publish_s["fsync_rename"] = self.publish_s.get("fsync_rename", 0.0) + pending.seconds
 
-    def _export_slabs(self, attrs: dict) -> bool:
+    def _export_slabs(self, files: VolumeFiles) -> bool:
         """One process, mrc among the formats, a method with ``volume_slabs`` (SIRT): volume.mrc
         written slab by slab from the device and the other formats from a map of it (the volume
         kept is that map). False when it does not apply or did not succeed."""
@@ -203,21 +219,20 @@ class Run:
                 self.cfg):
             return False
         with self.method.volume_slabs(slab_planes_of(self.cfg)) as source:
-            done = export_slabs(source, self.cfg, self.out_dir, VolumeFiles(self.ts.pixel_size, attrs))
+            done = export_slabs(source, self.cfg, self.out_dir, files)
         if done is None:
             return False
         self.volume, self.written, self.failed = done
         self.exported_step, self.finite = self.method.step, True
         return True
 
-    def _export_whole(self, attrs: dict) -> None:
+    def _export_whole(self, files: VolumeFiles) -> None:
         """The volume evaluated whole (collective), then its files when it is finite (rank 0)."""
         self.volume, self.exported_step = self.method.export()
         if self.main:
             self.finite = bool(np.isfinite(self.volume).all())
             if self.finite:
-                self.written, self.failed = results.write_volumes(self.out_dir, self.volume, self.cfg,
-                                                                  VolumeFiles(self.ts.pixel_size, attrs))
+                self.written, self.failed = results.write_volumes(self.out_dir, self.volume, self.cfg, files)
             else:
                 log.error("the volume holds %d non-finite voxels (of %d); no volume file was written",
                           int((~np.isfinite(self.volume)).sum()), self.volume.size)

@@ -16,7 +16,9 @@ callers need to catch ``OSError`` only.
 from __future__ import annotations
 
 import errno
+import functools
 import os
+import sys
 import tempfile
 from typing import Callable
 
@@ -71,13 +73,19 @@ def _default_mode() -> int:
     return 0o666 & ~mask
 
 
-def atomic_write(path: str | os.PathLike, writer_fn: Callable[[str], object], overwrite: bool = False) -> str:
+def atomic_write(path: str | os.PathLike, writer_fn: Callable[[str], object], overwrite: bool = False,
+                 later: list | None = None) -> str:
     """Create ``path`` atomically by calling ``writer_fn(tmp_path)``.
 
     ``writer_fn`` receives the path of an empty temporary file in the same folder and must
     (over)write it completely. Returns ``str(path)``. Raises :class:`OutputExistsError` if ``path``
     exists and ``overwrite`` is False; on any error the temporary file is removed and the
     destination is untouched.
+
+    With ``later`` (a list), the last step (fsync, rename) runs on a thread instead, a
+    :class:`PublishLater` appended to ``later`` before ``writer_fn`` is called (the writer may hand
+    it the ranges it has written, to be sent to the disk at once): the caller reads the finished
+    file at its ``tmp`` and must :meth:`PublishLater.join` it, which returns ``str(path)`` or raises.
     """
     path = os.fspath(path)
     folder = os.path.dirname(os.path.abspath(path))
@@ -86,32 +94,145 @@ def atomic_write(path: str | os.PathLike, writer_fn: Callable[[str], object], ov
     os.makedirs(folder, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".part", dir=folder)
     os.close(fd)
+    publish = None
     try:
+        if later is not None:
+            publish = PublishLater(tmp, path, overwrite)
+            later.append(publish)
         try:
             writer_fn(tmp)
         except (OSError, ValueError):
             raise  # an OSError already says why; a ValueError is the caller's data (no file is written)
         except Exception as exc:  # noqa: BLE001 - any other failure of a writer is a write failure
             raise write_failed(folder, exc) from exc
+        if publish is not None:
+            publish.finish()
+            return path
         with open(tmp, "rb+") as f:
             f.flush()
             os.fsync(f.fileno())
-        os.chmod(tmp, _default_mode())  # results are shared like any file the user writes
-        if overwrite:
-            os.replace(tmp, path)
-        else:
-            try:
-                os.link(tmp, path)
-            except FileExistsError:
-                raise _exists_error(path) from None
-            except OSError as err:  # no hard links here: checked rename
-                if err.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EXDEV, errno.EMLINK):
-                    raise
-                if os.path.lexists(path):
-                    raise _exists_error(path) from None
-                os.replace(tmp, path)
-        _fsync_dir(folder)
+        _publish(tmp, path, overwrite)
     finally:
-        if os.path.lexists(tmp):
+        if publish is not None and not publish.finished:
+            publish.abandon()
+            later.remove(publish)
+        if publish is None and os.path.lexists(tmp):
             os.unlink(tmp)
     return path
+
+
+def _publish(tmp: str, path: str, overwrite: bool) -> None:
+    """The complete, fsync'ed ``tmp`` made ``path`` (see the module doc); ``tmp`` is gone after."""
+    folder = os.path.dirname(os.path.abspath(path))
+    os.chmod(tmp, _default_mode())  # results are shared like any file the user writes
+    if overwrite:
+        os.replace(tmp, path)
+    else:
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            raise _exists_error(path) from None
+        except OSError as err:  # no hard links here: checked rename
+            if err.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EXDEV, errno.EMLINK):
+                raise
+            if os.path.lexists(path):
+                raise _exists_error(path) from None
+            os.replace(tmp, path)
+        if os.path.lexists(tmp):
+            os.unlink(tmp)
+    _fsync_dir(folder)
+
+
+_ABANDON = object()
+
+
+class PublishLater:
+    """The end of an :func:`atomic_write` on a (non-daemon) thread: the ranges the writer hands
+    over (:meth:`written`) are sent to the disk as they come (``sync_file_range``, without
+    waiting), then, once the writer has finished, the file is fsync'ed and renamed onto its
+    destination. So a camera-sized volume goes to the disk while the run scores it and draws its
+    pictures, and its name appears only once all of it is on the disk, as with a plain
+    :func:`atomic_write`. :meth:`join` waits and returns the path, or raises the error (the
+    temporary file removed, the destination untouched). ``seconds``: the fsync's and the
+    rename's time on the thread."""
+
+    def __init__(self, tmp: str, path: str, overwrite: bool):
+        import queue
+        import threading
+
+        self.tmp, self.path, self.overwrite = tmp, path, overwrite
+        self.finished, self.error, self.seconds = False, None, 0.0
+        self._ranges: queue.SimpleQueue = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._run, name="fasttomo-publish")
+        self._thread.start()
+
+    def written(self, offset: int, nbytes: int) -> None:
+        """The writer has written ``nbytes`` at ``offset``: send them to the disk."""
+        self._ranges.put((offset, nbytes))
+
+    def finish(self) -> None:
+        """The writer is done (the file is complete): fsync and rename on the thread."""
+        self.finished = True
+        self._ranges.put(None)
+
+    def abandon(self) -> None:
+        """The writer failed: the thread stops and removes the temporary file."""
+        self._ranges.put(_ABANDON)
+        self._thread.join()
+
+    def join(self) -> str:
+        self._thread.join()
+        if self.error is not None:
+            raise self.error
+        return self.path
+
+    def _run(self) -> None:
+        import time
+
+        item = None
+        try:
+            fd = os.open(self.tmp, os.O_RDWR)
+            try:
+                while (item := self._ranges.get()) is not None and item is not _ABANDON:
+                    start_writeback(fd, *item)
+                if item is None:
+                    t0 = time.perf_counter()
+                    os.fsync(fd)
+                    self.seconds += time.perf_counter() - t0
+            finally:
+                os.close(fd)
+            if item is None:
+                t0 = time.perf_counter()
+                _publish(self.tmp, self.path, self.overwrite)
+                self.seconds += time.perf_counter() - t0
+        except BaseException as exc:  # noqa: BLE001 - raised by join()
+            self.error = exc
+            while item is not None and item is not _ABANDON:  # the writer may still hand over ranges
+                item = self._ranges.get()
+        finally:
+            if os.path.lexists(self.tmp) and (self.error is not None or item is _ABANDON):
+                os.unlink(self.tmp)
+
+
+@functools.lru_cache(maxsize=1)
+def _sync_file_range():
+    """libc's sync_file_range (Linux), or None."""
+    if not sys.platform.startswith("linux"):
+        return None
+    import ctypes
+
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).sync_file_range
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
+    return fn
+
+
+def start_writeback(fd: int, offset: int, nbytes: int) -> None:
+    """Start writing the range's dirty pages to the disk without waiting for them
+    (SYNC_FILE_RANGE_WRITE; it may wait for the device's queue); nothing where the call is missing
+    or the file system refuses it (the fsync does it all)."""
+    fn = _sync_file_range()
+    if fn is not None:
+        fn(fd, offset, nbytes, 2)

@@ -39,7 +39,7 @@ import mrcfile.utils
 import numpy as np
 
 from fasttomo.data.io.common import DataFileError, file_size
-from fasttomo.data.io.atomic import atomic_write
+from fasttomo.data.io.atomic import atomic_write, start_writeback
 
 SUPPORTED_MODES = (0, 1, 2, 6, 12)
 HEADER_BYTES = 1024
@@ -474,16 +474,19 @@ class SlabWriter:
     """Writes slabs into an open file (``pwrite`` at their offsets) on a background thread, one slab
     queued at most, so the next slab is evaluated (on a GPU) while this one goes to the file; each
     written range is handed to the kernel's writeback at once (Linux ``sync_file_range``), so the
-    final fsync of a camera-sized volume finds little left to write. A failed write (a full disk)
+    final fsync of a camera-sized volume finds little left to write (``writeback(offset, nbytes)``
+    does it instead where given: ``PublishLater.written`` does it on its own thread, so the writes
+    never wait for the disk). A failed write (a full disk)
     is raised by the next :meth:`put` or by :meth:`close`; leaving the ``with`` block on an error
     stops the thread without writing what is still queued. ``seconds``: the thread's time writing,
     and the caller's waiting for the queue."""
 
-    def __init__(self, fd: int):
+    def __init__(self, fd: int, writeback=None):
         import queue
         import threading
 
         self.fd, self.error = fd, None
+        self._writeback = writeback or functools.partial(start_writeback, fd)
         self.seconds = {"write": 0.0, "queue_wait": 0.0}
         self._queue = queue.Queue(maxsize=1)
         self._thread = threading.Thread(target=self._run, name="fasttomo-slab-writer", daemon=True)
@@ -499,7 +502,7 @@ class SlabWriter:
                 if self.error is None:
                     t0 = time.perf_counter()
                     _pwrite_all(self.fd, data, offset)
-                    _start_writeback(self.fd, offset, data.nbytes)
+                    self._writeback(offset, data.nbytes)
                     self.seconds["write"] += time.perf_counter() - t0
             except BaseException as exc:  # noqa: BLE001 - raised in the caller's thread
                 self.error = exc
@@ -540,29 +543,6 @@ class SlabWriter:
             self._thread.join()
 
 
-@functools.lru_cache(maxsize=1)
-def _sync_file_range():
-    """libc's sync_file_range (Linux), or None."""
-    if not sys.platform.startswith("linux"):
-        return None
-    import ctypes
-
-    try:
-        fn = _libc().sync_file_range
-    except (OSError, AttributeError):
-        return None
-    fn.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
-    return fn
-
-
-def _start_writeback(fd: int, offset: int, nbytes: int) -> None:
-    """Start writing the range's dirty pages to the disk without waiting (SYNC_FILE_RANGE_WRITE);
-    nothing where the call is missing or the file system refuses it (the fsync does it all)."""
-    fn = _sync_file_range()
-    if fn is not None:
-        fn(fd, offset, nbytes, 2)
-
-
 def _pwrite_all(fd: int, data: np.ndarray, offset: int) -> None:
     view = memoryview(np.ascontiguousarray(data).reshape(-1).view(np.uint8))
     done = 0
@@ -573,8 +553,22 @@ def _pwrite_all(fd: int, data: np.ndarray, offset: int) -> None:
         done += n
 
 
+def _new_file(tmp: str, shape: tuple[int, int, int], header: MrcHeader):
+    """A float32 MRC file of ``shape`` at ``tmp`` at its full size, its header written but for the
+    statistics: (that header record, the data's byte offset, the data's dtype)."""
+    vx = float(header.voxel_size)
+    with mrcfile.new_mmap(tmp, shape, mrc_mode=2, overwrite=True) as m:
+        m.set_image_stack() if header.image_stack else m.set_volume()
+        m.voxel_size = vx
+        m.header.origin = (0.0, 0.0, 0.0)
+        m.header.nxstart = m.header.nystart = m.header.nzstart = 0
+        for lab in [*header.labels, f"fasttomo voxel_size_A={vx!r}", *header.extra_labels]:
+            m.add_label(_ascii80(lab))
+        return m.header.copy(), int(m.data.offset), m.data.dtype
+
+
 def write_mrc_slabs(path: str | os.PathLike, shape_zyx: tuple[int, int, int], slabs, header: MrcHeader, *,
-                    overwrite: bool = False, timings: dict | None = None) -> str:
+                    overwrite: bool = False, timings: dict | None = None, later: list | None = None) -> str:
     """Write a float32 MRC (Z, Y, X) = ``shape_zyx`` from ``slabs``, an iterable of
     ``(z0, array (dz, Y, X))`` that covers the planes 0..Z-1 once each, in order, holding at most
     three slabs in memory (one being made, one queued, one being written): the file is created at
@@ -588,12 +582,16 @@ def write_mrc_slabs(path: str | os.PathLike, shape_zyx: tuple[int, int, int], sl
     :class:`NonFiniteSlab` and leaves no file. ``timings`` (a dict) receives the seconds of the
     whole write (``total``, the fsync included), of the GPU slabs' statistics and copies to the
     host (``copy_to_host``), of the writer thread's writes and of waiting for its queue
-    (:class:`SlabWriter`)."""
+    (:class:`SlabWriter`). The header is written first (all but the statistics) and the
+    statistics last, by ``pwrite`` too, so no map of the file is flushed over its data.
+
+    Returns the path. With ``later`` (a list; ``data.io.atomic.atomic_write``), the volume goes to
+    the disk and is renamed onto ``path`` on a thread, a ``PublishLater`` appended to ``later``
+    for the caller to join, and what is returned is a read-only map of the complete file
+    (:func:`mrc_memmap`, made before the rename and valid after it)."""
     shape = tuple(int(n) for n in shape_zyx)
     if len(shape) != 3 or min(shape) <= 0:
         raise DataFileError(f"{path}: an MRC volume needs a 3-D shape with every side > 0, got {shape}.")
-    vx = float(header.voxel_size)
-    all_labels = [*header.labels, f"fasttomo voxel_size_A={vx!r}", *header.extra_labels]
     plane_bytes = 4 * shape[1] * shape[2]
 
     def _write(tmp: str) -> None:
@@ -606,9 +604,8 @@ def write_mrc_slabs(path: str | os.PathLike, shape_zyx: tuple[int, int, int], sl
 
     def _write_slabs(tmp: str, buffers: _HostBuffers, stats: _PlaneStats) -> None:
         nxt = 0
-        with mrcfile.new_mmap(tmp, shape, mrc_mode=2, overwrite=True) as m, open(tmp, "r+b") as f, \
-                SlabWriter(f.fileno()) as writer:
-            offset = int(m.data.offset)
+        head, offset, dtype = _new_file(tmp, shape, header)
+        with open(tmp, "r+b") as f, SlabWriter(f.fileno(), later[-1].written if later else None) as writer:
             for z0, slab in slabs:
                 t0 = time.perf_counter()
                 on_device = _device_slab(slab, buffers)
@@ -621,7 +618,7 @@ def write_mrc_slabs(path: str | os.PathLike, shape_zyx: tuple[int, int, int], sl
                                         f"{shape} at plane {nxt}.")
                 if not (np.isfinite(part).all() if finite is None else finite):
                     raise NonFiniteSlab(f"{path}: planes {z0}..{z0 + part.shape[0] - 1} hold non-finite values.")
-                writer.put(part.astype(m.data.dtype, copy=False), offset + z0 * plane_bytes, release)
+                writer.put(part.astype(dtype, copy=False), offset + z0 * plane_bytes, release)
                 if moments is None:
                     for plane in part:
                         stats.add_plane(plane)
@@ -633,16 +630,13 @@ def write_mrc_slabs(path: str | os.PathLike, shape_zyx: tuple[int, int, int], sl
                 raise DataFileError(f"{path}: the slabs ended at plane {nxt} of {shape[0]}.")
             writer.close()  # every slab in the file (a write's error raised here)
             seconds.update(writer.seconds)
-            m.set_image_stack() if header.image_stack else m.set_volume()
-            m.voxel_size = vx
-            m.header.origin = (0.0, 0.0, 0.0)
-            m.header.nxstart = m.header.nystart = m.header.nzstart = 0
-            stats.write_to(m.header)
-            for lab in all_labels:
-                m.add_label(_ascii80(lab))
+            stats.write_to(head)
+            _pwrite_all(f.fileno(), np.frombuffer(head.tobytes(), dtype=np.uint8), 0)
 
-    t0, seconds = time.perf_counter(), {}
-    out = atomic_write(path, _write, overwrite=overwrite)
+    t0, seconds, mapped = time.perf_counter(), {}, []
+    out = atomic_write(path, lambda tmp: (_write(tmp), later is not None and mapped.append(mrc_memmap(tmp))),
+                       overwrite=overwrite, later=later)
+    out = mapped[0] if mapped else out
     if timings is not None:
         timings.update({k: round(v, 3) for k, v in seconds.items()}, total=round(time.perf_counter() - t0, 3))
     return out
