@@ -120,6 +120,33 @@ def test_volume_write_failure_keeps_the_checkpoint(tmp_path, monkeypatch):
     shutil.rmtree(rescued.parent)
 
 
+def test_a_volume_that_cannot_take_its_name_is_rescued_whole(tmp_path, monkeypatch):
+    """volume.mrc goes to the disk and takes its name on a thread after the export: when that last
+    step fails (here its rename, refused), the run says so by name, writes no volume.mrc and no
+    temporary file into the run folder, and saves the volume, whole, in a rescue folder."""
+    import errno
+
+    import fasttomo.data.io.atomic as atomic
+
+    out, original = tmp_path / "run", atomic._publish
+
+    def refuse_the_volume(tmp, path, overwrite):
+        if Path(path) == out / "volume.mrc":
+            raise PermissionError(errno.EACCES, "Permission denied")
+        return original(tmp, path, overwrite)
+
+    monkeypatch.setattr(atomic, "_publish", refuse_the_volume)
+    with pytest.raises(OutputWriteError, match=r"volume\.mrc \(.*Permission denied") as info:
+        run(compose_config([*TINY, "optim.steps=3", f"output.dir={out}"]))
+    assert not (out / "volume.mrc").exists() and not list(out.glob(".volume.mrc.*"))
+    assert load_checkpoint(out / "checkpoints" / "last.pt")["step"] == 3
+    rescued = _rescued(str(info.value), "volume.mrc")
+    with mrcfile.open(rescued, permissive=True) as m:
+        assert m.data.shape == (12, 20, 24) and np.isfinite(m.data).all() and float(np.abs(m.data).max()) > 0
+    assert strict_json(out / "manifest.json")["status"] == "failed"
+    shutil.rmtree(rescued.parent)
+
+
 def test_a_failing_periodic_checkpoint_does_not_end_the_training(tmp_path, monkeypatch):
     import errno
 
