@@ -475,8 +475,8 @@ class SlabWriter:
     queued at most, so the next slab is evaluated (on a GPU) while this one goes to the file; each
     written range is handed to the kernel's writeback at once (Linux ``sync_file_range``), so the
     final fsync of a camera-sized volume finds little left to write (``writeback(offset, nbytes)``
-    does it instead where given: ``PublishLater.written`` does it on its own thread, so the writes
-    never wait for the disk). A failed write (a full disk)
+    does it instead where given: ``PublishLater.written`` does it on its own thread, so this one
+    never waits for the device's queue). A failed write (a full disk)
     is raised by the next :meth:`put` or by :meth:`close`; leaving the ``with`` block on an error
     stops the thread without writing what is still queued. ``seconds``: the thread's time writing,
     and the caller's waiting for the queue."""
