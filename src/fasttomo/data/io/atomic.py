@@ -84,8 +84,10 @@ def atomic_write(path: str | os.PathLike, writer_fn: Callable[[str], object], ov
 
     With ``later`` (a list), the last step (fsync, rename) runs on a thread instead, a
     :class:`PublishLater` appended to ``later`` before ``writer_fn`` is called (the writer may hand
-    it the ranges it has written, to be sent to the disk at once): the caller reads the finished
-    file at its ``tmp`` and must :meth:`PublishLater.join` it, which returns ``str(path)`` or raises.
+    it the ranges it has written, to be sent to the disk at once); the rename may come any time
+    after ``writer_fn`` returns, so whatever must read the file opens it (or maps it) inside
+    ``writer_fn``; the caller must :meth:`PublishLater.join` it, which returns ``str(path)`` or
+    raises.
     """
     path = os.fspath(path)
     folder = os.path.dirname(os.path.abspath(path))
