@@ -601,6 +601,8 @@ def write_mrc_slabs(path: str | os.PathLike, shape_zyx: tuple[int, int, int], sl
             _write_slabs(tmp, buffers, stats)
         finally:
             buffers.close()
+        if later is not None:  # mapped before the publishing thread may rename it
+            mapped.append(mrc_memmap(tmp))
 
     def _write_slabs(tmp: str, buffers: _HostBuffers, stats: _PlaneStats) -> None:
         nxt = 0
@@ -634,8 +636,7 @@ def write_mrc_slabs(path: str | os.PathLike, shape_zyx: tuple[int, int, int], sl
             _pwrite_all(f.fileno(), np.frombuffer(head.tobytes(), dtype=np.uint8), 0)
 
     t0, seconds, mapped = time.perf_counter(), {}, []
-    out = atomic_write(path, lambda tmp: (_write(tmp), later is not None and mapped.append(mrc_memmap(tmp))),
-                       overwrite=overwrite, later=later)
+    out = atomic_write(path, _write, overwrite=overwrite, later=later)
     out = mapped[0] if mapped else out
     if timings is not None:
         timings.update({k: round(v, 3) for k, v in seconds.items()}, total=round(time.perf_counter() - t0, 3))
