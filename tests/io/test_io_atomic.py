@@ -67,17 +67,19 @@ def test_a_write_published_later_is_named_only_once_on_the_disk(tmp_path):
     """With ``later``: the writer's file is complete and readable at the pending publish's tmp,
     the destination appears (with a plain open()'s mode) only when the thread has fsync'ed and
     renamed it; the ranges handed over on the way change nothing."""
-    p, later = tmp_path / "v.bin", []
+    p, later, opened = tmp_path / "v.bin", [], []
 
     def w(tmp):
         with open(tmp, "wb") as f:
             f.write(b"x" * 5000)
         later[-1].written(0, 4096)
         later[-1].written(4096, 904)
+        opened.append(open(tmp, "rb"))  # opened inside the writer: the rename may come at once after it
 
     assert atomic_write(p, w, later=later) == str(p)
     (pending,) = later
-    assert open(pending.tmp, "rb").read() == b"x" * 5000  # readable before or after the rename
+    with opened[0] as f:
+        assert f.read() == b"x" * 5000  # readable before or after the rename
     assert pending.join() == str(p) and p.read_bytes() == b"x" * 5000
     assert sorted(os.listdir(tmp_path)) == ["v.bin"] and pending.seconds >= 0
     mask = os.umask(0)
