@@ -222,7 +222,8 @@ def test_slab_writer_releases_what_it_skips_after_a_failed_write(tmp_path):
 def test_gpu_export_keeps_the_volume_for_the_scoring(tmp_path, monkeypatch):
     """Given a truth, the slab-wise export on a GPU also keeps the volume there (its copy is the
     file, bit for bit), and the scores that read that copy (large-volume path: streamed moments,
-    FSC crops) are the scores that read the file; without a truth nothing is kept."""
+    FSC crops) are the scores that read the file; without a truth nothing is kept. With
+    ``files.later`` the file's writes go on from that copy after the return, into the same bytes."""
     import torch
 
     if not torch.cuda.is_available():
@@ -239,15 +240,39 @@ def test_gpu_export_keeps_the_volume_for_the_scoring(tmp_path, monkeypatch):
     truth = np.zeros(shape, np.float32)
     monkeypatch.setattr(scoring, "WHOLE_VOLUME_MAX_VOXELS", 1000)  # this small volume scored as a large one
     monkeypatch.setattr(scoring, "STREAMED_MOMENTS_ABOVE", 1000)
+    later = []
     with trainer.exported_field():
         vol, written, failed, finite, keep = export_field(trainer, cfg, tmp_path / "a", VolumeFiles(2.0, {}), truth)
         none = export_field(trainer, cfg, tmp_path / "b", VolumeFiles(2.0, {}))[4]
+        drained, _, _, _, keep_c = export_field(trainer, cfg, tmp_path / "c", VolumeFiles(2.0, {}, later=later), truth)
     assert finite and not failed and "volume.mrc" in written and none is None
     assert keep is not None and keep.is_cuda
     np.testing.assert_array_equal(keep.cpu().numpy(), np.asarray(vol))
+    # with ``later`` the writes go on from the kept copy after the return; then the file is the same
+    (pending,) = later
+    assert pending.wait_written() is None
+    np.testing.assert_array_equal(np.asarray(drained), keep_c.cpu().numpy())
+    assert pending.join() == str(tmp_path / "c" / "volume.mrc")
+    assert _bytes(tmp_path / "c" / "volume.mrc")[1024:] == _bytes(tmp_path / "a" / "volume.mrc")[1024:]
     truth = (np.asarray(vol) + np.random.default_rng(1).normal(0, 0.01, shape)).astype(np.float32)
     from_file, _ = scoring.score_against_truth(vol, truth, 2.0, tilt_range=(-60, 60))
     from_copy, _ = scoring.score_against_truth(vol, truth, 2.0, tilt_range=(-60, 60), vol_on_device=keep)
     for key in ("pearson_global", "pearson_foreground", "mse", "data_range"):
         assert from_copy[key] == pytest.approx(from_file[key], rel=1e-12, nan_ok=True), key
     np.testing.assert_allclose(from_copy["fsc"]["fsc"], from_file["fsc"]["fsc"], rtol=1e-12, atol=1e-15)  # cuFFT
+
+
+def test_kept_slabs_are_written_after_the_return_into_the_same_file(tmp_path):
+    """Slabs the caller keeps (``kept``) with ``later``: the call returns once the slabs are
+    checked and counted, a read-only map of the file; after ``wait_written`` the map holds the
+    volume, and the published file is the one-shot file byte for byte."""
+    one = write_mrc(tmp_path / "one.mrc", VOL, 1.5, labels=["x"])
+    later = []
+    mapped = write_mrc_slabs(tmp_path / "kept.mrc", VOL.shape, [(z, VOL[z:z + 3]) for z in range(0, 11, 3)],
+                             MrcHeader(1.5, ("x",)), later=later, kept=True)
+    (pending,) = later
+    assert isinstance(mapped, np.memmap) and pending.wait_written() is None
+    np.testing.assert_array_equal(mapped, VOL)
+    assert pending.join() == str(tmp_path / "kept.mrc") and pending.write_seconds >= 0
+    assert _bytes(one) == _bytes(tmp_path / "kept.mrc")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["kept.mrc", "one.mrc"]  # no temporary left

@@ -173,3 +173,23 @@ def test_a_slab_written_in_the_background_onto_a_full_disk_fails_the_volume_and_
     assert info.value.errno == errno.ENOSPC, info.value
     assert len(made) < shape[0] // 4  # stopped at the failure, not after making every slab
     assert sorted(p.name for p in mnt.iterdir()) == []
+
+
+def test_kept_slabs_written_after_the_return_onto_a_full_disk_fail_the_join_and_leave_no_file(small_fs):
+    """With the slab kept by the caller (``kept``) the write goes on after the return: a full disk
+    under it is an OSError (ENOSPC) from ``wait_written`` and from the join, and no file or
+    temporary is left."""
+    from fasttomo.data.io.mrc import MrcHeader, write_mrc_slabs
+
+    mnt, _ = small_fs
+    shape = (200, 128, 128)  # 12.5 MiB of float32 on a 2 MiB file system, in one slab (queued at once)
+    vol = np.arange(int(np.prod(shape)), dtype=np.float32).reshape(shape)
+    later = []
+    mapped = write_mrc_slabs(mnt / "volume.mrc", shape, [(0, vol)], MrcHeader(1.0), later=later, kept=True)
+    (pending,) = later
+    assert mapped.shape == shape and pending.wait_written().errno == errno.ENOSPC
+    del mapped
+    with pytest.raises(OSError) as info:
+        pending.join()
+    assert info.value.errno == errno.ENOSPC, info.value
+    assert sorted(p.name for p in mnt.iterdir()) == []

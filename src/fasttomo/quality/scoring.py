@@ -63,13 +63,14 @@ def fsc_flat(report: dict) -> dict:
 
 def truth_scores(volume: np.ndarray, truth: np.ndarray, voxel_size: float,
                  tilt_range: tuple[float, float] | None = None,
-                 vol_on_device: torch.Tensor | None = None) -> tuple[dict, dict]:
+                 vol_on_device: torch.Tensor | None = None, volume_ready=None) -> tuple[dict, dict]:
     """Scores of ``volume`` against ``truth`` (same shape): Pearson global/foreground, MSE, PSNR
     (data range: the truth's max - min), FSC over all of Fourier space and in the measured region
     and the missing wedge of ``tilt_range``; flat crossing keys (:func:`fsc_flat`) on top
-    (``vol_on_device``: see :func:`score_against_truth`). Returns (metrics, FSC curves by region)."""
+    (``vol_on_device``, ``volume_ready``: see :func:`score_against_truth`). Returns (metrics, FSC
+    curves by region)."""
     report, curves = score_against_truth(volume, truth, voxel_size, tilt_range=tilt_range,
-                                         vol_on_device=vol_on_device)
+                                         vol_on_device=vol_on_device, volume_ready=volume_ready)
     report.update(fsc_flat(report))
     return report, curves
 
@@ -331,9 +332,11 @@ def large_fsc(a: np.ndarray, b: np.ndarray, voxel_size_A: float, tilt_range) -> 
 
 def score_against_truth(vol: np.ndarray, truth: np.ndarray, voxel_size_A: float, *, tilt_range=None,
                         data_range: float | None = None, mask: np.ndarray | None = None,
-                        vol_on_device: torch.Tensor | None = None) -> tuple[dict, dict]:
+                        vol_on_device: torch.Tensor | None = None, volume_ready=None) -> tuple[dict, dict]:
     """Pearson (global, foreground), MSE, PSNR, FSC (and measured/wedge FSC with ``tilt_range``);
-    ``vol_on_device``: ``vol``'s values on the scoring device (:func:`on_scoring_device`).
+    ``vol_on_device``: ``vol``'s values on the scoring device (:func:`on_scoring_device`);
+    ``volume_ready``: where ``vol`` is a map of a file still being written from that copy, called
+    (and its return read instead of ``vol``) before ``vol`` itself is read.
 
     Returns ``(metrics, curves)``: the JSON-ready dict (keys ``pearson_global``,
     ``pearson_foreground``, ``foreground_fraction``, ``mse``, ``psnr_dB``, ``data_range``,
@@ -349,8 +352,10 @@ def score_against_truth(vol: np.ndarray, truth: np.ndarray, voxel_size_A: float,
     streamed = mask is None and vol.size > STREAMED_MOMENTS_ABOVE
     cast = truth.dtype.type  # the span in the truth's own precision, as truth.max() - truth.min() gives it
     t0 = time.perf_counter()
-    if large and streamed:
-        vol, truth = on_scoring_device(vol, truth, vol_on_device) or (vol, truth)
+    pair = on_scoring_device(vol, truth, vol_on_device) if large and streamed else None
+    if pair is None and volume_ready is not None:
+        vol = volume_ready()
+    vol, truth = pair or (vol, truth)
     out = streamed_volume_metrics(vol, truth) if streamed else volume_metrics(vol, truth)
     t_min, t_max = (cast(out.pop("truth_min")), cast(out.pop("truth_max"))) if streamed else (truth.min(), truth.max())
     if data_range is None:

@@ -322,10 +322,13 @@ def scoring_copy(shape, device: torch.device, truth) -> torch.Tensor | None:
 
 
 def _copied(slabs, keep: torch.Tensor):
-    """``slabs`` passed on, each also copied into its planes of ``keep``."""
+    """``slabs`` copied into their planes of ``keep``, each passed on as that view of ``keep`` (the
+    slab's own memory freed at once; the writer may read the view after the export returns)."""
     for z0, slab in slabs:
-        keep[z0:z0 + slab.shape[0]].copy_(slab)
-        yield z0, slab
+        view = keep[z0:z0 + slab.shape[0]]
+        view.copy_(slab)
+        del slab
+        yield z0, view
 
 
 def export_field(trainer, cfg, out_dir: Path, files: VolumeFiles, truth=None):
@@ -338,15 +341,17 @@ def export_field(trainer, cfg, out_dir: Path, files: VolumeFiles, truth=None):
     or sized from the free memory) straight into volume.mrc (:func:`export_slabs`), and the volume
     handed back is a read-only map of that file, so the other formats, the pictures (central
     slices) and the scores page it in as they need it; with a ``truth`` to score against, the slabs
-    are also kept on the GPU where it has room (:func:`scoring_copy`). Otherwise (DDP, no mrc, a
-    volume.mrc that cannot be written or a non-finite slab) the whole volume is evaluated in memory
-    as before."""
+    are also kept on the GPU where it has room (:func:`scoring_copy`), and with ``files.later`` the
+    file's copies to the host and writes then go on from that copy after the return (read the map
+    only after ``files.later[-1].wait_written()``). Otherwise (DDP, no mrc, a volume.mrc that
+    cannot be written or a non-finite slab) the whole volume is evaluated in memory as before."""
     shape = tuple(cfg.output.volume_shape) if cfg.output.volume_shape is not None else trainer.projector.box.shape_zyx
     if trainer.world_size == 1 and "volume.mrc" in volume_names(cfg):
         keep = scoring_copy(shape, trainer.device, truth)
         planes = slab_planes_of(cfg)(shape, trainer.device)
         slabs = field_slabs(trainer.projector, trainer.sampler.scale, shape, planes)
-        done = export_slabs((shape, planes, slabs if keep is None else _copied(slabs, keep)), cfg, out_dir, files)
+        done = export_slabs((shape, planes, slabs if keep is None else _copied(slabs, keep)), cfg, out_dir, files,
+                            kept=keep is not None)
         if done is not None:
             return (*done, True, keep)
         del keep
@@ -361,25 +366,37 @@ def export_field(trainer, cfg, out_dir: Path, files: VolumeFiles, truth=None):
     return volume, written, failed, True, None
 
 
-def export_slabs(source, cfg, out_dir: Path, files: VolumeFiles):
+def export_slabs(source, cfg, out_dir: Path, files: VolumeFiles, kept: bool = False):
     """volume.mrc written from ``source`` = (shape, Z planes a slab, slabs: (z0, array or tensor)
     in Z order), then the run's other formats from a read-only map of it (``files``: voxel size
     and attributes): (volume map, written, failed), or None when a slab held non-finite values or
-    volume.mrc could not be written (the caller then takes the volume whole)."""
+    volume.mrc could not be written (the caller then takes the volume whole). ``kept``: the slabs
+    are views of a volume kept unchanged until ``files.later`` is joined, so with ``files.later``
+    the writes may go on after the return (``write_mrc_slabs``)."""
     from fasttomo.data.io.mrc import NonFiniteSlab, mrc_memmap
 
     shape, planes, slabs = source
     log.info("exporting the volume %s in slabs of %d Z planes", tuple(shape), planes)
     try:
         t0, waited = time.perf_counter(), [0.0]
-        path, split = write_volume_slabs(out_dir / "volume.mrc", shape, _timed(slabs, waited), files, cfg.name)
+        path, split = write_volume_slabs(out_dir / "volume.mrc", shape, _timed(slabs, waited), files, cfg.name,
+                                         kept=kept)
         total = time.perf_counter() - t0
-        rest = total - waited[0] - split.get("copy_to_host", 0.0) - split.get("queue_wait", 0.0)
-        log.info("volume.mrc evaluated and written in %.1f s: waiting for the slabs' evaluation %.1f s, their "
-                 "statistics and copies to the host %.1f s, the writer's queue %.1f s, closing the file %.1f s "
-                 "(the writer thread's writes %.1f s)", total, waited[0], split.get("copy_to_host", 0.0),
-                 split.get("queue_wait", 0.0), rest, split.get("write", 0.0))
+        if kept and files.later is not None:
+            log.info("volume.mrc evaluated in %.1f s: waiting for the slabs' evaluation %.1f s, their statistics "
+                     "%.1f s; its copies to the host and writes go on from the GPU copy", total, waited[0],
+                     split.get("copy_to_host", 0.0))
+        else:
+            rest = total - waited[0] - split.get("copy_to_host", 0.0) - split.get("queue_wait", 0.0)
+            log.info("volume.mrc evaluated and written in %.1f s: waiting for the slabs' evaluation %.1f s, their "
+                     "statistics and copies to the host %.1f s, the writer's queue %.1f s, closing the file %.1f s "
+                     "(the writer thread's writes %.1f s)", total, waited[0], split.get("copy_to_host", 0.0),
+                     split.get("queue_wait", 0.0), rest, split.get("write", 0.0))
         volume = path if isinstance(path, np.memmap) else mrc_memmap(path)  # files.later: the map already
+        others = [n for n in volume_names(cfg, files.stem, files.xzy) if n != "volume.mrc"]
+        if others and files.later and files.later[-1].wait_written() is not None:  # the other formats read the map
+            pending = files.later.pop()
+            pending.join()  # raises the write's error (its temporary file removed)
         written, failed = write_volumes(out_dir, volume, cfg, dataclasses.replace(files, skip=("volume.mrc",)))
         return volume, {"volume.mrc": os.fspath(out_dir / "volume.mrc"), **written}, failed
     except NonFiniteSlab:
@@ -408,17 +425,19 @@ def _timed(slabs, waited: list):
         yield item
 
 
-def write_volume_slabs(path: Path, shape_zyx, slabs, files: VolumeFiles, run_name: str) -> tuple[str, dict]:
+def write_volume_slabs(path: Path, shape_zyx, slabs, files: VolumeFiles, run_name: str,
+                       kept: bool = False) -> tuple[str, dict]:
     """volume.mrc of a run from ``slabs`` ((z0, array) in Z order), atomically, with the labels
     :func:`fasttomo.data.io.volume.write_volume` gives it: the same bytes as the one-shot write
-    (voxel size ``files.pixel_size``; its last step on a thread with ``files.later``). Returns (the
-    path, or with ``files.later`` a read-only map of the file, and the seconds of its parts: see
-    :func:`fasttomo.data.io.mrc.write_mrc_slabs`)."""
+    (voxel size ``files.pixel_size``; its last step on a thread with ``files.later``, and with
+    ``kept`` its writes too). Returns (the path, or with ``files.later`` a read-only map of the
+    file, and the seconds of its parts: see :func:`fasttomo.data.io.mrc.write_mrc_slabs`)."""
     from fasttomo.data.io.mrc import MrcHeader, write_mrc_slabs
     from fasttomo.data.io.volume import mrc_label
 
     header, timings = MrcHeader(files.pixel_size, (mrc_label(run_name),)), {}
-    out = write_mrc_slabs(path, shape_zyx, slabs, header, overwrite=True, timings=timings, later=files.later)
+    out = write_mrc_slabs(path, shape_zyx, slabs, header, overwrite=True, timings=timings, later=files.later,
+                          kept=kept)
     log.info("wrote mrc volume %s slab by slab (Z, Y, X = %s, voxel %.4g A)%s", path, tuple(shape_zyx),
              files.pixel_size, "; it goes to the disk while the run goes on" if files.later is not None else "")
     return out, timings

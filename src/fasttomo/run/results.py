@@ -227,10 +227,12 @@ def _pictures(run) -> None:
         if torch.cuda.is_initialized():  # the run's own peak: scoring uses free GPU memory only where there is room
             metrics.setdefault("timeline", {})["peak_gpu_bytes_before_scoring"] = (
                 torch.cuda.max_memory_allocated() - (0 if kept is None else kept.numel() * 4))  # the copy: scoring's
-        report, curves = truth_scores(volume, ts.ground_truth, ts.pixel_size, tilt_range(ts), kept)
+        report, curves = truth_scores(volume, ts.ground_truth, ts.pixel_size, tilt_range(ts), kept,
+                                      volume_ready=run.volume_ready)
         del kept
         metrics.update(report)
         metrics.setdefault("timeline", {})["scoring_s"] = round(time.perf_counter() - t_score, 3)
+    volume = run.volume_ready()  # the pictures read the file's map
     if getattr(run.method, "volume_on_device", None) is not None:
         run.method.volume_on_device = None  # its GPU memory back
     truth = ts.ground_truth if metrics.get("pearson_global") else None

@@ -194,6 +194,17 @@ class Run:
         if self.main and self.state is not None:
             self.checkpoint = results.CheckpointWrite(self.out_dir, self.state)  # joined before metrics.json
 
+    def volume_ready(self) -> np.ndarray | None:
+        """``self.volume`` once it can be read: where volume.mrc's writes went on after the export
+        (from the copy kept on the GPU for the scoring), wait for them; where they failed, the
+        volume becomes that copy's values on the host (for the pictures and the rescue; the join
+        reports the failure)."""
+        kept = getattr(self.method, "volume_on_device", None)
+        for pending in self.publishing:
+            if pending.wait_written() is not None and kept is not None and isinstance(self.volume, np.memmap):
+                self.volume = kept.cpu().numpy()
+        return self.volume
+
     def join_checkpoint(self) -> None:
         """Wait for the checkpoint's write and for volume.mrc's way to the disk and its name, and
         record them (rank 0; nothing when there is none)."""
@@ -210,6 +221,8 @@ class Run:
                 log.error("could not write %s (%s)", pending.path, results.one_line(exc))
             self.publish_s["wait"] = self.publish_s.get("wait", 0.0) + time.perf_counter() - t0
             self.publish_s["fsync_rename"] = self.publish_s.get("fsync_rename", 0.0) + pending.seconds
+            if pending.write_seconds:
+                self.publish_s["writes"] = self.publish_s.get("writes", 0.0) + pending.write_seconds
 
     def _export_slabs(self, files: VolumeFiles) -> bool:
         """One process, mrc among the formats, a method with ``volume_slabs`` (SIRT): volume.mrc

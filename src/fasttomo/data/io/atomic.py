@@ -145,7 +145,7 @@ def _publish(tmp: str, path: str, overwrite: bool) -> None:
     _fsync_dir(folder)
 
 
-_ABANDON = object()
+_ABANDON, _DEFERRED = object(), object()
 
 
 class PublishLater:
@@ -156,15 +156,21 @@ class PublishLater:
     pictures, and its name appears only once all of it is on the disk, as with a plain
     :func:`atomic_write`. :meth:`join` waits and returns the path, or raises the error (the
     temporary file removed, the destination untouched). ``seconds``: the fsync's and the
-    rename's time on the thread."""
+    rename's time on the thread.
+
+    A writer may also leave writes going on after it returns (:meth:`defer`): the fsync and the
+    rename then wait for them, and :meth:`wait_written` waits for them alone (the file's data
+    complete, not yet on the disk). ``write_seconds``: those writes' own time."""
 
     def __init__(self, tmp: str, path: str, overwrite: bool):
         import queue
         import threading
 
         self.tmp, self.path, self.overwrite = tmp, path, overwrite
-        self.finished, self.error, self.seconds = False, None, 0.0
+        self.finished, self.error, self.seconds, self.write_seconds = False, None, 0.0, 0.0
         self._ranges: queue.SimpleQueue = queue.SimpleQueue()
+        self._writes: list = []  # one Event per deferred write, set when it is done
+        self._write_errors: list = []
         self._thread = threading.Thread(target=self._run, name="fasttomo-publish")
         self._thread.start()
 
@@ -172,8 +178,33 @@ class PublishLater:
         """The writer has written ``nbytes`` at ``offset``: send them to the disk."""
         self._ranges.put((offset, nbytes))
 
+    def defer(self):
+        """Called by the writer before it returns: its writes go on elsewhere (a thread), which
+        calls the function returned, ``done(error or None, seconds)``, once they are all made."""
+        import threading
+
+        event = threading.Event()
+        self._writes.append(event)
+        self._ranges.put(_DEFERRED)
+
+        def done(error: BaseException | None, seconds: float = 0.0) -> None:
+            self.write_seconds += seconds
+            if error is not None:
+                self._write_errors.append(error)
+            event.set()
+            self._ranges.put((_DEFERRED, error))
+
+        return done
+
+    def wait_written(self) -> BaseException | None:
+        """Wait for the deferred writes (none: at once); their error, or None when the file's
+        data are all written (in the page cache at least)."""
+        for event in self._writes:
+            event.wait()
+        return self._write_errors[0] if self._write_errors else None
+
     def finish(self) -> None:
-        """The writer is done (the file is complete): fsync and rename on the thread."""
+        """The writer is done (its deferred writes aside): fsync and rename on the thread."""
         self.finished = True
         self._ranges.put(None)
 
@@ -188,31 +219,56 @@ class PublishLater:
             raise self.error
         return self.path
 
+    def _next(self, state: dict):
+        """The next range to send to the disk, or None once the writer and its deferred writes are
+        done (their first error raised) or the writer failed (``state["abandon"]``)."""
+        while True:
+            item = self._ranges.get()
+            if item is _ABANDON:
+                state["abandon"] = True
+                return None
+            if item is _DEFERRED:
+                state["open"] += 1
+            elif item is None:
+                state["open"] -= 1
+            elif isinstance(item, tuple) and item[0] is _DEFERRED:
+                state["open"] -= 1
+                state["error"] = state["error"] or item[1]
+            else:
+                return item
+            if state["open"] == 0:
+                if state["error"] is not None:
+                    raise state["error"]
+                return None
+
     def _run(self) -> None:
         import time
 
-        item = None
+        state = {"open": 1, "error": None, "abandon": False}
         try:
             fd = os.open(self.tmp, os.O_RDWR)
             try:
-                while (item := self._ranges.get()) is not None and item is not _ABANDON:
+                while (item := self._next(state)) is not None:
                     start_writeback(fd, *item)
-                if item is None:
+                if not state["abandon"]:
                     t0 = time.perf_counter()
                     os.fsync(fd)
                     self.seconds += time.perf_counter() - t0
             finally:
                 os.close(fd)
-            if item is None:
+            if not state["abandon"]:
                 t0 = time.perf_counter()
                 _publish(self.tmp, self.path, self.overwrite)
                 self.seconds += time.perf_counter() - t0
         except BaseException as exc:  # noqa: BLE001 - raised by join()
             self.error = exc
-            while item is not None and item is not _ABANDON:  # the writer may still hand over ranges
-                item = self._ranges.get()
+            while not state["abandon"] and state["open"] > 0:  # the writer and its deferred writes may go on
+                try:
+                    self._next(state)
+                except BaseException:  # noqa: BLE001 - the first error is the one reported
+                    pass
         finally:
-            if os.path.lexists(self.tmp) and (self.error is not None or item is _ABANDON):
+            if os.path.lexists(self.tmp) and (self.error is not None or state["abandon"]):
                 os.unlink(self.tmp)
 
 

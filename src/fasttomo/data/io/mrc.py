@@ -387,25 +387,37 @@ class _PlaneStats:
 
 def _device_slab(slab, buffers: "_HostBuffers"):
     """(host float32 array, finite, per-plane (mean, m2, min, max) or None, release or None) of a
-    slab that is a torch tensor on a GPU: the finiteness test and the plane statistics run there
-    (float64, one plane at a time, so they depend on the plane's values alone), then one copy into
-    a reused host buffer of ``buffers`` (``release`` hands it back once written); None for anything
-    else (numpy does all of it on the host)."""
+    slab that is a torch tensor on a GPU: :func:`_device_checks`, then one copy into a reused host
+    buffer of ``buffers`` (``release`` hands it back once written); None for anything else (numpy
+    does all of it on the host)."""
+    checked = _device_checks(slab)
+    if checked is None:
+        return None
+    t, finite, moments = checked
+    if not finite:
+        return None, False, None, None
+    host, release = buffers.copy(t)
+    return host, True, moments, release
+
+
+def _device_checks(slab):
+    """(float32 tensor, finite, per-plane (mean, m2, min, max) or None) of a slab that is a torch
+    tensor on a GPU: the finiteness test and the plane statistics run there (float64, one plane at
+    a time, so they depend on the plane's values alone); None for anything else."""
     if type(slab).__module__.split(".")[0] != "torch" or slab.device.type == "cpu":
         return None
     import torch
 
     t = slab.detach().to(torch.float32)
     if not bool(torch.isfinite(t).all()):
-        return None, False, None, None
+        return t, False, None
     rows = []
     for p in t:
         mean = p.mean(dtype=torch.float64)
         m2 = (p - mean.to(torch.float32)).to(torch.float64).square().sum()
         rows.append(torch.stack([mean, m2, p.min().to(torch.float64), p.max().to(torch.float64)]))
     moments = torch.stack(rows).cpu().numpy() if rows else np.zeros((0, 4))
-    host, release = buffers.copy(t)
-    return host, True, moments, release
+    return t, True, moments
 
 
 class _HostBuffers:
@@ -478,17 +490,21 @@ class SlabWriter:
     does it instead where given: ``PublishLater.written`` does it on its own thread, so this one
     never waits for the device's queue). A failed write (a full disk)
     is raised by the next :meth:`put` or by :meth:`close`; leaving the ``with`` block on an error
-    stops the thread without writing what is still queued. ``seconds``: the thread's time writing,
-    and the caller's waiting for the queue."""
+    stops the thread without writing what is still queued. ``seconds``: the thread's time writing
+    (and copying to the host), and the caller's waiting for the queue.
 
-    def __init__(self, fd: int, writeback=None):
+    With ``buffers`` (:class:`_HostBuffers`) the queue has no bound and a GPU tensor may be queued:
+    the thread copies it to the host itself (so it must stay unchanged until written), and
+    :meth:`detach` lets the caller go on while the thread finishes."""
+
+    def __init__(self, fd: int, writeback=None, buffers: "_HostBuffers | None" = None):
         import queue
         import threading
 
-        self.fd, self.error = fd, None
+        self.fd, self.error, self._buffers, self._done = fd, None, buffers, None
         self._writeback = writeback or functools.partial(start_writeback, fd)
         self.seconds = {"write": 0.0, "queue_wait": 0.0}
-        self._queue = queue.Queue(maxsize=1)
+        self._queue = queue.Queue(maxsize=0 if buffers is not None else 1)
         self._thread = threading.Thread(target=self._run, name="fasttomo-slab-writer", daemon=True)
         self._thread.start()
 
@@ -496,11 +512,15 @@ class SlabWriter:
         while True:
             item = self._queue.get()
             if item is None:
+                if self._done is not None:
+                    self._done(self.error, self.seconds["write"])
                 return
             data, offset, release = item
             try:
                 if self.error is None:
                     t0 = time.perf_counter()
+                    if not isinstance(data, np.ndarray):  # a device tensor (``buffers``): its host copy
+                        data, release = self._buffers.copy(data)
                     _pwrite_all(self.fd, data, offset)
                     self._writeback(offset, data.nbytes)
                     self.seconds["write"] += time.perf_counter() - t0
@@ -510,13 +530,19 @@ class SlabWriter:
                 if release is not None:
                     release()
 
-    def put(self, data: np.ndarray, offset: int, release=None) -> None:
-        """Queue ``data`` for the file at byte ``offset``; ``release()`` is called once it is
-        written (or skipped after an error)."""
+    def put(self, data, offset: int, release=None) -> None:
+        """Queue ``data`` (an array; with ``buffers`` also a GPU tensor) for the file at byte
+        ``offset``; ``release()`` is called once it is written (or skipped after an error)."""
         self._raise()
         t0 = time.perf_counter()
-        self._queue.put((np.ascontiguousarray(data), offset, release))
+        self._queue.put((np.ascontiguousarray(data) if isinstance(data, np.ndarray) else data, offset, release))
         self.seconds["queue_wait"] += time.perf_counter() - t0
+
+    def detach(self, done) -> None:
+        """The caller goes on: the thread writes what is queued, then calls ``done(error or None,
+        its seconds writing)`` (and only then may the file be closed)."""
+        self._done = done
+        self._queue.put(None)
 
     def close(self) -> None:
         if self._thread.is_alive():
@@ -568,7 +594,8 @@ def _new_file(tmp: str, shape: tuple[int, int, int], header: MrcHeader):
 
 
 def write_mrc_slabs(path: str | os.PathLike, shape_zyx: tuple[int, int, int], slabs, header: MrcHeader, *,
-                    overwrite: bool = False, timings: dict | None = None, later: list | None = None) -> str:
+                    overwrite: bool = False, timings: dict | None = None, later: list | None = None,
+                    kept: bool = False) -> str:
     """Write a float32 MRC (Z, Y, X) = ``shape_zyx`` from ``slabs``, an iterable of
     ``(z0, array (dz, Y, X))`` that covers the planes 0..Z-1 once each, in order, holding at most
     three slabs in memory (one being made, one queued, one being written): the file is created at
@@ -587,8 +614,12 @@ def write_mrc_slabs(path: str | os.PathLike, shape_zyx: tuple[int, int, int], sl
 
     Returns the path. With ``later`` (a list; ``data.io.atomic.atomic_write``), the volume goes to
     the disk and is renamed onto ``path`` on a thread, a ``PublishLater`` appended to ``later``
-    for the caller to join, and what is returned is a read-only map of the complete file
-    (:func:`mrc_memmap`, made before the rename and valid after it)."""
+    for the caller to join, and what is returned is a read-only map of the file
+    (:func:`mrc_memmap`, made before the rename and valid after it). With ``kept`` too (the slabs
+    are views of a volume the caller keeps unchanged until that join), the return comes once every
+    slab is checked and counted in the statistics: the copies to the host and the writes go on
+    on the writer thread, and the map may be read only after the ``PublishLater``'s
+    ``wait_written()``."""
     shape = tuple(int(n) for n in shape_zyx)
     if len(shape) != 3 or min(shape) <= 0:
         raise DataFileError(f"{path}: an MRC volume needs a 3-D shape with every side > 0, got {shape}.")
@@ -597,30 +628,39 @@ def write_mrc_slabs(path: str | os.PathLike, shape_zyx: tuple[int, int, int], sl
     def _write(tmp: str) -> None:
         stats = _PlaneStats()
         buffers = _HostBuffers()
+        detached = False
         try:
-            _write_slabs(tmp, buffers, stats)
+            detached = _write_slabs(tmp, buffers, stats)
         finally:
-            buffers.close()
+            if not detached:
+                buffers.close()
         if later is not None:  # mapped before the publishing thread may rename it
             mapped.append(mrc_memmap(tmp))
 
-    def _write_slabs(tmp: str, buffers: _HostBuffers, stats: _PlaneStats) -> None:
+    def _write_slabs(tmp: str, buffers: _HostBuffers, stats: _PlaneStats) -> bool:
+        """True when the writer thread goes on after the return (``kept``)."""
         nxt = 0
+        publish = later[-1] if later else None
+        detach = kept and publish is not None
         head, offset, dtype = _new_file(tmp, shape, header)
-        with open(tmp, "r+b") as f, SlabWriter(f.fileno(), later[-1].written if later else None) as writer:
+        fd = os.open(tmp, os.O_RDWR)
+        writer = SlabWriter(fd, publish.written if publish else None, buffers if detach else None)
+        try:
             for z0, slab in slabs:
                 t0 = time.perf_counter()
-                on_device = _device_slab(slab, buffers)
+                on_device = (None if (c := _device_checks(slab)) is None else (c[0], c[1], c[2], None)) if detach \
+                    else _device_slab(slab, buffers)
                 seconds["copy_to_host"] = seconds.get("copy_to_host", 0.0) + time.perf_counter() - t0
                 part, finite, moments, release = on_device or (np.asarray(slab, dtype=np.float32), None, None, None)
                 if finite is False:
                     raise NonFiniteSlab(f"{path}: planes from {z0} on hold non-finite values.")
-                if z0 != nxt or part.ndim != 3 or part.shape[1:] != shape[1:] or z0 + part.shape[0] > shape[0]:
-                    raise DataFileError(f"{path}: slab at z={z0} of shape {part.shape} does not continue the volume "
-                                        f"{shape} at plane {nxt}.")
+                if z0 != nxt or part.ndim != 3 or tuple(part.shape[1:]) != shape[1:] or z0 + part.shape[0] > shape[0]:
+                    raise DataFileError(f"{path}: slab at z={z0} of shape {tuple(part.shape)} does not continue the "
+                                        f"volume {shape} at plane {nxt}.")
                 if not (np.isfinite(part).all() if finite is None else finite):
                     raise NonFiniteSlab(f"{path}: planes {z0}..{z0 + part.shape[0] - 1} hold non-finite values.")
-                writer.put(part.astype(dtype, copy=False), offset + z0 * plane_bytes, release)
+                writer.put(part.astype(dtype, copy=False) if isinstance(part, np.ndarray) else part,
+                           offset + z0 * plane_bytes, release)
                 if moments is None:
                     for plane in part:
                         stats.add_plane(plane)
@@ -630,10 +670,27 @@ def write_mrc_slabs(path: str | os.PathLike, shape_zyx: tuple[int, int, int], sl
                 nxt = z0 + part.shape[0]
             if nxt != shape[0]:
                 raise DataFileError(f"{path}: the slabs ended at plane {nxt} of {shape[0]}.")
-            writer.close()  # every slab in the file (a write's error raised here)
-            seconds.update(writer.seconds)
+            if not detach:
+                writer.close()  # every slab in the file (a write's error raised here)
+                seconds.update(writer.seconds)
             stats.write_to(head)
-            _pwrite_all(f.fileno(), np.frombuffer(head.tobytes(), dtype=np.uint8), 0)
+            _pwrite_all(fd, np.frombuffer(head.tobytes(), dtype=np.uint8), 0)
+        except BaseException as exc:
+            writer.__exit__(type(exc), exc, None)  # stops the thread; what is queued is skipped
+            os.close(fd)
+            raise
+        if not detach:
+            os.close(fd)
+            return False
+
+        def done(error, write_s):
+            buffers.close()
+            os.close(fd)
+            finished(error, write_s)
+
+        finished = publish.defer()
+        writer.detach(done)
+        return True
 
     t0, seconds, mapped = time.perf_counter(), {}, []
     out = atomic_write(path, _write, overwrite=overwrite, later=later)
