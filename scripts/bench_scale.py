@@ -44,8 +44,8 @@ Cases (5 % noise relative to the clean projections' maximum; 8 random ellipsoids
 Methods (``--methods``):
 
     field-default   nothing but the data (the defaults, sized from it)
-    field-best      the best recipe measured at camera size: the defaults with twice their automatic
-                    steps (at 2048^2 on an H200: FSC 0.5 at 38.7 A against 45.4 A)
+    field-best      the best recipe measured at camera size: the defaults with BEST_STEPS steps
+                    (at 2048^2 on an H200, 10500: FSC 0.5 at 38.7 A against 45.4-54.2 A for 5250)
     sirt            model=sirt, scored every SIRT_CURVE_EVERY iterations up to SIRT_ITERATIONS: the
                     row is the best of them (by Pearson to the truth; the last without a truth)
     NAME            with --variant NAME="overrides": the defaults plus those overrides
@@ -86,14 +86,15 @@ CASES = {
 }
 
 
-def best_recipe(case: str) -> list[str]:
-    """field-best: the defaults with twice their automatic steps (the best recipe measured at camera
-    size: at 2048^2 x 121 on an H200, 10500 steps gave FSC 0.5 at 38.7 A against 45.4 A for the
-    5250 of the defaults)."""
-    from fasttomo.run.build import auto_steps
+BEST_STEPS = {"camera1k": 8000, "camera2k": 10500, "camera4k": 13000}
+"""field-best's steps: twice what the defaults gave before they grew to 2000 steps per doubling."""
 
-    size = CASES[case]["size"]
-    return [f"optim.steps={2 * auto_steps((size, size))}"]
+
+def best_recipe(case: str) -> list[str]:
+    """field-best: the defaults with :data:`BEST_STEPS` steps (the best recipe measured at camera
+    size: at 2048^2 x 121 on an H200, 10500 steps gave FSC 0.5 at 38.7 A against 45.4-54.2 A for
+    5250 steps)."""
+    return [f"optim.steps={BEST_STEPS[case]}"] if case in BEST_STEPS else []
 
 
 def make_case(name: str, work: Path) -> dict:

@@ -89,17 +89,18 @@ def batch_for_pixels(pixels: int, patch_size: int = 1) -> int:
 AUTO_STEPS = 1500
 """optim.steps=None: the step count of images up to AUTO_STEPS_FROM pixels a side."""
 AUTO_STEPS_FROM = 256
-AUTO_STEPS_PER_DOUBLING = 1250
+AUTO_STEPS_PER_DOUBLING = 2000
 """optim.steps=None: steps added per doubling of the image's largest side above AUTO_STEPS_FROM."""
 
 
 def auto_steps(image_hw: tuple[int, int]) -> int:
     """optim.steps=None: 1500 for images up to 256 pixels a side (the measured defaults of the
-    embedded phantom and the 128^2 cases), plus 1250 per doubling of the largest side above 256.
+    embedded phantom and the 128^2 cases), plus 2000 per doubling of the largest side above 256.
     Measured on an H200: at 1024^2 x 61 views, 4000 steps with [128, 256, 512] gave FSC 0.5 at
     21.9 A against 43.4 A for 1500 with [256, 512, 1024]; at 2048^2 x 121 views, 5250 steps gave
-    45.4 A and twice as many 38.7 A (within 1.2x, at 0.64x the process time). PROVISIONAL at 512
-    (2750) and 4096 (6500) until measured."""
+    45.4-54.2 A over ten runs (within 1.2x of 10500 steps' 38.7 A in four), 6750 steps 44.8 A and
+    7500 steps 43.4 A (one run each). PROVISIONAL at 512 (3500), 1024 (5500) and 4096 (9500) until
+    measured."""
     import math
 
     side = max(int(image_hw[0]), int(image_hw[1]))
@@ -151,7 +152,7 @@ def auto_sizes(box: Box, image_hw: tuple[int, int], angles_deg, patch_size: int 
            "sampler.batch_size": f"1024 x 2^round(log2({pixels} pixels / 2^18)) within [1024, 8192]",
            "optim.steps": (f"the images' largest side {max(h, w)} <= {AUTO_STEPS_FROM}" if max(h, w) <= AUTO_STEPS_FROM
                            else f"{AUTO_STEPS} + {AUTO_STEPS_PER_DOUBLING} per doubling of the images' largest side "
-                                f"{max(h, w)} above {AUTO_STEPS_FROM} (measured at 1024 and 2048, provisional elsewhere)")}
+                                f"{max(h, w)} above {AUTO_STEPS_FROM} (measured at 2048, provisional elsewhere)")}
     return AutoSizes(res, spr, batch, steps, why)
 
 
