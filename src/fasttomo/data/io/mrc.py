@@ -648,8 +648,11 @@ def write_mrc_slabs(path: str | os.PathLike, shape_zyx: tuple[int, int, int], sl
         try:
             for z0, slab in slabs:
                 t0 = time.perf_counter()
-                on_device = (None if (c := _device_checks(slab)) is None else (c[0], c[1], c[2], None)) if detach \
-                    else _device_slab(slab, buffers)
+                if detach:  # checked and counted here; copied to the host on the writer thread
+                    checked = _device_checks(slab)
+                    on_device = None if checked is None else (*checked, None)
+                else:
+                    on_device = _device_slab(slab, buffers)
                 seconds["copy_to_host"] = seconds.get("copy_to_host", 0.0) + time.perf_counter() - t0
                 part, finite, moments, release = on_device or (np.asarray(slab, dtype=np.float32), None, None, None)
                 if finite is False:
@@ -683,12 +686,13 @@ def write_mrc_slabs(path: str | os.PathLike, shape_zyx: tuple[int, int, int], sl
             os.close(fd)
             return False
 
+        finished = publish.defer()
+
         def done(error, write_s):
             buffers.close()
             os.close(fd)
             finished(error, write_s)
 
-        finished = publish.defer()
         writer.detach(done)
         return True
 
