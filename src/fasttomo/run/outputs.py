@@ -95,6 +95,10 @@ class VolumeFiles:
     """Where the slab-wise volume.mrc goes to the disk and takes its name on a thread
     (``data.io.atomic.PublishLater``, appended here), for the caller to join before it reports the
     file; None: before the export returns."""
+    kept: bool = False
+    """The slabs are views of a volume kept unchanged until ``later`` is joined (the GPU copy for
+    the scoring): with ``later``, their copies to the host and writes go on after the export
+    returns (``data.io.mrc.write_mrc_slabs``)."""
 
 
 def write_volumes(out_dir: Path, volume: np.ndarray, cfg, files: VolumeFiles) -> tuple[dict[str, str], dict[str, str]]:
@@ -350,8 +354,8 @@ def export_field(trainer, cfg, out_dir: Path, files: VolumeFiles, truth=None):
         keep = scoring_copy(shape, trainer.device, truth)
         planes = slab_planes_of(cfg)(shape, trainer.device)
         slabs = field_slabs(trainer.projector, trainer.sampler.scale, shape, planes)
-        done = export_slabs((shape, planes, slabs if keep is None else _copied(slabs, keep)), cfg, out_dir, files,
-                            kept=keep is not None)
+        source = (shape, planes, slabs if keep is None else _copied(slabs, keep))
+        done = export_slabs(source, cfg, out_dir, files if keep is None else dataclasses.replace(files, kept=True))
         if done is not None:
             return (*done, True, keep)
         del keep
@@ -366,23 +370,21 @@ def export_field(trainer, cfg, out_dir: Path, files: VolumeFiles, truth=None):
     return volume, written, failed, True, None
 
 
-def export_slabs(source, cfg, out_dir: Path, files: VolumeFiles, kept: bool = False):
+def export_slabs(source, cfg, out_dir: Path, files: VolumeFiles):
     """volume.mrc written from ``source`` = (shape, Z planes a slab, slabs: (z0, array or tensor)
-    in Z order), then the run's other formats from a read-only map of it (``files``: voxel size
-    and attributes): (volume map, written, failed), or None when a slab held non-finite values or
-    volume.mrc could not be written (the caller then takes the volume whole). ``kept``: the slabs
-    are views of a volume kept unchanged until ``files.later`` is joined, so with ``files.later``
-    the writes may go on after the return (``write_mrc_slabs``)."""
+    in Z order), then the run's other formats from a read-only map of it (``files``: voxel size,
+    attributes, and with ``files.kept`` and ``files.later`` writes that go on after the return):
+    (volume map, written, failed), or None when a slab held non-finite values or volume.mrc could
+    not be written (the caller then takes the volume whole)."""
     from fasttomo.data.io.mrc import NonFiniteSlab, mrc_memmap
 
     shape, planes, slabs = source
     log.info("exporting the volume %s in slabs of %d Z planes", tuple(shape), planes)
     try:
         t0, waited = time.perf_counter(), [0.0]
-        path, split = write_volume_slabs(out_dir / "volume.mrc", shape, _timed(slabs, waited), files, cfg.name,
-                                         kept=kept)
+        path, split = write_volume_slabs(out_dir / "volume.mrc", shape, _timed(slabs, waited), files, cfg.name)
         total = time.perf_counter() - t0
-        if kept and files.later is not None:
+        if files.kept and files.later is not None:
             log.info("volume.mrc evaluated in %.1f s: waiting for the slabs' evaluation %.1f s, their statistics "
                      "%.1f s; its copies to the host and writes go on from the GPU copy", total, waited[0],
                      split.get("copy_to_host", 0.0))
@@ -425,19 +427,18 @@ def _timed(slabs, waited: list):
         yield item
 
 
-def write_volume_slabs(path: Path, shape_zyx, slabs, files: VolumeFiles, run_name: str,
-                       kept: bool = False) -> tuple[str, dict]:
+def write_volume_slabs(path: Path, shape_zyx, slabs, files: VolumeFiles, run_name: str) -> tuple[str, dict]:
     """volume.mrc of a run from ``slabs`` ((z0, array) in Z order), atomically, with the labels
     :func:`fasttomo.data.io.volume.write_volume` gives it: the same bytes as the one-shot write
     (voxel size ``files.pixel_size``; its last step on a thread with ``files.later``, and with
-    ``kept`` its writes too). Returns (the path, or with ``files.later`` a read-only map of the
+    ``files.kept`` its writes too). Returns (the path, or with ``files.later`` a read-only map of the
     file, and the seconds of its parts: see :func:`fasttomo.data.io.mrc.write_mrc_slabs`)."""
     from fasttomo.data.io.mrc import MrcHeader, write_mrc_slabs
     from fasttomo.data.io.volume import mrc_label
 
     header, timings = MrcHeader(files.pixel_size, (mrc_label(run_name),)), {}
     out = write_mrc_slabs(path, shape_zyx, slabs, header, overwrite=True, timings=timings, later=files.later,
-                          kept=kept)
+                          kept=files.kept)
     log.info("wrote mrc volume %s slab by slab (Z, Y, X = %s, voxel %.4g A)%s", path, tuple(shape_zyx),
              files.pixel_size, "; it goes to the disk while the run goes on" if files.later is not None else "")
     return out, timings

@@ -593,6 +593,33 @@ def _new_file(tmp: str, shape: tuple[int, int, int], header: MrcHeader):
         return m.header.copy(), int(m.data.offset), m.data.dtype
 
 
+def _checked_slabs(path, shape: tuple[int, int, int], slabs, buffers: "_HostBuffers | None", seconds: dict):
+    """(z0, part, per-plane moments or None, release or None) of each of ``slabs``, refused where
+    it does not continue the volume of ``shape`` or holds non-finite values. A GPU slab is checked
+    and counted there (:func:`_device_checks`), then copied into ``buffers`` (:func:`_device_slab`),
+    or, without ``buffers``, passed on as the device tensor (the writer copies it); the seconds go
+    to ``seconds["copy_to_host"]``."""
+    nxt = 0
+    for z0, slab in slabs:
+        t0 = time.perf_counter()
+        if buffers is None:
+            checked = _device_checks(slab)
+            on_device = None if checked is None else (*checked, None)
+        else:
+            on_device = _device_slab(slab, buffers)
+        seconds["copy_to_host"] = seconds.get("copy_to_host", 0.0) + time.perf_counter() - t0
+        part, finite, moments, release = on_device or (np.asarray(slab, dtype=np.float32), None, None, None)
+        if finite is False:
+            raise NonFiniteSlab(f"{path}: planes from {z0} on hold non-finite values.")
+        if z0 != nxt or part.ndim != 3 or tuple(part.shape[1:]) != shape[1:] or z0 + part.shape[0] > shape[0]:
+            raise DataFileError(f"{path}: slab at z={z0} of shape {tuple(part.shape)} does not continue the "
+                                f"volume {shape} at plane {nxt}.")
+        if not (np.isfinite(part).all() if finite is None else finite):
+            raise NonFiniteSlab(f"{path}: planes {z0}..{z0 + part.shape[0] - 1} hold non-finite values.")
+        nxt = z0 + part.shape[0]
+        yield z0, part, moments, release
+
+
 def write_mrc_slabs(path: str | os.PathLike, shape_zyx: tuple[int, int, int], slabs, header: MrcHeader, *,
                     overwrite: bool = False, timings: dict | None = None, later: list | None = None,
                     kept: bool = False) -> str:
@@ -623,78 +650,18 @@ def write_mrc_slabs(path: str | os.PathLike, shape_zyx: tuple[int, int, int], sl
     shape = tuple(int(n) for n in shape_zyx)
     if len(shape) != 3 or min(shape) <= 0:
         raise DataFileError(f"{path}: an MRC volume needs a 3-D shape with every side > 0, got {shape}.")
-    plane_bytes = 4 * shape[1] * shape[2]
 
     def _write(tmp: str) -> None:
         stats = _PlaneStats()
         buffers = _HostBuffers()
         detached = False
         try:
-            detached = _write_slabs(tmp, buffers, stats)
+            detached = _write_slab_file(tmp, (path, shape, header), slabs, later, kept, (buffers, stats, seconds))
         finally:
             if not detached:
                 buffers.close()
         if later is not None:  # mapped before the publishing thread may rename it
             mapped.append(mrc_memmap(tmp))
-
-    def _write_slabs(tmp: str, buffers: _HostBuffers, stats: _PlaneStats) -> bool:
-        """True when the writer thread goes on after the return (``kept``)."""
-        nxt = 0
-        publish = later[-1] if later else None
-        detach = kept and publish is not None
-        head, offset, dtype = _new_file(tmp, shape, header)
-        fd = os.open(tmp, os.O_RDWR)
-        writer = SlabWriter(fd, publish.written if publish else None, buffers if detach else None)
-        try:
-            for z0, slab in slabs:
-                t0 = time.perf_counter()
-                if detach:  # checked and counted here; copied to the host on the writer thread
-                    checked = _device_checks(slab)
-                    on_device = None if checked is None else (*checked, None)
-                else:
-                    on_device = _device_slab(slab, buffers)
-                seconds["copy_to_host"] = seconds.get("copy_to_host", 0.0) + time.perf_counter() - t0
-                part, finite, moments, release = on_device or (np.asarray(slab, dtype=np.float32), None, None, None)
-                if finite is False:
-                    raise NonFiniteSlab(f"{path}: planes from {z0} on hold non-finite values.")
-                if z0 != nxt or part.ndim != 3 or tuple(part.shape[1:]) != shape[1:] or z0 + part.shape[0] > shape[0]:
-                    raise DataFileError(f"{path}: slab at z={z0} of shape {tuple(part.shape)} does not continue the "
-                                        f"volume {shape} at plane {nxt}.")
-                if not (np.isfinite(part).all() if finite is None else finite):
-                    raise NonFiniteSlab(f"{path}: planes {z0}..{z0 + part.shape[0] - 1} hold non-finite values.")
-                writer.put(part.astype(dtype, copy=False) if isinstance(part, np.ndarray) else part,
-                           offset + z0 * plane_bytes, release)
-                if moments is None:
-                    for plane in part:
-                        stats.add_plane(plane)
-                else:
-                    for mean, m2, lo, hi in moments.tolist():
-                        stats.add(shape[1] * shape[2], mean, m2, lo, hi)
-                nxt = z0 + part.shape[0]
-            if nxt != shape[0]:
-                raise DataFileError(f"{path}: the slabs ended at plane {nxt} of {shape[0]}.")
-            if not detach:
-                writer.close()  # every slab in the file (a write's error raised here)
-                seconds.update(writer.seconds)
-            stats.write_to(head)
-            _pwrite_all(fd, np.frombuffer(head.tobytes(), dtype=np.uint8), 0)
-        except BaseException as exc:
-            writer.__exit__(type(exc), exc, None)  # stops the thread; what is queued is skipped
-            os.close(fd)
-            raise
-        if not detach:
-            os.close(fd)
-            return False
-
-        finished = publish.defer()
-
-        def done(error, write_s):
-            buffers.close()
-            os.close(fd)
-            finished(error, write_s)
-
-        writer.detach(done)
-        return True
 
     t0, seconds, mapped = time.perf_counter(), {}, []
     out = atomic_write(path, _write, overwrite=overwrite, later=later)
@@ -702,6 +669,55 @@ def write_mrc_slabs(path: str | os.PathLike, shape_zyx: tuple[int, int, int], sl
     if timings is not None:
         timings.update({k: round(v, 3) for k, v in seconds.items()}, total=round(time.perf_counter() - t0, 3))
     return out
+
+
+def _write_slab_file(tmp: str, volume, slabs, later: list | None, kept: bool, state) -> bool:
+    """:func:`write_mrc_slabs`'s writer into ``tmp``: ``volume`` = (path, shape, header), ``state`` =
+    (host buffers, plane statistics, seconds). True when the writer thread goes on after the return
+    (``kept``)."""
+    path, shape, header = volume
+    buffers, stats, seconds = state
+    plane_bytes, nxt = 4 * shape[1] * shape[2], 0
+    publish = later[-1] if later else None
+    detach = kept and publish is not None
+    head, offset, dtype = _new_file(tmp, shape, header)
+    fd = os.open(tmp, os.O_RDWR)
+    writer = SlabWriter(fd, publish.written if publish else None, buffers if detach else None)
+    try:
+        for z0, part, moments, release in _checked_slabs(path, shape, slabs, None if detach else buffers, seconds):
+            writer.put(part.astype(dtype, copy=False) if isinstance(part, np.ndarray) else part,
+                       offset + z0 * plane_bytes, release)
+            if moments is None:
+                for plane in part:
+                    stats.add_plane(plane)
+            else:
+                for mean, m2, lo, hi in moments.tolist():
+                    stats.add(shape[1] * shape[2], mean, m2, lo, hi)
+            nxt = z0 + part.shape[0]
+        if nxt != shape[0]:
+            raise DataFileError(f"{path}: the slabs ended at plane {nxt} of {shape[0]}.")
+        if not detach:
+            writer.close()  # every slab in the file (a write's error raised here)
+            seconds.update(writer.seconds)
+        stats.write_to(head)
+        _pwrite_all(fd, np.frombuffer(head.tobytes(), dtype=np.uint8), 0)
+    except BaseException as exc:
+        writer.__exit__(type(exc), exc, None)  # stops the thread; what is queued is skipped
+        os.close(fd)
+        raise
+    if not detach:
+        os.close(fd)
+        return False
+
+    finished = publish.defer()
+
+    def done(error, write_s):
+        buffers.close()
+        os.close(fd)
+        finished(error, write_s)
+
+    writer.detach(done)
+    return True
 
 
 def _ascii80(text: str) -> str:
