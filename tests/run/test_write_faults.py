@@ -193,3 +193,30 @@ def test_kept_slabs_written_after_the_return_onto_a_full_disk_fail_the_join_and_
         pending.join()
     assert info.value.errno == errno.ENOSPC, info.value
     assert sorted(p.name for p in mnt.iterdir()) == []
+
+
+def test_a_run_whose_deferred_volume_writes_fail_reports_them_and_keeps_the_volume_from_its_copy(small_fs):
+    """The run's side of a failed deferred write (``Run.volume_ready``, ``Run.join_checkpoint`` on
+    the run's own state): the volume the pictures and the rescue read becomes the kept copy's values
+    instead of the map of the failed file, and the join reports volume.mrc as failed, by name."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from fasttomo.data.io.mrc import MrcHeader, write_mrc_slabs
+    from fasttomo.run.run import Run
+
+    mnt, _ = small_fs
+    shape = (200, 128, 128)  # 12.5 MiB on a 2 MiB file system
+    vol = np.arange(int(np.prod(shape)), dtype=np.float32).reshape(shape)
+    later = []
+    mapped = write_mrc_slabs(mnt / "volume.mrc", shape, [(0, vol)], MrcHeader(1.0), later=later, kept=True)
+    state = SimpleNamespace(method=SimpleNamespace(volume_on_device=torch.from_numpy(vol)), publishing=later,
+                            volume=mapped, checkpoint=None, written={"volume.mrc": str(mnt / "volume.mrc")},
+                            failed={}, publish_s={})
+    got = Run.volume_ready(state)
+    assert got is state.volume and not isinstance(got, np.memmap)
+    np.testing.assert_array_equal(got, vol)
+    Run.join_checkpoint(state)
+    assert state.written == {} and "No space left on device" in state.failed["volume.mrc"], state.failed
+    assert sorted(p.name for p in mnt.iterdir()) == []
