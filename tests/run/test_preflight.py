@@ -144,3 +144,17 @@ def test_the_gpu_estimate_of_the_camera_cases_is_within_a_quarter_of_their_measu
     shape = dataclasses.replace(preflight.planned_shape(cfg, ts), device=torch.device("cuda"))
     estimate = sum(preflight.memory_bytes(shape, True).values()) / 1e9
     assert 0.75 <= estimate / peak <= 1.25, (estimate, peak)
+
+
+def test_the_cpu_estimate_counts_one_export_slab_where_the_scores_stream():
+    """On the CPU a volume up to WHOLE_VOLUME_MAX_VOXELS is scored whole (24 B a voxel at the end);
+    above it the export goes slab by slab and the scores stream, so the end costs one export slab,
+    however large the volume: camera2k's 2^31 voxels were asked 51.5 GB for it and refused."""
+    from fasttomo.quality.scoring import WHOLE_VOLUME_MAX_VOXELS
+    from fasttomo.run.outputs import EXPORT_BYTES_PER_VOXEL, EXPORT_SLAB_MAX_BYTES
+    from fasttomo.run.preflight import cpu_final_bytes
+
+    assert cpu_final_bytes(1 << 20) == 24 << 20
+    assert cpu_final_bytes(WHOLE_VOLUME_MAX_VOXELS) == 24 * WHOLE_VOLUME_MAX_VOXELS
+    slab = EXPORT_SLAB_MAX_BYTES // 4 * EXPORT_BYTES_PER_VOXEL
+    assert cpu_final_bytes(512 * 2048 * 2048) == cpu_final_bytes(256 * 4096 * 4096) == slab < 7e9

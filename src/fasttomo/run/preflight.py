@@ -254,8 +254,26 @@ def memory_bytes(shape: RunShape, guard: bool) -> dict[str, int]:
         return out
     out["training step"] = step  # its blocks stay with the process (the allocator keeps them) ...
     out[f"largest other pass ({largest})"] = passes[largest]  # ... while the other passes run
-    out["final volume and scores"] = shape.voxels * 4 * 6
+    out["final volume and scores"] = cpu_final_bytes(shape.voxels)
     return out
+
+
+CPU_WHOLE_VOLUME_BYTES_PER_VOXEL = 24
+"""Host bytes a voxel of a volume scored whole costs at the end of a CPU run: the volume, the truth
+and the FFTs of its FSC (camera1k, 2^28 voxels: 5.5 GB at the export's end, 12.6 GB peak)."""
+
+
+def cpu_final_bytes(voxels: int) -> int:
+    """The CPU's final volume and its scores: up to ``quality.scoring.WHOLE_VOLUME_MAX_VOXELS`` the
+    volume scored whole (:data:`CPU_WHOLE_VOLUME_BYTES_PER_VOXEL`); above it the export goes slab by
+    slab into its file and the scores stream over the files' maps, so what counts is one export slab
+    (at most ``run.outputs.EXPORT_SLAB_MAX_BYTES`` of float32, at ``EXPORT_BYTES_PER_VOXEL``)."""
+    from fasttomo.quality.scoring import WHOLE_VOLUME_MAX_VOXELS
+    from fasttomo.run.outputs import EXPORT_BYTES_PER_VOXEL, EXPORT_SLAB_MAX_BYTES
+
+    if voxels <= WHOLE_VOLUME_MAX_VOXELS:
+        return voxels * CPU_WHOLE_VOLUME_BYTES_PER_VOXEL
+    return min(voxels, EXPORT_SLAB_MAX_BYTES // 4) * EXPORT_BYTES_PER_VOXEL
 
 
 def estimate_memory_bytes(cfg: Config, comps) -> dict[str, int]:
