@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -91,10 +92,11 @@ def check_free_space(folder: Path, cfg: Config, comps, start_step: int = 0) -> d
 
 def train_point_bytes(n_features: int, hidden: int, fused: bool = False) -> int:
     """Bytes a training step keeps per sample point for the backward (measured about 1,000-1,100 B
-    at 32 features and 32 hidden units on the CPU). ``fused`` (the GPU's Triton interpolation,
-    which recomputes the plane features in its backward): the point, the decoder's input and its
-    two hidden layers, about 480 B at 48 features and 32 hidden units (an H200's dry run measured
-    about 500 B a point of a 4096^2 x 121 series' step)."""
+    at 32 features and 32 hidden units on the CPU's aten path). ``fused`` (the GPU's Triton
+    interpolation or the CPU's native kernels, which recompute the plane features in their
+    backward): the point, the decoder's input and its two hidden layers, about 480 B at 48
+    features and 32 hidden units (an H200's dry run measured about 500 B a point of a 4096^2 x 121
+    series' step)."""
     if fused:
         return 4 * (3 + n_features + 2 * hidden + 4)
     return 4 * (3 * 4 + 4 * n_features + 4 * hidden + 16)
@@ -107,13 +109,19 @@ are their persistent memory plus 21 B for each voxel of a 2^28-voxel slab."""
 
 
 def _fused(device: torch.device) -> bool:
-    """Whether a training step on ``device`` runs the fused Triton interpolation (CUDA, triton
-    installed, kernels.backend not forced to torch)."""
+    """Whether a training step on ``device`` runs an interpolation that recomputes the plane
+    features in its backward instead of saving them: the fused Triton kernels (CUDA, triton
+    installed) or the native C kernels of the CPU (a C compiler on PATH), kernels.backend not
+    forced to torch."""
     import importlib.util
 
     from fasttomo.kernels import dispatch
 
-    return device.type == "cuda" and dispatch.backend() != "torch" and importlib.util.find_spec("triton") is not None
+    if dispatch.backend() == "torch":
+        return False
+    if device.type == "cpu":
+        return bool(os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc"))
+    return device.type == "cuda" and importlib.util.find_spec("triton") is not None
 
 
 @dataclass
