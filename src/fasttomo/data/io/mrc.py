@@ -489,7 +489,7 @@ class SlabWriter:
     final fsync of a camera-sized volume finds little left to write (``writeback(offset, nbytes)``
     does it instead where given: ``PublishLater.written`` does it on its own thread, so this one
     never waits for the device's queue). A failed write (a full disk)
-    is raised by the next :meth:`put` or by :meth:`close`; leaving the ``with`` block on an error
+    is raised by the next :meth:`put` or by :meth:`close`; :meth:`abort` (the caller's own error)
     stops the thread without writing what is still queued. ``seconds``: the thread's time writing
     (and copying to the host), and the caller's waiting for the queue.
 
@@ -556,14 +556,9 @@ class SlabWriter:
         if self.error is not None:
             raise self.error
 
-    def __enter__(self) -> "SlabWriter":
-        return self
-
-    def __exit__(self, kind, exc, tb) -> None:
-        if kind is None:
-            self.close()
-            return
-        self.error = self.error or exc  # the thread skips what is still queued
+    def abort(self, exc: BaseException) -> None:
+        """The caller failed with ``exc``: the thread skips what is still queued and stops."""
+        self.error = self.error or exc
         if self._thread.is_alive():
             self._queue.put(None)
             self._thread.join()
@@ -702,7 +697,7 @@ def _write_slab_file(tmp: str, volume, slabs, later: list | None, kept: bool, st
         stats.write_to(head)
         _pwrite_all(fd, np.frombuffer(head.tobytes(), dtype=np.uint8), 0)
     except BaseException as exc:
-        writer.__exit__(type(exc), exc, None)  # stops the thread; what is queued is skipped
+        writer.abort(exc)
         os.close(fd)
         raise
     if not detach:
