@@ -19,7 +19,9 @@ overrides and ``evaluation.truth`` (scoring only). The numbers come from each ru
                       run on a thread from the export on), exit
                       (metrics.json, the closing summary, the interpreter's exit)
     pearson, pearson_fg, fsc05_A      against the truth (null without one)
-    halfset_fsc0143_A                  with --half-sets (a second, even/odd run of each method)
+    halfset_fsc0143_A                  with --half-sets (a second, even/odd run of each method), or
+                                       --half-sets-in-row (the row's own run fits the halves too, after
+                                       its export: fixed_seconds.half_sets, inside process_seconds)
     estimate_GB, estimate_over_peak    with --estimate: the dry run's memory estimate and its ratio to the
                                        measured peak (the GPU's; on a CPU the host's)
 
@@ -217,6 +219,7 @@ def row_of(case: str, method: str, m: dict) -> dict:
                              "scoring": _r(tl.get("scoring_s")), "checkpoint": _r(_waited(tl.get("checkpoint_s"))),
                              "pictures": _r(tl.get("pictures_s")),
                              "volume_disk": _r((tl.get("volume_publish_s") or {}).get("wait")),
+                             "half_sets": _r(m.get("half_sets_seconds")),
                              "exit": _r(m["_process_seconds"] - tl["process_to_end_s"]
                                         if tl.get("process_to_end_s") is not None else None)},
            "pearson": m.get("pearson_global"), "pearson_fg": m.get("pearson_foreground"),
@@ -263,6 +266,9 @@ def main() -> None:
                     help="one more field method: the defaults plus these overrides (repeatable)")
     ap.add_argument("--half-sets", action="store_true", help="a second run per method with evaluation.half_sets=true "
                     "(fills halfset_fsc0143_A)")
+    ap.add_argument("--half-sets-in-row", action="store_true", help="one run per method, with "
+                    "evaluation.half_sets=true: the row's times and peaks are that run's, its process time holding the "
+                    "two half fits too (fixed_seconds.half_sets): half the device time of --half-sets")
     ap.add_argument("--warmup", action="store_true", help="one untimed 30-step field run of each case first, so "
                     "that the rows' first steps load the kernels from a warm cache (a user's second run) instead of "
                     "compiling them (a fresh machine's first)")
@@ -293,7 +299,8 @@ def main() -> None:
             run_method(case, files, "warmup", work, False, args.python)
         for method in methods:
             estimate = dry_estimate(case, files, method, work, args.python) if args.estimate else None
-            row = row_of(case, method, run_method(case, files, method, work, False, args.python))
+            m = run_method(case, files, method, work, args.half_sets_in_row, args.python)
+            row = row_of(case, method, m)
             row["kernel_cache"] = "warm" if args.warmup else "as found"
             if estimate is not None:  # the device's estimate against its measured peak (GPU; else the host's)
                 peak = (row["peak_gpu_before_scoring_GB"] or row["peak_gpu_GB"]) if device != "cpu" else row["peak_host_GB"]
@@ -301,7 +308,12 @@ def main() -> None:
                 row["estimate_over_peak"] = _r(estimate / 1e9 / peak) if peak else None
             if args.half_sets:
                 hs = run_method(case, files, method, work, True, args.python).get("half_sets") or {}
+            elif args.half_sets_in_row:
+                hs = m.get("half_sets") or {}
+                row["half_sets_in_row"] = True
+            if args.half_sets or args.half_sets_in_row:  # no crossing: at Nyquist or finer ("not crossed")
                 row["halfset_fsc0143_A"] = hs.get("fsc0143_A")
+                row["halfset_fsc0143_status"] = (hs.get("fsc") or {}).get("fsc0143_status")
             rows.append(row)
             print_table([row])
             # after every method, so that a case cut short keeps the rows it has

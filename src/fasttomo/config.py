@@ -990,7 +990,8 @@ class EvaluationConfig:
     half_sets: bool = False
     """Also reconstruct the even and the odd views separately (two more fits, same settings) and
     report their Fourier shell correlation (the 0.143 crossing is the usual resolution estimate of
-    the full reconstruction), and write volume_even.mrc / volume_odd.mrc. Needs no ground truth."""
+    the full reconstruction). Needs no ground truth. The half volumes are held for their FSC (on
+    the GPU where it has room) and not written; output.half_volumes=true writes them."""
     view_residuals: bool = True
     """Predict every training view with the fit (field, learned poses, intensity model) and report
     the Pearson correlation and RMS residual per view in metrics.json: the view the others do not

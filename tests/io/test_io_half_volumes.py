@@ -57,10 +57,37 @@ def test_half_volumes_in_slabs_give_every_format_the_same_voxels(tmp_path):
     from fasttomo.data.io.volume import read_volume
 
     out = tmp_path / "run"
-    run(compose_config([*TINY, "optim.steps=10", "evaluation.half_sets=true", "output.formats=[mrc,h5]",
+    run(compose_config([*TINY, "optim.steps=10", "output.half_volumes=true", "output.formats=[mrc,h5]",
                         "output.slab_planes=2", f"output.dir={out}"]))
     for half in ("even", "odd"):
         mrc, h5 = read_volume(out / f"volume_{half}.mrc")[0], read_volume(out / f"volume_{half}.h5")[0]
         assert mrc.shape == read_volume(out / "volume.mrc")[0].shape and np.isfinite(mrc).all()
         np.testing.assert_array_equal(mrc, h5)
     assert json.loads((out / "metrics.json").read_text())["half_sets"]["fsc"]
+
+
+
+def test_the_disk_estimate_counts_the_half_volumes_a_run_writes():
+    """The disk check counts volume_even.* / volume_odd.* where output.half_volumes writes them
+    (every format, MRC always), none for evaluation.half_sets alone (the halves are held for
+    their FSC), and an MRC file each where a camera-size half has no GPU to be held on."""
+    import math
+    import types
+
+    import torch
+
+    from fasttomo.run.preflight import estimate_output_bytes
+
+    def volumes(*overrides, shape=(10, 20, 30), device="cpu") -> float:
+        comps = types.SimpleNamespace(box=types.SimpleNamespace(shape_zyx=shape), device=torch.device(device),
+                                      projector=torch.nn.Linear(2, 2))
+        return estimate_output_bytes(compose_config([*TINY, *overrides]), comps)["volumes"] / (
+            4 * math.prod(shape) + 4096)
+
+    assert volumes("output.formats=[mrc]") == 1
+    assert volumes("output.formats=[mrc]", "output.half_volumes=true") == 3
+    assert volumes("output.formats=[h5,tiff]", "output.half_volumes=true") == 2 + 2 * 3
+    assert volumes("output.formats=[mrc]", "evaluation.half_sets=true") == 1
+    camera2k = (512, 2048, 2048)
+    assert volumes("output.formats=[mrc]", "evaluation.half_sets=true", shape=camera2k) == 3
+    assert volumes("output.formats=[mrc]", "evaluation.half_sets=true", shape=camera2k, device="cuda") == 1

@@ -100,3 +100,22 @@ def test_a_masked_fsc_on_a_device_matches_numpy_and_leaves_the_inputs_alone(devi
     np.testing.assert_allclose(got.power_a, ref.power_a, rtol=1e-5)
     np.testing.assert_array_equal(a, a0)  # centred on a copy, even where the device is the host's
     np.testing.assert_array_equal(b, b0)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("large", [False, True])
+def test_the_half_set_fsc_of_tensors_is_that_of_their_arrays(large, device, monkeypatch, caplog):
+    """pair_fsc takes half volumes held as torch tensors (on the run's GPU) as it takes arrays:
+    whole below WHOLE_VOLUME_MAX_VOXELS (copied to the host), from crops above it (lowered here)."""
+    import fasttomo.quality.scoring as scoring
+
+    a, b = _pair()
+    if large:
+        monkeypatch.setattr(scoring, "WHOLE_VOLUME_MAX_VOXELS", 1000)
+    monkeypatch.setattr(metrics, "scoring_device", lambda: device)
+    with caplog.at_level("INFO", logger="fasttomo"):
+        ref, _ = scoring.pair_fsc(a, b, 3.0, (-60.0, 60.0))
+        got, _ = scoring.pair_fsc(torch.from_numpy(a).to(device), torch.from_numpy(b).to(device), 3.0,
+                                  (-60.0, 60.0))
+    assert got == ref and ref["fsc"]["fsc05_status"] == "crossed"
+    assert sum("from crops" in r.getMessage() for r in caplog.records) == (2 if large else 0)

@@ -276,3 +276,28 @@ def test_kept_slabs_are_written_after_the_return_into_the_same_file(tmp_path):
     assert pending.join() == str(tmp_path / "kept.mrc") and pending.write_seconds >= 0
     assert _bytes(one) == _bytes(tmp_path / "kept.mrc")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["kept.mrc", "one.mrc"]  # no temporary left
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("model", ["sirt", "field"])
+def test_gpu_half_sets_are_held_on_the_gpu_and_score_as_the_written_halves(tmp_path, caplog, model):
+    """On a GPU, evaluation.half_sets holds each half there for its FSC and writes no half file.
+    SIRT (the same halves twice): that FSC is the FSC of the halves output.half_volumes writes."""
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    args = [*TINY, "runtime=cuda", "optim.steps=20"]
+    if model == "sirt":
+        args = [*(a for a in args if not a.startswith(("model.", "projector.", "sampler."))), "model=sirt",
+                "model.iterations=5"]
+    with caplog.at_level("INFO", logger="fasttomo"):
+        held = run(compose_config([*args, "evaluation.half_sets=true", f"output.dir={tmp_path / 'held'}"]))
+    assert sum("held on cuda" in r.getMessage() for r in caplog.records) == 2
+    assert not list((tmp_path / "held").glob("volume_*")) and (tmp_path / "held" / "fsc_halfsets.png").is_file()
+    assert held["half_sets"]["fsc"]["fsc05_status"] == "crossed"
+    if model == "sirt":
+        files = run(compose_config([*args, "output.half_volumes=true", f"output.dir={tmp_path / 'files'}"]))
+        assert (tmp_path / "files" / "volume_even.mrc").is_file()
+        np.testing.assert_allclose(np.array(held["half_sets"]["fsc"]["fsc"], float),
+                                   np.array(files["half_sets"]["fsc"]["fsc"], float), rtol=0, atol=1e-4)

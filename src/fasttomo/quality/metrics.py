@@ -534,7 +534,7 @@ def chunked_fsc(a: np.ndarray, b: np.ndarray, voxel_size_A: float, tilt_range_de
                 if device is not None:
                     sums = _crop_sums_torch(a[cut], b[cut], taper, vx, sw, tilt_range_deg, device, "chunked_fsc")
                 if sums is None:
-                    ca, cb = _check_pair(_host(a[cut]), _host(b[cut]), taper, "chunked_fsc")
+                    ca, cb = _check_pair(host_array(a[cut]), host_array(b[cut]), taper, "chunked_fsc")
                     sums = _shell_sums(ca, cb, vx, sw, tilt_range_deg, device=None)
                 for v in (a, b):
                     if isinstance(v, np.ndarray):
@@ -543,7 +543,7 @@ def chunked_fsc(a: np.ndarray, b: np.ndarray, voxel_size_A: float, tilt_range_de
     return _curves(total, box, vx, sw)
 
 
-def _host(v) -> np.ndarray:
+def host_array(v) -> np.ndarray:
     """``v`` as a numpy array (a torch tensor copied to the host)."""
     return v.detach().cpu().numpy() if type(v).__module__.split(".")[0] == "torch" else v
 

@@ -76,12 +76,14 @@ def truth_scores(volume: np.ndarray, truth: np.ndarray, voxel_size: float,
 
 
 def pair_fsc(a: np.ndarray, b: np.ndarray, voxel_size: float, tilt_range: tuple[float, float] | None) -> tuple[dict, dict]:
-    """FSC of two independent reconstructions (e.g. even/odd half sets), by region; flat keys too."""
-    from fasttomo.quality.metrics import fsc, sector_fsc
+    """FSC of two independent reconstructions (e.g. even/odd half sets; numpy arrays, maps or torch
+    tensors), by region; flat keys too."""
+    from fasttomo.quality.metrics import fsc, host_array, sector_fsc
 
-    if a.size > WHOLE_VOLUME_MAX_VOXELS:
-        curves = large_fsc(a, b, voxel_size, tilt_range)
+    if math.prod(a.shape) > WHOLE_VOLUME_MAX_VOXELS:
+        curves = large_fsc(a, b, voxel_size, tilt_range)  # numpy arrays, maps or tensors, crop by crop
     else:
+        a, b = host_array(a), host_array(b)
         curves = {"all": fsc(a, b, voxel_size)} if tilt_range is None else sector_fsc(a, b, voxel_size, tilt_range)
     report = {("fsc" if r == "all" else f"fsc_{r}"): c.summary() for r, c in curves.items()}
     report.update(fsc_flat(report))

@@ -4,7 +4,7 @@ training or writing anything.
 
 The estimates are arithmetic on the built run (parameter count, volume shape, batch shape):
 
-* files: each volume file is Z*Y*X*4 bytes; a checkpoint is 4 bytes per parameter plus 8 per
+* files: each volume file is Z*Y*X*4 bytes (the half volumes of output.half_volumes too); a checkpoint is 4 bytes per parameter plus 8 per
   trainable parameter (Adam's moments); one extra checkpoint is counted for the temporary file
   of an atomic replace; TensorBoard and the small files are bounded generously;
 * memory: what the run holds at its peak (:func:`estimate_memory_bytes`): on the CPU the resident
@@ -51,9 +51,15 @@ def _counts(comps) -> tuple[int, int]:
 
 def estimate_output_bytes(cfg: Config, comps, start_step: int = 0) -> dict[str, int]:
     """Bytes the run writes into its folder, by kind (see the module doc)."""
+    from fasttomo.quality.scoring import WHOLE_VOLUME_MAX_VOXELS
+
     shape = tuple(cfg.output.volume_shape) if cfg.output.volume_shape is not None else tuple(comps.box.shape_zyx)
     voxels = math.prod(int(v) for v in shape)
     n_vol = len(cfg.output.formats) + (1 if cfg.output.imod_xzy else 0)
+    if cfg.output.half_volumes:  # volume_even.* and volume_odd.*: the formats, and MRC always
+        n_vol += 2 * len(set(cfg.output.formats) | {"mrc"})
+    elif cfg.evaluation.half_sets and voxels > WHOLE_VOLUME_MAX_VOXELS and comps.device.type != "cuda":
+        n_vol += 2  # held as MRC files where no GPU holds them (run.results._half_volume)
     total, trainable = _counts(comps)
     ckpt = 4 * total + 8 * trainable + (1 << 20)
     steps_left = max(0, cfg.optim.steps - start_step)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses as dc
 import logging
+import math
 import time
 from pathlib import Path
 
@@ -39,8 +40,12 @@ def planned_outputs(cfg: Config) -> list[str]:
     manifest before anything is written."""
     names = ["reconstruct.log", "config.yaml", *volume_names(cfg), "checkpoints/last.pt", "checkpoints/step*.pt",
              "slices.png", "loss.png", "fsc_truth.png", "report.png", "metrics.json"]
+    if cfg.output.half_volumes:
+        names += [*half_volume_names(cfg, "volume_even"), *half_volume_names(cfg, "volume_odd")]
+    elif cfg.evaluation.half_sets:  # a camera-size half with no room on the GPU (_half_volume)
+        names += ["volume_even.mrc", "volume_odd.mrc"]
     if cfg.evaluation.half_sets or cfg.output.half_volumes:
-        names += [*half_volume_names(cfg, "volume_even"), *half_volume_names(cfg, "volume_odd"), "fsc_halfsets.png"]
+        names.append("fsc_halfsets.png")
     if cfg.pose.learn:
         names += ["poses.xf", "poses.tlt", "poses.aln"]
     if cfg.logging.tensorboard:
@@ -101,9 +106,10 @@ class CheckpointWrite:
 # --------------------------------------------------------------------------------------- half sets
 def half_sets(run) -> tuple[dict | None, dict | None]:
     """(FSC report, FSC curves) of the even and the odd views (in tilt order) reconstructed apart
-    by the run's method, their volumes written as volume_even.* / volume_odd.*, and their FSC
-    (rank 0; None elsewhere). Each half gets its own seed, so the two share no initial noise that
-    the data does not overwrite. Collective under DDP."""
+    by the run's method, and their FSC (rank 0; None elsewhere). The half volumes are files
+    (volume_even.* / volume_odd.*) with output.half_volumes; with evaluation.half_sets alone they
+    are held for the FSC and never written (:func:`_half_volume`). Each half gets its own seed, so
+    the two share no initial noise that the data does not overwrite. Collective under DDP."""
 
     cfg, ts, place = run.cfg, run.ts, run.place
     vols = {}
@@ -115,17 +121,12 @@ def half_sets(run) -> tuple[dict | None, dict | None]:
         log.info("half sets: reconstructing the %s views (%d of %d)", name, keep.size, ts.n_tilts)
         method = make_method(hcfg, _subset(ts, keep), None, dc.replace(place, out_dir=None))
         method.fit()
-        vols[name] = _half_in_slabs(run, method, name) if place.world == 1 else None
-        if vols[name] is None:
-            vols[name] = method.export()[0]  # collective
-            if place.main:
-                w, f = write_half_volume(run.out_dir, vols[name], cfg, VolumeFiles(ts.pixel_size, {}), name)
-                run.written.update(w)
-                run.failed.update(f)
+        vols[name] = _half_volume(run, method, name)
         del method  # its device memory goes before the next half's
     if not place.main:
         return None, None
     res, curves = pair_fsc(vols["even"], vols["odd"], ts.pixel_size, tilt_range(ts))
+    del vols
     try:
         fsc_plot(run.out_dir / "fsc_halfsets.png", curves, "FSC of the even-view and odd-view reconstructions",
                  tilt_range(ts), overwrite=True)
@@ -135,18 +136,71 @@ def half_sets(run) -> tuple[dict | None, dict | None]:
     return res, curves
 
 
+def _half_volume(run, method, half: str):
+    """The ``half`` (even or odd) volume of a fitted ``method``, for the half-set FSC. With
+    output.half_volumes its files are written (slab by slab where the method can, the volume then
+    a read-only map of volume_<half>.mrc). Without, nothing is written: one process holds it on
+    its GPU where there is room for both halves (:func:`_half_on_device`), else a volume the
+    scores stream (camera size) still goes through volume_<half>.mrc so that the host never holds
+    it whole, and a smaller one is taken whole. Collective under DDP (rank 0 gets the volume)."""
+    from fasttomo.quality.scoring import WHOLE_VOLUME_MAX_VOXELS
+
+    cfg, ts, place = run.cfg, run.ts, run.place
+    files = cfg.output.half_volumes
+    if place.world == 1 and hasattr(method, "volume_slabs"):
+        vol, voxels = (None, 0) if files else _half_on_device(run, method, half)
+        if vol is None and (files or voxels > WHOLE_VOLUME_MAX_VOXELS):
+            vol = _half_in_slabs(run, method, half)
+        if vol is not None:
+            return vol
+    vol = method.export()[0]  # collective
+    if files and place.main:
+        w, f = write_half_volume(run.out_dir, vol, cfg, VolumeFiles(ts.pixel_size, {}), half)
+        run.written.update(w)
+        run.failed.update(f)
+    return vol
+
+
+def _half_on_device(run, method, half: str) -> tuple[torch.Tensor | None, int]:
+    """(volume, its voxels): the half volume evaluated slab by slab into one float32 tensor on the
+    method's GPU, where its free memory (with torch's cached blocks) holds twice the half (this one and the next) with the
+    scoring's headroom (``quality.scoring.SCORING_DEVICE_HEADROOM``) and the slabs are finite;
+    else None."""
+    from fasttomo.quality.scoring import SCORING_DEVICE_HEADROOM
+
+    with method.volume_slabs(slab_planes_of(run.cfg)) as (shape, _planes, slabs):
+        vol, voxels = None, math.prod(shape)
+        for z0, slab in slabs:
+            if vol is None:
+                need = SCORING_DEVICE_HEADROOM * 8 * voxels
+                if slab.device.type != "cuda":
+                    return None, voxels
+                free = torch.cuda.mem_get_info(slab.device)[0] + torch.cuda.memory_reserved(slab.device) \
+                    - torch.cuda.memory_allocated(slab.device)  # the allocator's cached blocks are free to it
+                if free < need:
+                    log.info("half sets: the %s half (%s voxels) is not held on %s (%.1f GB wanted free)", half,
+                             "x".join(map(str, shape)), slab.device, need / 1e9)
+                    return None, voxels
+                vol = torch.empty(tuple(shape), dtype=torch.float32, device=slab.device)
+            vol[z0:z0 + slab.shape[0]] = slab
+            del slab
+    if vol is None or not bool(torch.isfinite(vol).all()):
+        return None, voxels  # the caller's path names the non-finite volume
+    log.info("half sets: the %s half held on %s for the FSC (not written; output.half_volumes=true writes it)",
+             half, vol.device)
+    return vol, voxels
+
+
 def _half_in_slabs(run, method, half: str) -> np.ndarray | None:
-    """One process, MRC among the half volume's files: ``volume_<half>.mrc`` written slab by slab
-    from the method's device volume (fasttomo.run.outputs.write_volume_slabs) and its other files
-    from a read-only map of it, which is returned (the half-set FSC reads it crop by crop): a
-    camera-size half is never whole in host memory. None when the method cannot or the file
-    could not be written (the caller then takes the volume whole)."""
+    """One process: ``volume_<half>.mrc`` written slab by slab from the method's device volume
+    (fasttomo.run.outputs.write_volume_slabs), its other files (output.half_volumes) from a
+    read-only map of it, which is returned (the half-set FSC reads it crop by crop): a camera-size
+    half is never whole in host memory. None when the method cannot or the file could not be
+    written (the caller then takes the volume whole)."""
     from fasttomo.data.io.mrc import NonFiniteSlab, mrc_memmap
 
     cfg, ts = run.cfg, run.ts
     mrc = f"volume_{half}.mrc"
-    if not hasattr(method, "volume_slabs") or mrc not in half_volume_names(cfg, f"volume_{half}"):
-        return None
     try:
         with method.volume_slabs(slab_planes_of(cfg)) as (shape, _planes, slabs):
             path = write_volume_slabs(run.out_dir / mrc, shape, slabs, VolumeFiles(ts.pixel_size, {}), cfg.name)[0]
@@ -156,9 +210,13 @@ def _half_in_slabs(run, method, half: str) -> np.ndarray | None:
         log.error("could not write %s (%s); taking the half volume whole", run.out_dir / mrc, exc.strerror or exc)
         return None
     volume = mrc_memmap(path)
-    w, f = write_half_volume(run.out_dir, volume, cfg, VolumeFiles(ts.pixel_size, {}, skip=(mrc,)), half)
-    run.written.update({mrc: path, **w})
-    run.failed.update(f)
+    run.written[mrc] = path
+    if cfg.output.half_volumes:
+        w, f = write_half_volume(run.out_dir, volume, cfg, VolumeFiles(ts.pixel_size, {}, skip=(mrc,)), half)
+        run.written.update(w)
+        run.failed.update(f)
+    else:
+        log.info("half sets: the %s half written to %s for its FSC (no room on the GPU to hold it)", half, path)
     return volume
 
 

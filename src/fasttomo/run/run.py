@@ -262,9 +262,11 @@ class Run:
                 results.write_pose_files(self.out_dir, self.metrics["poses"], self.ts, self.written, self.failed)
         halves = self.cfg.evaluation.half_sets or self.cfg.output.half_volumes
         if self.finite and not self.interrupted and halves:
+            t_halves = time.perf_counter()
             halves, self.half_curves = results.half_sets(self)
             if self.main:
                 self.metrics["half_sets"] = halves
+                self.metrics["half_sets_seconds"] = round(time.perf_counter() - t_halves, 3)  # both fits, the FSC
 
     def report(self) -> None:
         """Rank 0: the pictures (of a finite volume), the wall time, metrics.json; then every rank
