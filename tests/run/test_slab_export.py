@@ -295,7 +295,7 @@ def test_gpu_half_sets_are_held_on_the_gpu_and_score_as_the_written_halves(tmp_p
         held = run(compose_config([*args, "evaluation.half_sets=true", f"output.dir={tmp_path / 'held'}"]))
     assert sum("held on cuda" in r.getMessage() for r in caplog.records) == 2
     assert not list((tmp_path / "held").glob("volume_*")) and (tmp_path / "held" / "fsc_halfsets.png").is_file()
-    assert held["half_sets"]["fsc"]["fsc05_status"] == "crossed"
+    assert 0.3 < held["half_sets"]["fsc"]["fsc_mean"] <= 1
     if model == "sirt":
         files = run(compose_config([*args, "output.half_volumes=true", f"output.dir={tmp_path / 'files'}"]))
         assert (tmp_path / "files" / "volume_even.mrc").is_file()
