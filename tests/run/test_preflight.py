@@ -154,7 +154,15 @@ def test_the_cpu_estimate_counts_one_export_slab_where_the_scores_stream():
     from fasttomo.run.outputs import EXPORT_BYTES_PER_VOXEL, EXPORT_SLAB_MAX_BYTES
     from fasttomo.run.preflight import cpu_final_bytes
 
-    assert cpu_final_bytes(1 << 20) == 24 << 20
-    assert cpu_final_bytes(WHOLE_VOLUME_MAX_VOXELS) == 24 * WHOLE_VOLUME_MAX_VOXELS
+    from fasttomo.run.preflight import CPU_WHOLE_VOLUME_BYTES_PER_VOXEL as WHOLE
+
+    assert cpu_final_bytes(1 << 20) == WHOLE << 20
+    assert cpu_final_bytes(WHOLE_VOLUME_MAX_VOXELS) == WHOLE * WHOLE_VOLUME_MAX_VOXELS
     slab = EXPORT_SLAB_MAX_BYTES // 4 * EXPORT_BYTES_PER_VOXEL
     assert cpu_final_bytes(512 * 2048 * 2048) == cpu_final_bytes(256 * 4096 * 4096) == slab < 7e9
+    # the slab the export will size from the memory left free: a quarter of it at EXPORT_BYTES_PER_VOXEL
+    plane = 2048 * 2048
+    free = 14_500_000_000
+    planes = free // 4 // (EXPORT_BYTES_PER_VOXEL * plane)
+    assert planes == 36 and cpu_final_bytes(512 * plane, plane, free) == planes * plane * EXPORT_BYTES_PER_VOXEL
+    assert cpu_final_bytes(512 * plane, plane, 10 ** 12) == slab  # plenty free: the 1 GiB cap

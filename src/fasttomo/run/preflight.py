@@ -9,11 +9,11 @@ The estimates are arithmetic on the built run (parameter count, volume shape, ba
   of an atomic replace; TensorBoard and the small files are bounded generously;
 * memory: what the run holds at its peak (:func:`estimate_memory_bytes`): on the CPU the resident
   memory of the process (Python and torch, the data and the model, measured where the estimate
-  is made) plus gradients, Adam's moments, the divergence guard's two snapshots, the largest
-  chunk of a pass that evaluates the field (a training step, a validation chunk, a chunk of
-  rendered views, an export chunk; bytes per sample point x points per chunk) and the final
-  volume; on CUDA the same from parameters and data up. On CUDA the dry run also measures one
-  forward and backward pass. A run that cannot fit in the free memory is refused before it
+  is made) plus gradients, Adam's moments, the divergence guard's two snapshots, a training
+  step, and the larger of the largest chunk of the other passes that evaluate the field (a
+  validation chunk, a chunk of rendered views, an export chunk; bytes per sample point x points
+  per chunk) and the final volume with its scores; on CUDA the same from parameters and data up,
+  the passes one after another. On CUDA the dry run also measures one forward and backward pass. A run that cannot fit in the free memory is refused before it
   trains (:func:`check_memory`), with the fix (data.thickness that fits, fewer rays or samples).
 """
 
@@ -150,11 +150,17 @@ class RunShape:
     """Voxels of the exported volume."""
     built: bool = False
     """The model exists already (its parameters are part of what the process holds)."""
+    plane_voxels: int = 0
+    """Voxels of one Z plane of the exported volume (its export slabs are whole planes)."""
 
 
 def _voxels(cfg: Config, box) -> int:
+    return math.prod(_volume_shape(cfg, box))
+
+
+def _volume_shape(cfg: Config, box) -> tuple[int, ...]:
     shape = tuple(cfg.output.volume_shape) if cfg.output.volume_shape is not None else tuple(box.shape_zyx)
-    return math.prod(int(v) for v in shape)
+    return tuple(int(v) for v in shape)
 
 
 def _planned_field(cfg: Config, box) -> tuple[int, int]:
@@ -188,7 +194,8 @@ def planned_shape(cfg: Config, ts, local_rank: int = 0) -> RunShape:
     return RunShape(resolve_device(cfg.runtime.device, local_rank),
                     int(cfg.sampler.batch_size or auto_batch_size(ts, cfg.sampler.patch_size)), int(spr), feats,
                     cfg.model.hidden if cfg.model.kind != "voxel" else 0, split_size(pixels, cfg.sampler.val_fraction),
-                    pixels, int(ts.stack.nbytes * (2 if ts.valid is not None else 1)), params, _voxels(cfg, box))
+                    pixels, int(ts.stack.nbytes * (2 if ts.valid is not None else 1)), params, _voxels(cfg, box),
+                    plane_voxels=math.prod(_volume_shape(cfg, box)[1:]))
 
 
 def built_shape(cfg: Config, comps) -> RunShape:
@@ -198,7 +205,8 @@ def built_shape(cfg: Config, comps) -> RunShape:
                     int(getattr(comps.projector.field, "n_features", 1)),
                     cfg.model.hidden if cfg.model.kind != "voxel" else 0, int(comps.sampler.n_val),
                     ts.n_tilts * ts.height * ts.width, int(ts.stack.nbytes * (2 if ts.valid is not None else 1)),
-                    _counts(comps)[1], _voxels(cfg, comps.box), built=True)
+                    _counts(comps)[1], _voxels(cfg, comps.box), built=True,
+                    plane_voxels=math.prod(_volume_shape(cfg, comps.box)[1:]))
 
 
 def pass_bytes(shape: RunShape) -> dict[str, int]:
@@ -235,9 +243,10 @@ def memory_bytes(shape: RunShape, guard: bool) -> dict[str, int]:
     """Peak memory of the run on its device, by kind. On the CPU (peak resident memory, RSS): what
     this process holds now (Python, torch, the data, and the model once built, measured), the
     parameters (before the build), gradients, Adam's moments and the guard's snapshots, a training
-    step's activations plus the largest chunk of the other passes (:func:`pass_bytes`; the
-    allocator keeps the step's freed blocks, so the two add up) and the final volume with its
-    scores. On CUDA: parameters, data, gradients, optimizer and snapshots, plus the largest of the
+    step's activations plus the larger of the largest chunk of the other passes (:func:`pass_bytes`;
+    the allocator keeps the step's freed blocks, so they add up) and the final volume with its
+    scores (:func:`cpu_final_bytes`), which follows the passes in the memory they freed: camera1k's
+    peak is its whole-volume FSC's, camera2k's its export slab's (benchmarks/README.md). On CUDA: parameters, data, gradients, optimizer and snapshots, plus the largest of the
     passes that come one after another (a training step, the largest other chunk, an export slab
     of at most 1 GiB of float32 at :data:`EXPORT_DEVICE_BYTES_PER_VOXEL` with its evaluation's
     chunk): the measured peaks of the
@@ -267,27 +276,38 @@ def memory_bytes(shape: RunShape, guard: bool) -> dict[str, int]:
         out[f"largest pass ({name})"] = phases[name]
         return out
     out["training step"] = step  # its blocks stay with the process (the allocator keeps them) ...
-    out[f"largest other pass ({largest})"] = passes[largest]  # ... while the other passes run
-    out["final volume and scores"] = cpu_final_bytes(shape.voxels)
+    from fasttomo.quality.scoring import free_memory_bytes
+
+    free = free_memory_bytes(shape.device)  # the export sizes its slabs from what training leaves free
+    free = None if free is None else max(0, free - sum(v for k, v in out.items() if "measured" not in k))
+    later = {f"largest other pass ({largest})": passes[largest],  # ... while the other passes run, and the
+             "final volume and scores": cpu_final_bytes(shape.voxels, shape.plane_voxels, free)}  # final reuses theirs
+    name = max(later, key=later.get)
+    out[name] = later[name]
     return out
 
 
-CPU_WHOLE_VOLUME_BYTES_PER_VOXEL = 24
-"""Host bytes a voxel of a volume scored whole costs at the end of a CPU run: the volume, the truth
-and the FFTs of its FSC (camera1k, 2^28 voxels: 5.5 GB at the export's end, 12.6 GB peak)."""
+CPU_WHOLE_VOLUME_BYTES_PER_VOXEL = 36
+"""Host bytes a voxel of a volume scored whole costs at the end of a CPU run, beyond the training's
+memory: the volume, the truth and the transforms of its FSC (camera1k, 2^28 voxels: a 12.59 GB
+peak over 3.17 GB of process, data, model and training step, 35 B a voxel)."""
 
 
-def cpu_final_bytes(voxels: int) -> int:
+def cpu_final_bytes(voxels: int, plane_voxels: int = 0, free_bytes: int | None = None) -> int:
     """The CPU's final volume and its scores: up to ``quality.scoring.WHOLE_VOLUME_MAX_VOXELS`` the
     volume scored whole (:data:`CPU_WHOLE_VOLUME_BYTES_PER_VOXEL`); above it the export goes slab by
     slab into its file and the scores stream over the files' maps, so what counts is one export slab
-    (at most ``run.outputs.EXPORT_SLAB_MAX_BYTES`` of float32, at ``EXPORT_BYTES_PER_VOXEL``)."""
+    at ``EXPORT_BYTES_PER_VOXEL``: at most ``run.outputs.EXPORT_SLAB_MAX_BYTES`` of float32, and,
+    given the Z plane's voxels and the memory free then, the slab ``run.outputs.slab_planes`` sizes."""
     from fasttomo.quality.scoring import WHOLE_VOLUME_MAX_VOXELS
-    from fasttomo.run.outputs import EXPORT_BYTES_PER_VOXEL, EXPORT_SLAB_MAX_BYTES
+    from fasttomo.run.outputs import EXPORT_BYTES_PER_VOXEL, EXPORT_SLAB_MAX_BYTES, slab_planes
 
     if voxels <= WHOLE_VOLUME_MAX_VOXELS:
         return voxels * CPU_WHOLE_VOLUME_BYTES_PER_VOXEL
-    return min(voxels, EXPORT_SLAB_MAX_BYTES // 4) * EXPORT_BYTES_PER_VOXEL
+    slab = min(voxels, EXPORT_SLAB_MAX_BYTES // 4)
+    if plane_voxels and free_bytes is not None:
+        slab = min(slab, slab_planes((voxels // plane_voxels, plane_voxels, 1), free_bytes) * plane_voxels)
+    return slab * EXPORT_BYTES_PER_VOXEL
 
 
 def estimate_memory_bytes(cfg: Config, comps) -> dict[str, int]:
