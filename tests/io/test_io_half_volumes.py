@@ -91,3 +91,26 @@ def test_the_disk_estimate_counts_the_half_volumes_a_run_writes():
     camera2k = (512, 2048, 2048)
     assert volumes("output.formats=[mrc]", "evaluation.half_sets=true", shape=camera2k) == 3
     assert volumes("output.formats=[mrc]", "evaluation.half_sets=true", shape=camera2k, device="cuda") == 1
+
+
+def test_a_camera_size_half_with_no_gpu_to_hold_it_goes_through_its_mrc_file(tmp_path, monkeypatch, caplog):
+    """evaluation.half_sets alone on the CPU: a half the scores stream (WHOLE_VOLUME_MAX_VOXELS
+    lowered here to 1000) is written slab by slab to volume_<half>.mrc and its FSC read from the
+    files' maps crop by crop, never whole in memory; a small one is held and nothing is written."""
+    import fasttomo.quality.scoring as scoring
+
+    small = run(compose_config([*TINY, "optim.steps=10", "evaluation.half_sets=true", f"output.dir={tmp_path / 's'}"]))
+    assert small["half_sets"]["fsc"] and not list((tmp_path / "s").glob("volume_*"))
+    monkeypatch.setattr(scoring, "WHOLE_VOLUME_MAX_VOXELS", 1000)
+    out = tmp_path / "large"
+    with caplog.at_level("INFO", logger="fasttomo"):
+        metrics = run(compose_config([*TINY, "optim.steps=10", "evaluation.half_sets=true", "output.formats=[mrc]",
+                                      f"output.dir={out}"]))
+    text = "\n".join(r.getMessage() for r in caplog.records)
+    assert "for its FSC (no room on the GPU to hold it)" in text and "from crops" in text
+    even, odd = mrcfile.read(out / "volume_even.mrc"), mrcfile.read(out / "volume_odd.mrc")
+    angles = np.linspace(-60.0, 60.0, 15)
+    mine, _ = pair_fsc(even, odd, float(_header(out / "volume.mrc")[0]["voxel"][0]),
+                       (float(angles.min()), float(angles.max())))
+    assert json.loads(json.dumps(mine)) == metrics["half_sets"]
+    assert "volume_even.mrc" in (out / "manifest.json").read_text()

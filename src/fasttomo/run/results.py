@@ -163,31 +163,36 @@ def _half_volume(run, method, half: str):
 
 def _half_on_device(run, method, half: str) -> tuple[torch.Tensor | None, int]:
     """(volume, its voxels): the half volume evaluated slab by slab into one float32 tensor on the
-    method's GPU, where its free memory (with torch's cached blocks) holds twice the half (this one and the next) with the
-    scoring's headroom (``quality.scoring.SCORING_DEVICE_HEADROOM``) and the slabs are finite;
-    else None."""
+    method's GPU, where its free memory (with torch's cached blocks) holds twice the half (this one
+    and the next) with the scoring's headroom (``quality.scoring.SCORING_DEVICE_HEADROOM``) and
+    the slabs are finite; else None, before any slab is evaluated where it is not held."""
     from fasttomo.quality.scoring import SCORING_DEVICE_HEADROOM
 
-    with method.volume_slabs(slab_planes_of(run.cfg)) as (shape, _planes, slabs):
-        vol, voxels = None, math.prod(shape)
+    devices = []
+
+    def planes_of(shape, device):  # called once, before the first slab: the method's device
+        devices.append(torch.device(device))
+        return slab_planes_of(run.cfg)(shape, device)
+
+    with method.volume_slabs(planes_of) as (shape, _planes, slabs):
+        voxels, device = math.prod(shape), devices[0]
+        if device.type != "cuda":
+            return None, voxels
+        need = SCORING_DEVICE_HEADROOM * 8 * voxels
+        free = torch.cuda.mem_get_info(device)[0] + torch.cuda.memory_reserved(device) \
+            - torch.cuda.memory_allocated(device)  # the allocator's cached blocks are free to it
+        if free < need:
+            log.info("half sets: the %s half (%s voxels) is not held on %s (%.1f GB free, %.1f GB wanted)", half,
+                     "x".join(map(str, shape)), device, free / 1e9, need / 1e9)
+            return None, voxels
+        vol = torch.empty(tuple(shape), dtype=torch.float32, device=device)
         for z0, slab in slabs:
-            if vol is None:
-                need = SCORING_DEVICE_HEADROOM * 8 * voxels
-                if slab.device.type != "cuda":
-                    return None, voxels
-                free = torch.cuda.mem_get_info(slab.device)[0] + torch.cuda.memory_reserved(slab.device) \
-                    - torch.cuda.memory_allocated(slab.device)  # the allocator's cached blocks are free to it
-                if free < need:
-                    log.info("half sets: the %s half (%s voxels) is not held on %s (%.1f GB wanted free)", half,
-                             "x".join(map(str, shape)), slab.device, need / 1e9)
-                    return None, voxels
-                vol = torch.empty(tuple(shape), dtype=torch.float32, device=slab.device)
             vol[z0:z0 + slab.shape[0]] = slab
             del slab
-    if vol is None or not bool(torch.isfinite(vol).all()):
+    if not bool(torch.isfinite(vol).all()):
         return None, voxels  # the caller's path names the non-finite volume
     log.info("half sets: the %s half held on %s for the FSC (not written; output.half_volumes=true writes it)",
-             half, vol.device)
+             half, device)
     return vol, voxels
 
 
