@@ -4,17 +4,19 @@ training or writing anything.
 
 The estimates are arithmetic on the built run (parameter count, volume shape, batch shape):
 
-* files: each volume file is Z*Y*X*4 bytes (the half volumes of output.half_volumes too); a checkpoint is 4 bytes per parameter plus 8 per
-  trainable parameter (Adam's moments); one extra checkpoint is counted for the temporary file
-  of an atomic replace; TensorBoard and the small files are bounded generously;
+* files: each volume file is Z*Y*X*4 bytes (the half volumes of output.half_volumes too); a
+  checkpoint is 4 bytes per parameter plus 8 per trainable parameter (Adam's moments); one extra
+  checkpoint is counted for the temporary file of an atomic replace; TensorBoard and the small
+  files are bounded generously;
 * memory: what the run holds at its peak (:func:`estimate_memory_bytes`): on the CPU the resident
   memory of the process (Python and torch, the data and the model, measured where the estimate
   is made) plus gradients, Adam's moments, the divergence guard's two snapshots, a training
   step, and the larger of the largest chunk of the other passes that evaluate the field (a
   validation chunk, a chunk of rendered views, an export chunk; bytes per sample point x points
   per chunk) and the final volume with its scores; on CUDA the same from parameters and data up,
-  the passes one after another. On CUDA the dry run also measures one forward and backward pass. A run that cannot fit in the free memory is refused before it
-  trains (:func:`check_memory`), with the fix (data.thickness that fits, fewer rays or samples).
+  the passes one after another. On CUDA the dry run also measures one forward and backward pass.
+  A run that cannot fit in the free memory is refused before it trains (:func:`check_memory`),
+  with the fix (data.thickness that fits, fewer rays or samples).
 """
 
 from __future__ import annotations
@@ -246,8 +248,9 @@ def memory_bytes(shape: RunShape, guard: bool) -> dict[str, int]:
     step's activations plus the larger of the largest chunk of the other passes (:func:`pass_bytes`;
     the allocator keeps the step's freed blocks, so they add up) and the final volume with its
     scores (:func:`cpu_final_bytes`), which follows the passes in the memory they freed: camera1k's
-    peak is its whole-volume FSC's, camera2k's its export slab's (benchmarks/README.md). On CUDA: parameters, data, gradients, optimizer and snapshots, plus the largest of the
-    passes that come one after another (a training step, the largest other chunk, an export slab
+    peak is its whole-volume FSC's, camera2k's its export slab's (benchmarks/README.md). On CUDA:
+    parameters, data, gradients, optimizer and snapshots, plus the largest of the passes that come
+    one after another (a training step, the largest other chunk, an export slab
     of at most 1 GiB of float32 at :data:`EXPORT_DEVICE_BYTES_PER_VOXEL` with its evaluation's
     chunk): the measured peaks of the
     camera cases are that sum (benchmarks/README.md). A volume exported whole (DDP, no mrc among
