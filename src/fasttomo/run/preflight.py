@@ -282,7 +282,7 @@ def memory_bytes(shape: RunShape, guard: bool) -> dict[str, int]:
     from fasttomo.quality.scoring import free_memory_bytes
 
     free = free_memory_bytes(shape.device)  # the export sizes its slabs from what training leaves free
-    free = None if free is None else max(0, free - sum(v for k, v in out.items() if "measured" not in k))
+    free = None if free is None else max(0, free - (sum(out.values()) - here))  # less what is still to come
     later = {f"largest other pass ({largest})": passes[largest],  # ... while the other passes run, and the
              "final volume and scores": cpu_final_bytes(shape.voxels, shape.plane_voxels, free)}  # final reuses theirs
     name = max(later, key=later.get)

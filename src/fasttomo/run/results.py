@@ -166,7 +166,7 @@ def _half_on_device(run, method, half: str) -> tuple[torch.Tensor | None, int]:
     method's GPU, where its free memory (with torch's cached blocks) holds twice the half (this one
     and the next) with the scoring's headroom (``quality.scoring.SCORING_DEVICE_HEADROOM``) and
     the slabs are finite; else None, before any slab is evaluated where it is not held."""
-    from fasttomo.quality.scoring import SCORING_DEVICE_HEADROOM
+    from fasttomo.quality.scoring import SCORING_DEVICE_HEADROOM, free_memory_bytes
 
     devices = []
 
@@ -179,7 +179,7 @@ def _half_on_device(run, method, half: str) -> tuple[torch.Tensor | None, int]:
         if device.type != "cuda":
             return None, voxels
         need = SCORING_DEVICE_HEADROOM * 8 * voxels
-        free = torch.cuda.mem_get_info(device)[0] + torch.cuda.memory_reserved(device) \
+        free = (free_memory_bytes(device) or 0) + torch.cuda.memory_reserved(device) \
             - torch.cuda.memory_allocated(device)  # the allocator's cached blocks are free to it
         if free < need:
             log.info("half sets: the %s half (%s voxels) is not held on %s (%.1f GB free, %.1f GB wanted)", half,
