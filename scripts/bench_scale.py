@@ -236,6 +236,7 @@ def row_of(case: str, method: str, m: dict) -> dict:
                    pearson_fg=best.get("pearson_foreground"), iterations=best["step"])
     if method == "sirt":
         row["step_seconds"] = _r(m.get("train_seconds"))
+        row.setdefault("iterations", m.get("steps"))
     return row
 
 
@@ -276,8 +277,12 @@ def main() -> None:
                     "beside the measured peak (estimate_GB, estimate_over_peak)")
     ap.add_argument("--work", default=None, help="folder for case files and runs (default: a temp folder)")
     ap.add_argument("--out-dir", default=None, help="where the JSON records go (default benchmarks/results)")
+    ap.add_argument("--sirt-iterations", type=int, default=SIRT_ITERATIONS, metavar="N",
+                    help=f"sirt's iteration count (default {SIRT_ITERATIONS}; with a truth, the best of every "
+                         f"{SIRT_CURVE_EVERY} up to it)")
     ap.add_argument("--python", default=sys.executable)
     args = ap.parse_args()
+    globals()["SIRT_ITERATIONS"] = args.sirt_iterations  # cli_args and the record read it
     for v in args.variant:
         name, sep, overrides = v.partition("=")
         if not sep or not name or name in ("field-default", "field-best", "sirt", "warmup"):

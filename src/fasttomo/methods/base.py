@@ -42,7 +42,8 @@ class Method(Protocol):
     # volume.mrc); optional: volume_slabs(planes_of), a context giving (shape, Z planes a slab,
     # slabs of the volume on the device), which the run (one process, mrc among the formats) writes
     # slab by slab, as it does every method's half volumes; else the run writes what :meth:`export`
-    # returns
+    # returns; optional: release(), called after the scores and before the half sets' fits, gives
+    # back the device memory of a volume the run no longer reads (SIRT's)
 
     def state(self) -> dict | None:
         """The checkpoint of the run so far, None when the method keeps none. Collective."""

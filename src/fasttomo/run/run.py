@@ -262,6 +262,8 @@ class Run:
                 results.write_pose_files(self.out_dir, self.metrics["poses"], self.ts, self.written, self.failed)
         halves = self.cfg.evaluation.half_sets or self.cfg.output.half_volumes
         if self.finite and not self.interrupted and halves:
+            if hasattr(self.method, "release"):
+                self.method.release()  # the half fits get the device memory of a volume nothing reads again
             t_halves = time.perf_counter()
             halves, self.half_curves = results.half_sets(self)
             if self.main:

@@ -57,12 +57,15 @@ def sirt_weights(rot: torch.Tensor, shift: torch.Tensor, box: Box, image_hw: tup
                  valid: torch.Tensor, step: float) -> tuple[torch.Tensor, torch.Tensor]:
     """(R, C): R = valid / (A 1) per ray (n_views, H, W), C = 1 / (B valid) per voxel (Z, Y, X),
     zero where the ray misses the box / no valid ray sees the voxel."""
-    dev, dtype = rot.device, rot.dtype
-    ones = torch.ones(box.shape_zyx, device=dev, dtype=dtype)
-    chord = dispatch.ray_project(ones, rot, shift, image_hw, step)
-    R = torch.where(chord > EPS, valid / chord.clamp_min(EPS), torch.zeros((), device=dev, dtype=dtype))
-    seen = dispatch.voxel_backproject(valid, rot, shift, box.shape_zyx)
-    C = torch.where(seen > EPS, 1.0 / seen.clamp_min(EPS), torch.zeros((), device=dev, dtype=dtype))
+    ones = torch.ones(box.shape_zyx, device=rot.device, dtype=rot.dtype)
+    R = dispatch.ray_project(ones, rot, shift, image_hw, step)  # the chord lengths, then R in their place
+    del ones
+    miss = ~(R > EPS)
+    torch.div(valid, R.clamp_min_(EPS), out=R).masked_fill_(miss, 0.0)
+    del miss
+    C = dispatch.voxel_backproject(valid, rot, shift, box.shape_zyx)  # B valid, then C in its place
+    miss = ~(C > EPS)
+    C.clamp_min_(EPS).reciprocal_().masked_fill_(miss, 0.0)
     return R, C
 
 
@@ -110,17 +113,19 @@ def sirt(stack, poses: Poses, box: Box, iterations: int, *, relaxation: float = 
         if tuple(wmask.shape) != tuple(b.shape):
             raise ValueError(f"sirt: valid mask shape {tuple(wmask.shape)} must equal the stack's {tuple(b.shape)}")
         wmask = (wmask.to(dev) != 0).to(dtype)
-    b = torch.where(wmask > 0, b, torch.zeros((), device=dev, dtype=dtype))  # NaN-safe
+        b = torch.where(wmask > 0, b, torch.zeros((), device=dev, dtype=dtype))  # NaN-safe
 
     rot, shift = view_poses(poses, None, dev, dtype)
     R, C = sirt_weights(rot, shift, box, (h, w), wmask, step)
+    del wmask
     if init is None:
         x = torch.zeros(box.shape_zyx, device=dev, dtype=dtype)
     else:
         if tuple(init.shape) != tuple(box.shape_zyx):
             raise ValueError(f"sirt: init shape {tuple(init.shape)} must equal the box's {box.shape_zyx}")
         x = init.detach().to(device=dev, dtype=dtype).clone()
-    CR = C * relaxation  # lambda folded into C once
+    CR = C.mul_(relaxation)  # lambda folded into C once
+    del C
     for i in range(1, iterations + 1):
         residual = dispatch.ray_project(x, rot, shift, (h, w), step)
         torch.sub(b, residual, out=residual)
