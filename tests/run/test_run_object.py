@@ -73,6 +73,8 @@ def test_sirt_runs_behind_the_method_interface_with_half_sets(tmp_path):
     assert metrics["half_sets"]["fsc"] and not list(out.glob("volume_*"))  # scored, not written
     assert not (out / "checkpoints").exists()
     assert strict_json(out / "manifest.json")["status"] == "finished"
+    tl = strict_json(out / "metrics.json")["timeline"]  # the process's own peak (VmHWM), as the field's
+    assert tl["peak_host_bytes"] > 50e6 and tl["peak_gpu_bytes"] is None
 
 
 def test_sirt_refuses_a_volume_shape_before_the_folder_is_made(tmp_path):

@@ -259,17 +259,15 @@ def finish_files(run, pictures: bool = True) -> None:
     t_pictures = time.perf_counter() - t_pictures
     run.join_checkpoint()
     metrics["wall_seconds"] = time.perf_counter() - run.place.t0
-    if "timeline" in metrics:
-        tl = metrics["timeline"]
-        tl["pictures_s"] = round(t_pictures - (tl.get("scoring_s") or 0.0), 3)
-        if run.checkpoint is not None:
-            tl["checkpoint_s"] = {k: round(v, 3) for k, v in run.checkpoint.seconds.items()}
-        if run.publish_s:
-            tl["volume_publish_s"] = {k: round(v, 3) for k, v in run.publish_s.items()}
-        metrics["timeline"]["process_to_end_s"] = round(timeline.since_start(), 3)
-        metrics["timeline"]["peak_host_bytes"] = timeline.peak_rss_bytes()
-        metrics["timeline"]["peak_gpu_bytes"] = (torch.cuda.max_memory_allocated() if torch.cuda.is_initialized()
-                                                 else None)
+    tl = metrics.setdefault("timeline", {})  # SIRT's too: the process's peaks
+    tl["pictures_s"] = round(t_pictures - (tl.get("scoring_s") or 0.0), 3)
+    if run.checkpoint is not None:
+        tl["checkpoint_s"] = {k: round(v, 3) for k, v in run.checkpoint.seconds.items()}
+    if run.publish_s:
+        tl["volume_publish_s"] = {k: round(v, 3) for k, v in run.publish_s.items()}
+    tl["process_to_end_s"] = round(timeline.since_start(), 3)
+    tl["peak_host_bytes"] = timeline.peak_rss_bytes()
+    tl["peak_gpu_bytes"] = torch.cuda.max_memory_allocated() if torch.cuda.is_initialized() else None
     try:
         write_text(run.out_dir / "metrics.json", dumps(metrics), True)
     except OSError as exc:

@@ -264,6 +264,8 @@ class Run:
         if self.finite and not self.interrupted and halves:
             if hasattr(self.method, "release"):
                 self.method.release()  # the half fits get the device memory of a volume nothing reads again
+            if self.checkpoint is not None:  # its host copy (3 GB at 4096^2) goes before the halves' stacks come
+                self.checkpoint.join(self.written, self.failed)
             t_halves = time.perf_counter()
             halves, self.half_curves = results.half_sets(self)
             if self.main:
