@@ -77,6 +77,26 @@ def test_invalid_pixels_contribute_nothing(tiny):
     assert not torch.allclose(a, sirt(stack, poses, box, 5), atol=1e-4)  # the mask changes the weights
 
 
+def test_weights_built_in_place_equal_their_definition(tiny):
+    """R = valid / (A 1) and C = 1 / (B valid), zero where the ray misses the box or no valid ray
+    sees the voxel, bit for bit as the masked formulas give them (the solver builds them in place)."""
+    from fasttomo.kernels import dispatch
+    from fasttomo.methods.sirt.projectors import view_poses
+    from fasttomo.methods.sirt.solver import EPS, sirt_weights
+
+    poses, _, stack, _ = tiny
+    box = Box((8, 20, 20))  # wider than the images: voxels no ray sees (C = 0 there)
+    valid = (torch.rand(stack.shape, generator=torch.Generator().manual_seed(1)) > 0.3).float()
+    rot, shift = view_poses(poses, None, stack.device, torch.float32)
+    R, C = sirt_weights(rot, shift, box, tuple(stack.shape[1:]), valid, 0.5)
+    chord = dispatch.ray_project(torch.ones(box.shape_zyx), rot, shift, tuple(stack.shape[1:]), 0.5)
+    seen = dispatch.voxel_backproject(valid, rot, shift, box.shape_zyx)
+    zero = torch.zeros(())
+    assert torch.equal(R, torch.where(chord > EPS, valid / chord.clamp_min(EPS), zero))
+    assert torch.equal(C, torch.where(seen > EPS, 1.0 / seen.clamp_min(EPS), zero))
+    assert (C == 0).any() and (C > 0).any() and (R == 0).any() and (R > 0).any()
+
+
 def test_validation_errors(tiny):
     poses, box, stack, _ = tiny
     with pytest.raises(ValueError, match="relaxation"):
