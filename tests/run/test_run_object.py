@@ -77,6 +77,40 @@ def test_sirt_runs_behind_the_method_interface_with_half_sets(tmp_path):
     assert tl["peak_host_bytes"] > 50e6 and tl["peak_gpu_bytes"] is None
 
 
+def test_the_main_fit_is_let_go_before_the_half_sets(tmp_path):
+    """The main fit's trainer (its data, snapshots and buffers on the device) is freed before the
+    halves are fitted, and the run still ends with its step count, checkpoint and half-set FSC."""
+    import gc
+    import weakref
+
+    from fasttomo.run.run import Run
+
+    class Watched(Run):
+        def score(self):
+            trainer = weakref.ref(self.method.trainer)
+            fit_half = results.make_method
+
+            def make_half(*args, **kwargs):  # the real method; only whether the main trainer is alive is noted
+                gc.collect()
+                alive.append(trainer() is not None)
+                return fit_half(*args, **kwargs)
+
+            results.make_method = make_half
+            try:
+                super().score()
+            finally:
+                results.make_method = fit_half
+
+    from fasttomo.run import results
+
+    alive: list[bool] = []
+    out = tmp_path / "halves"
+    metrics = Watched(compose_config([*TINY, "optim.steps=6", "evaluation.half_sets=true", f"output.dir={out}"])).execute()
+    assert alive == [False, False]  # both halves were made with the main trainer gone
+    assert metrics["half_sets"]["fsc"] and metrics["steps"] == 6
+    assert strict_json(out / "manifest.json")["step"] == 6 and (out / "checkpoints" / "last.pt").exists()
+
+
 def test_sirt_refuses_a_volume_shape_before_the_folder_is_made(tmp_path):
     out = tmp_path / "sirt"
     with pytest.raises(user_errors(), match="output.volume_shape"):

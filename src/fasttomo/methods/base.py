@@ -43,7 +43,7 @@ class Method(Protocol):
     # slabs of the volume on the device), which the run (one process, mrc among the formats) writes
     # slab by slab, as it does every method's half volumes; else the run writes what :meth:`export`
     # returns; optional: release(), called after the scores and before the half sets' fits, gives
-    # back the device memory of a volume the run no longer reads (SIRT's)
+    # back the device memory the run no longer reads (SIRT's volume; the field's trainer and data)
 
     def state(self) -> dict | None:
         """The checkpoint of the run so far, None when the method keeps none. Collective."""

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 
 import dataclasses
+import gc
 import logging
 import sys
 import time
@@ -64,7 +65,16 @@ class FieldMethod:
 
     @property
     def step(self) -> int:
-        return self.trainer.step
+        return self.trainer.step if self.trainer is not None else self._released_step
+
+    def release(self) -> None:
+        """After the export, the checkpoint's state and the scores: the trainer and the built parts
+        go (the data, the guard's snapshots and the step's buffers on the device: the half sets'
+        fits need that memory); the step count stays. The run's checkpoint state keeps the
+        parameters and the optimizer's moments for the rescue of a failed write."""
+        self._released_step = self.trainer.step
+        self.trainer = self.comps = None
+        gc.collect()  # the trainer's reference cycles, so that its device tensors go now
 
     def load(self, state: dict, source: str) -> None:
         self.trainer.load_state_dict(state, source=source)

@@ -263,7 +263,7 @@ class Run:
         halves = self.cfg.evaluation.half_sets or self.cfg.output.half_volumes
         if self.finite and not self.interrupted and halves:
             if hasattr(self.method, "release"):
-                self.method.release()  # the half fits get the device memory of a volume nothing reads again
+                self.method.release()  # the half fits get the device memory the run reads no more
             if self.checkpoint is not None:  # its host copy (3 GB at 4096^2) goes before the halves' stacks come
                 self.checkpoint.join(self.written, self.failed)
             t_halves = time.perf_counter()
