@@ -140,6 +140,11 @@ def test_sirt_dry_run_checks_and_writes_nothing(tmp_path):
     report = run(compose_config([*TINY, "model=sirt", "dry_run=true", f"output.dir={out}"]))
     assert report["model"] == "sirt" and report["box_zyx"] == [8, 16, 16] and report["memory_total_bytes"] > 0
     assert not out.exists()
+    halves = run(compose_config([*TINY, "model=sirt", "dry_run=true", "evaluation.half_sets=true", f"output.dir={out}"]))
+    vol = 4 * 8 * 16 * 16  # the odd half's fit beside the held even half: one volume more than the fit's three
+    assert halves["memory_half_sets_bytes"]["the even half, held"] == vol
+    assert halves["memory_total_bytes"] == max(report["memory_total_bytes"], sum(halves["memory_half_sets_bytes"].values()))
+    assert not out.exists()
 
 
 def test_view_residuals_point_at_the_view_that_jumped(tmp_path):

@@ -481,6 +481,12 @@ def dry_run_sirt(cfg: Config, ts, start: int = 0) -> dict:
              f"  data: {ts.n_tilts} tilts of {ts.height} x {ts.width} pixels, {ts.pixel_size:.4g} A/pixel",
              f"  model: SIRT, {cfg.model.iterations} iterations, box (Z, Y, X) = {tuple(box.shape_zyx)}",
              f"  memory on {device} (estimate): {human(sum(mem.values()))}"]
+    if cfg.evaluation.half_sets or cfg.output.half_volumes:  # after the main fit, whose volume is let go
+        half = {"the even half, held": vol, "volume, C weights, update": 3 * vol,
+                "half stack, R weights, residual": 3 * (stack // 2 + stack % 2)}
+        report["memory_half_sets_bytes"] = half
+        report["memory_total_bytes"] = max(report["memory_total_bytes"], sum(half.values()))
+        lines[-1] += f" for the fit, {human(sum(half.values()))} while the odd half is fitted beside the even one"
     if cfg.output.dir:
         folder = Path(cfg.output.dir)
         state = inspect_folder(folder, overwrite=cfg.output.overwrite, resume=cfg.resume)
