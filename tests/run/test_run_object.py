@@ -77,33 +77,31 @@ def test_sirt_runs_behind_the_method_interface_with_half_sets(tmp_path):
     assert tl["peak_host_bytes"] > 50e6 and tl["peak_gpu_bytes"] is None
 
 
-def test_the_main_fit_is_let_go_before_the_half_sets(tmp_path):
+def test_the_main_fit_is_let_go_before_the_half_sets(tmp_path, monkeypatch):
     """The main fit's trainer (its data, snapshots and buffers on the device) is freed before the
     halves are fitted, and the run still ends with its step count, checkpoint and half-set FSC."""
     import gc
     import weakref
 
+    from fasttomo.run import results
     from fasttomo.run.run import Run
+
+    main_trainer: list = []
+    alive: list[bool] = []
 
     class Watched(Run):
         def score(self):
-            trainer = weakref.ref(self.method.trainer)
-            fit_half = results.make_method
+            main_trainer.append(weakref.ref(self.method.trainer))
+            super().score()
 
-            def make_half(*args, **kwargs):  # the real method; only whether the main trainer is alive is noted
-                gc.collect()
-                alive.append(trainer() is not None)
-                return fit_half(*args, **kwargs)
+    make_method = results.make_method
 
-            results.make_method = make_half
-            try:
-                super().score()
-            finally:
-                results.make_method = fit_half
+    def make_half(*args, **kwargs):  # the real method; notes whether the main trainer still lives
+        gc.collect()
+        alive.append(main_trainer[0]() is not None)
+        return make_method(*args, **kwargs)
 
-    from fasttomo.run import results
-
-    alive: list[bool] = []
+    monkeypatch.setattr(results, "make_method", make_half)
     out = tmp_path / "halves"
     metrics = Watched(compose_config([*TINY, "optim.steps=6", "evaluation.half_sets=true", f"output.dir={out}"])).execute()
     assert alive == [False, False]  # both halves were made with the main trainer gone
