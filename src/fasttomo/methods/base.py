@@ -42,8 +42,7 @@ class Method(Protocol):
     # volume.mrc); optional: volume_slabs(planes_of), a context giving (shape, Z planes a slab,
     # slabs of the volume on the device), which the run (one process, mrc among the formats) writes
     # slab by slab, as it does every method's half volumes; else the run writes what :meth:`export`
-    # returns; optional: release(), called after the scores and before the half sets' fits, gives
-    # back the device memory the run no longer reads (SIRT's volume; the field's trainer and data)
+    # returns
 
     def state(self) -> dict | None:
         """The checkpoint of the run so far, None when the method keeps none. Collective."""
@@ -54,3 +53,7 @@ class Method(Protocol):
     def scores(self, metrics: dict, exported_step: int) -> None:
         """The method's evaluation entries (held-out views, residuals, curve, ...) into ``metrics``
         (rank 0)."""
+
+    def release(self) -> None:
+        """After the scores, before the half sets' fits: give back the device memory the run reads
+        no more (SIRT's volume; the field's trainer and its data). ``step`` keeps its value."""

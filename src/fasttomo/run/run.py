@@ -262,8 +262,7 @@ class Run:
                 results.write_pose_files(self.out_dir, self.metrics["poses"], self.ts, self.written, self.failed)
         halves = self.cfg.evaluation.half_sets or self.cfg.output.half_volumes
         if self.finite and not self.interrupted and halves:
-            if hasattr(self.method, "release"):
-                self.method.release()  # the half fits get the device memory the run reads no more
+            self.method.release()  # the half fits get the device memory the run reads no more
             if self.checkpoint is not None:  # its host copy (3 GB at 4096^2) goes before the halves' stacks come
                 self.checkpoint.join(self.written, self.failed)
             t_halves = time.perf_counter()
