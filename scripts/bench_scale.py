@@ -32,6 +32,8 @@ camera4k volume at a time); its metrics.json and log stay in the work folder.
     peak_gpu_GB, peak_host_GB          torch's peak allocation; the process's peak resident memory
     peak_host_GB_at                    the process's peak resident memory when training starts, when
                                        the export starts and when it ends (the run's timeline)
+    peak_GB_by_phase                   with half sets: the host and GPU peaks of the main run, each
+                                       half's fit and volume, and their FSC, each phase's own
     peak_gpu_before_scoring_GB         torch's peak before the scoring against a truth, which copies the
                                        pair to the GPU only where it has room (the run's own need; the
                                        estimate is compared with it)
@@ -228,6 +230,8 @@ def row_of(case: str, method: str, m: dict) -> dict:
            "peak_gpu_before_scoring_GB": (_r(tl["peak_gpu_bytes_before_scoring"] / 1e9)
                                           if tl.get("peak_gpu_bytes_before_scoring") else None),
            "peak_host_GB_at": {k: _r(v / 1e9) for k, v in (tl.get("peak_host_bytes_at") or {}).items() if v},
+           "peak_GB_by_phase": {k: {d: _r(b / 1e9) if b else None for d, b in v.items()}
+                                for k, v in (tl.get("peak_bytes_by_phase") or {}).items()},
            "peak_host_GB": _r((tl.get("peak_host_bytes") or m["_peak_host_bytes"]) / 1e9),  # the run's own
            "steps": m.get("steps"), "plane_tv": m.get("plane_tv")}
     if method == "sirt" and m.get("curve"):

@@ -23,3 +23,21 @@ def test_a_child_reports_its_own_peak_not_its_parents():
     assert inherited >= held.nbytes  # getrusage in the child carries this process's peak over
     assert own < 200 * 2**20  # the child's own: an interpreter and numpy, far below 400 MiB
     del held
+
+
+PHASES = ("import numpy as np; from fasttomo import timeline as t\n"
+          "a = np.ones(400 * 2**20 // 8); del a\n"
+          "first = t.phase_peaks()\n"
+          "b = np.ones(50 * 2**20 // 8)\n"
+          "print(first['host'], t.phase_peaks()['host'], t.peak_rss_bytes(), t._HOST_RESETS[0])")
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="VmHWM and its reset are Linux's")
+def test_phase_peaks_are_apart_and_the_process_peak_keeps_them_all():
+    out = subprocess.run([sys.executable, "-c", PHASES], capture_output=True, text=True, check=True, timeout=120)
+    first, second, whole, resets = out.stdout.split()
+    if resets != "True":
+        pytest.skip("this kernel does not restart VmHWM through /proc/self/clear_refs")
+    assert int(first) >= 400 * 2**20  # the phase that held 400 MiB
+    assert 50 * 2**20 <= int(second) < 300 * 2**20  # the next one: its 50 MiB, not the 400 before it
+    assert int(whole) >= 400 * 2**20  # the process's peak is still the whole run's

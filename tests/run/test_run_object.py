@@ -75,6 +75,12 @@ def test_sirt_runs_behind_the_method_interface_with_half_sets(tmp_path):
     assert strict_json(out / "manifest.json")["status"] == "finished"
     tl = strict_json(out / "metrics.json")["timeline"]  # the process's own peak (VmHWM), as the field's
     assert tl["peak_host_bytes"] > 50e6 and tl["peak_gpu_bytes"] is None
+    phases = tl["peak_bytes_by_phase"]  # where the peak is: the main run, each half, their FSC
+    assert list(phases) == ["main run", "even half: fit", "even half: volume", "odd half: fit", "odd half: volume",
+                            "half-set FSC"]
+    assert all(p["gpu"] is None for p in phases.values())
+    hosts = [p["host"] for p in phases.values() if p["host"] is not None]
+    assert hosts and max(hosts) <= tl["peak_host_bytes"]
 
 
 def test_the_main_fit_is_let_go_before_the_half_sets(tmp_path, monkeypatch):

@@ -121,12 +121,15 @@ def half_sets(run) -> tuple[dict | None, dict | None]:
         log.info("half sets: reconstructing the %s views (%d of %d)", name, keep.size, ts.n_tilts)
         method = make_method(hcfg, _subset(ts, keep), None, dc.replace(place, out_dir=None))
         method.fit()
+        run.peaks[f"{name} half: fit"] = timeline.phase_peaks()
         vols[name] = _half_volume(run, method, name)
         del method  # its device memory goes before the next half's
+        run.peaks[f"{name} half: volume"] = timeline.phase_peaks()
     if not place.main:
         return None, None
     res, curves = pair_fsc(vols["even"], vols["odd"], ts.pixel_size, tilt_range(ts))
     del vols
+    run.peaks["half-set FSC"] = timeline.phase_peaks()
     try:
         fsc_plot(run.out_dir / "fsc_halfsets.png", curves, "FSC of the even-view and odd-view reconstructions",
                  tilt_range(ts), overwrite=True)
@@ -267,7 +270,9 @@ def finish_files(run, pictures: bool = True) -> None:
         tl["volume_publish_s"] = {k: round(v, 3) for k, v in run.publish_s.items()}
     tl["process_to_end_s"] = round(timeline.since_start(), 3)
     tl["peak_host_bytes"] = timeline.peak_rss_bytes()
-    tl["peak_gpu_bytes"] = torch.cuda.max_memory_allocated() if torch.cuda.is_initialized() else None
+    tl["peak_gpu_bytes"] = timeline.peak_gpu_bytes()
+    if run.peaks:  # where the peaks are: the main run, each half's fit and volume, their FSC
+        tl["peak_bytes_by_phase"] = run.peaks
     try:
         write_text(run.out_dir / "metrics.json", dumps(metrics), True)
     except OSError as exc:
@@ -287,7 +292,7 @@ def _pictures(run) -> None:
         kept = getattr(run.method, "volume_on_device", None)
         if torch.cuda.is_initialized():  # the run's own peak: scoring uses free GPU memory only where there is room
             metrics.setdefault("timeline", {})["peak_gpu_bytes_before_scoring"] = (
-                torch.cuda.max_memory_allocated() - (0 if kept is None else kept.numel() * 4))  # the copy: scoring's
+                timeline.peak_gpu_bytes() - (0 if kept is None else kept.numel() * 4))  # the copy: scoring's
         report, curves = truth_scores(volume, ts.ground_truth, ts.pixel_size, tilt_range(ts), kept,
                                       volume_ready=run.volume_ready)
         del kept

@@ -23,6 +23,7 @@ import numpy as np
 import torch
 import yaml
 
+from fasttomo import timeline
 from fasttomo.config import Config, ConfigError, to_dict, upgrade
 from fasttomo.data.load import load_tiltseries
 from fasttomo.logging import add_file_log, quiet_other_ranks, restore_ranks
@@ -75,6 +76,7 @@ class Run:
         self.publishing: list = []  # volume.mrc going to the disk on a thread (VolumeFiles.later)
         self.publish_s: dict[str, float] = {}  # its fsync and rename on the thread, the run's wait for them
         self.half_curves: dict | None = None
+        self.peaks: dict[str, dict] = {}  # host and GPU peaks by phase where there are half sets (timeline)
 
     # ------------------------------------------------------------------------------ the whole run
     def execute(self) -> dict:
@@ -262,6 +264,7 @@ class Run:
                 results.write_pose_files(self.out_dir, self.metrics["poses"], self.ts, self.written, self.failed)
         halves = self.cfg.evaluation.half_sets or self.cfg.output.half_volumes
         if self.finite and not self.interrupted and halves:
+            self.peaks["main run"] = timeline.phase_peaks()
             self.method.release()  # the half fits get the device memory the run reads no more
             if self.checkpoint is not None:  # its host copy (3 GB at 4096^2) goes before the halves' stacks come
                 self.checkpoint.join(self.written, self.failed)
