@@ -166,3 +166,30 @@ def test_the_cpu_estimate_counts_one_export_slab_where_the_scores_stream():
     planes = free // 4 // (EXPORT_BYTES_PER_VOXEL * plane)
     assert planes == 36 and cpu_final_bytes(512 * plane, plane, free) == planes * plane * EXPORT_BYTES_PER_VOXEL
     assert cpu_final_bytes(512 * plane, plane, 10 ** 12) == slab  # plenty free: the 1 GiB cap
+
+
+def test_the_half_sets_estimate_counts_the_held_halves_only_where_they_are_held(monkeypatch):
+    """After the main fit is let go the half sets peak at a half's fit (half the views' data)
+    beside the even half held on the GPU and the odd half evaluated into its own tensor; with
+    output.half_volumes, or where the free memory cannot hold both halves twice over, the halves
+    go through files and the fit alone counts."""
+    import dataclasses
+
+    from fasttomo.run import preflight
+    from fasttomo.quality import scoring
+
+    monkeypatch.setattr(preflight, "_fused", lambda device: True)
+    monkeypatch.setattr(scoring, "free_memory_bytes", lambda device: 140_000_000_000)
+    vox = 4096 * 4096 * 256
+    shape = preflight.RunShape(torch.device("cuda"), batch=4096, samples_per_ray=256, n_features=96, hidden=64,
+                               n_val=10**7, pixels=121 * 4096 * 4096, stack_bytes=4 * 121 * 4096 * 4096,
+                               parameters=10**9, voxels=vox, plane_voxels=4096 * 4096)
+    fit = preflight.memory_bytes(shape, True)
+    held = preflight.half_sets_bytes(shape, True, False, 140_000_000_000)
+    assert held["the even half, held"] == held["the odd half, evaluated"] == 4 * vox
+    assert held["a half's data"] == -(-shape.stack_bytes // 2)  # half the views
+    assert held["a half's parameters"] == fit["parameters"]  # the same model
+    rest = {k: v for k, v in held.items() if "half," not in k}
+    assert sum(rest.values()) == sum(fit.values()) - fit["data"] + held["a half's data"]
+    assert preflight.half_sets_bytes(shape, True, True, 140_000_000_000) == rest  # output.half_volumes: files
+    assert preflight.half_sets_bytes(shape, True, False, 16 * vox) == rest  # no room for both halves

@@ -318,6 +318,23 @@ def estimate_memory_bytes(cfg: Config, comps) -> dict[str, int]:
     return memory_bytes(built_shape(cfg, comps), cfg.guard.enabled)
 
 
+def half_sets_bytes(shape: RunShape, guard: bool, files: bool, free: int | None) -> dict[str, int]:
+    """CUDA peak of the half sets, which come after the main fit is let go (``Run.score``): a
+    half's fit (:func:`memory_bytes` with half the views' pixels and data) and, where the even half
+    is held on the device for the FSC (``run.results._half_on_device``: no ``files``, i.e.
+    output.half_volumes=false, and ``free`` bytes, the device's free memory with the main fit let
+    go, hold 16 bytes a voxel beside the fit), that half beside the odd one evaluated into its
+    own tensor while the odd fit still exists. Otherwise the halves go through files and the fit
+    with its export slab is all."""
+    half = dataclasses.replace(shape, stack_bytes=-(-shape.stack_bytes // 2), pixels=-(-shape.pixels // 2),
+                               n_val=-(-shape.n_val // 2), built=False)
+    fit = memory_bytes(half, guard)
+    out = {f"a half's {k}": v for k, v in fit.items()}
+    if not files and free is not None and free >= 16 * shape.voxels + sum(fit.values()):
+        out.update({"the even half, held": 4 * shape.voxels, "the odd half, evaluated": 4 * shape.voxels})
+    return out
+
+
 def _need_and_free(shape: RunShape, guard: bool) -> tuple[int, int | None, dict[str, int]]:
     """(bytes still to allocate, free bytes or None, the estimate): what the process holds
     already is not free any more, so it counts as used, not as still needed."""
@@ -417,6 +434,10 @@ def dry_run_field(cfg: Config, ts, start: int = 0) -> dict:
     sizing = sizing_lines(cfg, comps)  # what was sized from the data, and why
     cfg = dataclasses.replace(cfg, optim=comps.cfg.optim)  # optim.steps=None resolved by build
     mem = estimate_memory_bytes(cfg, comps)
+    halves = None
+    if comps.device.type == "cuda" and (cfg.evaluation.half_sets or cfg.output.half_volumes):
+        free = torch.cuda.mem_get_info(comps.device)[0] + torch.cuda.memory_allocated(comps.device)  # fit let go
+        halves = half_sets_bytes(built_shape(cfg, comps), cfg.guard.enabled, cfg.output.half_volumes, free)
     files = estimate_output_bytes(cfg, comps, start)
     report = {
         "device": str(comps.device),
@@ -425,7 +446,7 @@ def dry_run_field(cfg: Config, ts, start: int = 0) -> dict:
         "box_zyx": list(comps.box.shape_zyx),
         "n_parameters": _counts(comps)[0],
         "memory_bytes": mem,
-        "memory_total_bytes": sum(mem.values()),
+        "memory_total_bytes": max(sum(mem.values()), sum(halves.values()) if halves else 0),
         "files_bytes": files,
         "files_total_bytes": sum(files.values()),
     }
@@ -436,8 +457,13 @@ def dry_run_field(cfg: Config, ts, start: int = 0) -> dict:
              f"{cfg.optim.steps - start} steps of {comps.sampler.batch_size} rays x "
              f"{comps.projector.samples_per_ray} samples",
              "  sizes:", *sizing,
-             f"  memory on {comps.device} (estimate): {human(sum(mem.values()))} = "
-             + ", ".join(f"{k} {human(v)}" for k, v in mem.items())]
+             f"  memory on {comps.device} (estimate): {human(report['memory_total_bytes'])}"
+             + (" (the half sets')" if halves and sum(halves.values()) > sum(mem.values()) else "")
+             + f"; the fit: {human(sum(mem.values()))} = " + ", ".join(f"{k} {human(v)}" for k, v in mem.items())]
+    if halves:
+        report["memory_half_sets_bytes"] = halves
+        lines.append(f"  half sets, after the fit is let go: {human(sum(halves.values()))} = "
+                     + ", ".join(f"{k} {human(v)}" for k, v in halves.items()))
     peak = _measured_step_peak(comps)
     if peak is not None:
         free, total = torch.cuda.mem_get_info(comps.device)
@@ -486,7 +512,9 @@ def dry_run_sirt(cfg: Config, ts, start: int = 0) -> dict:
                 "half stack, R weights, residual": 3 * (stack // 2 + stack % 2)}
         report["memory_half_sets_bytes"] = half
         report["memory_total_bytes"] = max(report["memory_total_bytes"], sum(half.values()))
-        lines[-1] += f" for the fit, {human(sum(half.values()))} while the odd half is fitted beside the even one"
+        lines[-1] = (f"  memory on {device} (estimate): {human(report['memory_total_bytes'])}; the fit: "
+                     f"{human(sum(mem.values()))}, the half sets: {human(sum(half.values()))} (the odd half fitted "
+                     "beside the even one)")
     if cfg.output.dir:
         folder = Path(cfg.output.dir)
         state = inspect_folder(folder, overwrite=cfg.output.overwrite, resume=cfg.resume)

@@ -189,10 +189,12 @@ def _half_on_device(run, method, half: str) -> tuple[torch.Tensor | None, int]:
                      "x".join(map(str, shape)), device, free / 1e9, need / 1e9)
             return None, voxels
         vol = torch.empty(tuple(shape), dtype=torch.float32, device=device)
+        finite = True
         for z0, slab in slabs:
             vol[z0:z0 + slab.shape[0]] = slab
+            finite = finite and bool(torch.isfinite(slab).all())  # slab by slab: no whole-volume mask
             del slab
-    if not bool(torch.isfinite(vol).all()):
+    if not finite:
         return None, voxels  # the caller's path names the non-finite volume
     log.info("half sets: the %s half held on %s for the FSC (not written; output.half_volumes=true writes it)",
              half, device)
