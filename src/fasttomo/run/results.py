@@ -6,6 +6,7 @@ atomically; a failure to write one result keeps the others (outputs.py)."""
 from __future__ import annotations
 
 import dataclasses as dc
+import gc
 import logging
 import math
 import time
@@ -123,7 +124,8 @@ def half_sets(run) -> tuple[dict | None, dict | None]:
         method.fit()
         run.peaks[f"{name} half: fit"] = timeline.phase_peaks()
         vols[name] = _half_volume(run, method, name)
-        del method  # its device memory goes before the next half's
+        del method  # its device memory and its views' copy in host memory go before the next half's:
+        gc.collect()  # its trainer's reference cycles included (a 4 GB host copy at camera4k)
         run.peaks[f"{name} half: volume"] = timeline.phase_peaks()
     if not place.main:
         return None, None
