@@ -193,3 +193,33 @@ def test_the_half_sets_estimate_counts_the_held_halves_only_where_they_are_held(
     assert sum(rest.values()) == sum(fit.values()) - fit["data"] + held["a half's data"]
     assert preflight.half_sets_bytes(shape, True, True, 140_000_000_000) == rest  # output.half_volumes: files
     assert preflight.half_sets_bytes(shape, True, False, 16 * vox) == rest  # no room for both halves
+
+
+def test_the_half_sets_estimate_of_camera1k_is_within_a_quarter_of_its_measured_phases(monkeypatch, tmp_path):
+    """camera1k with evaluation.half_sets on the H200 (75d6465): the main run's phase against the
+    fit's estimate, the halves' phases (their fits, volumes and FSC) against the half sets'."""
+    import dataclasses
+    import json
+    import types
+    from pathlib import Path
+
+    from fasttomo.cli.reconstruct import compose_config
+    from fasttomo.run import preflight
+    from fasttomo.quality import scoring
+
+    record = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / \
+        "bench_scale-camera1k-halfsets-NVIDIA-H200-75d6465.json"
+    phases = json.loads(record.read_text())["results"][0]["peak_GB_by_phase"]
+    monkeypatch.setattr(preflight, "_fused", lambda device: True)
+    monkeypatch.setattr(scoring, "free_memory_bytes", lambda device: 140_000_000_000)
+    cfg = compose_config(["data=mrc", f"data.path={tmp_path / 'unused.mrc'}", "data.thickness=256",
+                          "evaluation.half_sets=true"])
+    ts = types.SimpleNamespace(n_tilts=61, height=1024, width=1024, valid=None, pixel_size=10.0,
+                               per_line_angles=False, angles=np.linspace(-60, 60, 61),
+                               stack=np.empty((61, 1024, 1024), np.float32))  # never touched: no memory
+    shape = dataclasses.replace(preflight.planned_shape(cfg, ts), device=torch.device("cuda"))
+    fit = sum(preflight.memory_bytes(shape, True).values()) / 1e9
+    halves = sum(preflight.half_sets_bytes(shape, True, False, 139_000_000_000).values()) / 1e9
+    assert 0.75 <= fit / phases["main run"]["gpu"] <= 1.25, (fit, phases["main run"])
+    measured = max(v["gpu"] for k, v in phases.items() if k != "main run")
+    assert 0.75 <= halves / measured <= 1.25, (halves, measured)
