@@ -44,8 +44,9 @@ _HOST_RESETS = [True]  # False once the kernel refused to restart VmHWM: later h
 def peak_rss_bytes() -> int | None:
     """The process's own peak resident memory so far, or None: the larger of VmHWM (Linux,
     /proc/self/status) and the peaks of the phases :func:`phase_peaks` closed. Not getrusage's
-    ru_maxrss on Linux: a process started by another (fork or vfork, then exec) reports the larger of its own peak and its parent's peak at the start there (a
-    benchmark that simulated a 4096^2 series before starting the run passes on its 25 GB)."""
+    ru_maxrss on Linux: a process started by another (fork or vfork, then exec) reports the
+    larger of its own peak and its parent's peak at the start there (a benchmark that simulated
+    a 4096^2 series before starting the run passes on its 25 GB)."""
     hwm = _vm_hwm()
     if hwm is not None:
         return max(hwm, _SEEN["host"])

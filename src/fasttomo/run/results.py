@@ -124,8 +124,8 @@ def half_sets(run) -> tuple[dict | None, dict | None]:
         method.fit()
         run.peaks[f"{name} half: fit"] = timeline.phase_peaks()
         vols[name] = _half_volume(run, method, name)
-        del method  # its device memory and its views' copy in host memory go before the next half's:
-        gc.collect()  # its trainer's reference cycles included (a 4 GB host copy at camera4k)
+        del method  # its device memory and its copy of the views in host memory go before the next half's,
+        gc.collect()  # what its trainer's reference cycles hold included
         run.peaks[f"{name} half: volume"] = timeline.phase_peaks()
     if not place.main:
         return None, None
