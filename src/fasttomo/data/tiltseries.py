@@ -132,6 +132,15 @@ class TiltSeries:
     def per_line_angles(self) -> bool:
         return self.angles.ndim == 2
 
+    def let_pixels_go(self) -> None:
+        """Drops this series' pixels (and its validity mask) once nothing will read them, keeping
+        its shape, angles, pixel size, truth and metadata: ``stack`` becomes a read-only view of one
+        NaN broadcast to the same shape (no memory; a reader would get NaN, never plausible
+        values). Used by the half sets, which copy each half's views first: at 4096^2 x 121 the
+        run's own 8 GB stack is not held beside them."""
+        self.stack = np.broadcast_to(np.float32(np.nan), self.stack.shape)
+        self.valid = None
+
     def reference_index(self) -> int:
         """Index of the view with the smallest |tilt angle| (its pose is held fixed)."""
         a = self.angles if self.angles.ndim == 1 else self.angles.mean(axis=1)

@@ -113,14 +113,15 @@ def half_sets(run) -> tuple[dict | None, dict | None]:
     the two share no initial noise that the data does not overwrite. Collective under DDP."""
 
     cfg, ts, place = run.cfg, run.ts, run.place
+    parts = {name: _subset(ts, np.arange(parity, ts.n_tilts, 2)) for parity, name in ((0, "even"), (1, "odd"))}
+    ts.let_pixels_go()  # the halves hold every view now; the run (and its released method) reads none again
     vols = {}
     for parity, name in ((0, "even"), (1, "odd")):
-        keep = np.arange(parity, ts.n_tilts, 2)
         hcfg = dc.replace(cfg, resume=None, runtime=dc.replace(cfg.runtime, seed=cfg.runtime.seed + 1 + parity),
                           logging=dc.replace(cfg.logging, tensorboard=False, progress=False, checkpoint_every=0),
                           evaluation=dc.replace(cfg.evaluation, curve_every=0))
-        log.info("half sets: reconstructing the %s views (%d of %d)", name, keep.size, ts.n_tilts)
-        method = make_method(hcfg, _subset(ts, keep), None, dc.replace(place, out_dir=None))
+        log.info("half sets: reconstructing the %s views (%d of %d)", name, parts[name].n_tilts, ts.n_tilts)
+        method = make_method(hcfg, parts.pop(name), None, dc.replace(place, out_dir=None))
         method.fit()
         run.peaks[f"{name} half: fit"] = timeline.phase_peaks()
         vols[name] = _half_volume(run, method, name)
