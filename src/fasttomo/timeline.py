@@ -38,7 +38,7 @@ def since_start(t: float | None = None) -> float:
 
 
 _SEEN = {"host": 0, "gpu": 0}  # the peaks of the phases before the last border (phase_peaks)
-_HOST_RESETS = [True]  # False once the kernel refused to restart VmHWM: later host phases are not apart
+_HOST_RESETS = True  # False once the kernel refused to restart VmHWM: later host phases are not apart
 
 
 def peak_rss_bytes() -> int | None:
@@ -93,7 +93,8 @@ def phase_peaks() -> dict[str, int | None]:
     torch's peak statistics reset); :func:`peak_rss_bytes` and :func:`peak_gpu_bytes` still give
     the whole process's. ``host`` is None once the kernel did not restart VmHWM (the peak so far
     would not be this phase's); ``gpu`` None without CUDA."""
-    host = _vm_hwm() if _HOST_RESETS[0] else None
+    global _HOST_RESETS
+    host = _vm_hwm() if _HOST_RESETS else None
     gpu = _torch_peak(True)
     if host is not None:
         _SEEN["host"] = max(_SEEN["host"], host)
@@ -101,7 +102,7 @@ def phase_peaks() -> dict[str, int | None]:
             with open("/proc/self/clear_refs", "w", encoding="ascii") as f:
                 f.write("5")  # 5: reset the peak resident set size (Linux 4.0+)
         except OSError:
-            _HOST_RESETS[0] = False
+            _HOST_RESETS = False
     if gpu is not None:
         _SEEN["gpu"] = max(_SEEN["gpu"], gpu)
     return {"host": host, "gpu": gpu}

@@ -29,7 +29,7 @@ PHASES = ("import numpy as np; from fasttomo import timeline as t\n"
           "a = np.ones(400 * 2**20 // 8); del a\n"
           "first = t.phase_peaks()\n"
           "b = np.ones(50 * 2**20 // 8)\n"
-          "print(first['host'], t.phase_peaks()['host'], t.peak_rss_bytes(), t._HOST_RESETS[0])")
+          "print(first['host'], t.phase_peaks()['host'], t.peak_rss_bytes(), t._HOST_RESETS)")
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="VmHWM and its reset are Linux's")

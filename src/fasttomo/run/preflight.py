@@ -433,11 +433,12 @@ def dry_run_field(cfg: Config, ts, start: int = 0) -> dict:
     comps = build(cfg, ts)
     sizing = sizing_lines(cfg, comps)  # what was sized from the data, and why
     cfg = dataclasses.replace(cfg, optim=comps.cfg.optim)  # optim.steps=None resolved by build
-    mem = estimate_memory_bytes(cfg, comps)
+    shape = built_shape(cfg, comps)
+    mem = memory_bytes(shape, cfg.guard.enabled)
     halves = None
     if comps.device.type == "cuda" and (cfg.evaluation.half_sets or cfg.output.half_volumes):
         free = torch.cuda.mem_get_info(comps.device)[0] + torch.cuda.memory_allocated(comps.device)  # fit let go
-        halves = half_sets_bytes(built_shape(cfg, comps), cfg.guard.enabled, cfg.output.half_volumes, free)
+        halves = half_sets_bytes(shape, cfg.guard.enabled, cfg.output.half_volumes, free)
     files = estimate_output_bytes(cfg, comps, start)
     report = {
         "device": str(comps.device),

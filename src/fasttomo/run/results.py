@@ -192,12 +192,12 @@ def _half_on_device(run, method, half: str) -> tuple[torch.Tensor | None, int]:
                      "x".join(map(str, shape)), device, free / 1e9, need / 1e9)
             return None, voxels
         vol = torch.empty(tuple(shape), dtype=torch.float32, device=device)
-        finite = True
+        finite = torch.ones((), dtype=torch.bool, device=device)
         for z0, slab in slabs:
             vol[z0:z0 + slab.shape[0]] = slab
-            finite = finite and bool(torch.isfinite(slab).all())  # slab by slab: no whole-volume mask
+            finite &= torch.isfinite(slab).all()  # slab by slab, on the device: no whole-volume mask, one sync
             del slab
-    if not finite:
+    if not bool(finite):
         return None, voxels  # the caller's path names the non-finite volume
     log.info("half sets: the %s half held on %s for the FSC (not written; output.half_volumes=true writes it)",
              half, device)
