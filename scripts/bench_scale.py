@@ -180,12 +180,13 @@ def run_method(case: str, files: dict, method: str, work: Path, half_sets: bool,
 _UNITS = {"B": 1, "kB": 1e3, "MB": 1e6, "GB": 1e9, "TB": 1e12}
 
 
-def dry_estimate(case: str, files: dict, method: str, work: Path, python: str) -> float | None:
-    """The dry run's memory estimate (bytes, on the run's device) of the method's command, from its
-    log line "memory on <device> (estimate): <n> <unit>"; None when it has none."""
+def dry_estimate(case: str, files: dict, method: str, work: Path, half_sets: bool, python: str) -> float | None:
+    """The dry run's memory estimate (bytes, on the run's device) of the method's command (with
+    ``half_sets``, the command that fits them too), from its log line "memory on <device>
+    (estimate): <n> <unit>"; None when it has none."""
     import re
 
-    tag, out, args = cli_args(case, files, method, work, False)
+    tag, out, args = cli_args(case, files, method, work, half_sets)
     log = work / "runs" / f"{tag}-dry.log"
     log.parent.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src") + os.pathsep + os.environ.get("PYTHONPATH", "")}
@@ -307,7 +308,7 @@ def main() -> None:
         if args.warmup and any(m != "sirt" for m in methods):
             run_method(case, files, "warmup", work, False, args.python)
         for method in methods:
-            estimate = dry_estimate(case, files, method, work, args.python) if args.estimate else None
+            estimate = dry_estimate(case, files, method, work, args.half_sets_in_row, args.python) if args.estimate else None
             m = run_method(case, files, method, work, args.half_sets_in_row, args.python)
             row = row_of(case, method, m)
             row["kernel_cache"] = "warm" if args.warmup else "as found"

@@ -59,3 +59,17 @@ def test_an_error_in_a_view_is_raised(monkeypatch):
     with pytest.raises(ValueError, match="view 5"):
         views.map_views(fn, 9, 1 << 30)
     assert views.map_views(lambda i: i * i, 9, 1 << 30) == [i * i for i in range(9)]
+
+
+def test_permute_views_puts_every_view_where_the_order_says_and_back():
+    rng = np.random.default_rng(0)
+    for n in (1, 2, 3, 8, 121):
+        for _ in range(5):
+            a = rng.random((n, 3, 4)).astype(np.float32)
+            before, order = a.copy(), rng.permutation(n)
+            views.permute_views(a, order)
+            np.testing.assert_array_equal(a, before[order])
+            views.permute_views(a, np.argsort(order))
+            np.testing.assert_array_equal(a, before)
+    with pytest.raises(ValueError, match="permutation"):
+        views.permute_views(np.zeros((3, 2)), [0, 0, 1])

@@ -123,10 +123,12 @@ def test_sirt_refuses_a_volume_shape_before_the_folder_is_made(tmp_path):
     assert not out.exists()
 
 
-def test_the_half_sets_copy_their_views_and_the_run_lets_its_stack_go(tmp_path, monkeypatch):
-    """Each half gets its own copy of its views (even, odd in tilt order) and the run's whole
-    stack is let go before the first half is fitted (at 4096^2 x 121 it is 8 GB of host memory
-    beside them); the run's series keeps its shape and metadata, and the run ends as before."""
+@pytest.mark.parametrize("writable", [True, False], ids=["own-stack", "read-only-stack"])
+def test_the_half_sets_read_their_views_in_place_or_copy_them(tmp_path, monkeypatch, writable):
+    """Each half gets its views (even, odd in tilt order). From a stack the run may write, the
+    halves read rows of it, no copy (at 4096^2 x 121 a copy is 8 GB beside it), and the run's
+    stack is in its own order again afterwards; from a read-only one each half gets a copy and the
+    run lets its stack go before the first half is fitted. The run ends as before either way."""
     from fasttomo.run import results
     from fasttomo.run.run import Run
 
@@ -134,22 +136,27 @@ def test_the_half_sets_copy_their_views_and_the_run_lets_its_stack_go(tmp_path, 
 
     class Watched(Run):
         def score(self):
+            self.ts.stack.flags.writeable = writable
             seen.append(self.ts.stack.copy())  # the run's own views, before the halves
             super().score()
 
     make_method = results.make_method
 
     def make_half(cfg, ts, hold, place, *rest):
-        seen.append((ts.stack.copy(), watched.ts.stack))
+        seen.append((ts.stack.copy(), np.shares_memory(ts.stack, watched.ts.stack), watched.ts.stack))
         return make_method(cfg, ts, hold, place, *rest)
 
     monkeypatch.setattr(results, "make_method", make_half)
     watched = Watched(compose_config([*TINY, "optim.steps=6", "evaluation.half_sets=true",
                                       f"output.dir={tmp_path / 'halves'}"]))
     metrics = watched.execute()
-    whole, (even, run_stack), (odd, _) = seen
+    whole, (even, even_shared, run_stack), (odd, odd_shared, _) = seen
     np.testing.assert_array_equal(even, whole[0::2])
     np.testing.assert_array_equal(odd, whole[1::2])
-    assert run_stack.shape == whole.shape and run_stack.strides == (0, 0, 0)  # no memory behind it
-    assert np.isnan(run_stack).all() and not run_stack.flags.writeable  # never read as data
+    assert even_shared is odd_shared is writable
+    if writable:
+        np.testing.assert_array_equal(watched.ts.stack, whole)  # back in tilt order
+    else:
+        assert run_stack.shape == whole.shape and run_stack.strides == (0, 0, 0)  # no memory behind it
+        assert np.isnan(run_stack).all() and not run_stack.flags.writeable  # never read as data
     assert metrics["status"] == "finished" and metrics["half_sets"]["fsc"]

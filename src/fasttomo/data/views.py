@@ -40,3 +40,28 @@ def map_views(fn: Callable[[int], T], n_views: int, pixels: int) -> list[T]:
 
     with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="fasttomo-views") as pool:
         return list(pool.map(fn, range(n_views)))
+
+
+def permute_views(a, order) -> None:
+    """Puts the views (first axis) of the array ``a`` in ``order`` in place: afterwards ``a[i]``
+    holds what ``a[order[i]]`` held. Cycle by cycle, with one view's copy as the only extra memory
+    (``np.argsort(order)`` puts them back)."""
+    import numpy as np
+
+    order = np.asarray(order)
+    if sorted(order.tolist()) != list(range(len(a))):
+        raise ValueError(f"permute_views: order must be a permutation of 0..{len(a) - 1}, got {order.tolist()}")
+    done = order == np.arange(len(a))
+    spare = None
+    for start in range(len(a)):
+        if done[start]:
+            continue
+        spare = np.empty_like(a[0]) if spare is None else spare
+        spare[...] = a[start]
+        i = start
+        while order[i] != start:  # a[i] takes a[order[i]], read before it is written in its turn
+            a[i] = a[order[i]]
+            done[i] = True
+            i = int(order[i])
+        a[i] = spare
+        done[i] = True

@@ -5,6 +5,7 @@ atomically; a failure to write one result keeps the others (outputs.py)."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses as dc
 import gc
 import logging
@@ -19,6 +20,7 @@ from fasttomo import timeline
 from fasttomo.config import Config, ConfigError
 from fasttomo.data.io.atomic import atomic_write
 from fasttomo.data.tiltseries import TiltSeries
+from fasttomo.data.views import permute_views
 from fasttomo.quality.plots import fsc_plot, line_plot
 from fasttomo.quality.report import (add_to_tensorboard, loss_series, number_text, report_image, save_png, slice_panel,
                                      summary_lines)
@@ -112,23 +114,10 @@ def half_sets(run) -> tuple[dict | None, dict | None]:
     are held for the FSC and never written (:func:`_half_volume`). Each half gets its own seed, so
     the two share no initial noise that the data does not overwrite. Collective under DDP."""
 
-    cfg, ts, place = run.cfg, run.ts, run.place
-    parts = {name: _subset(ts, np.arange(parity, ts.n_tilts, 2)) for parity, name in ((0, "even"), (1, "odd"))}
-    ts.let_pixels_go()  # the halves hold every view now; the run (and its released method) reads none again
-    vols = {}
-    for parity, name in ((0, "even"), (1, "odd")):
-        hcfg = dc.replace(cfg, resume=None, runtime=dc.replace(cfg.runtime, seed=cfg.runtime.seed + 1 + parity),
-                          logging=dc.replace(cfg.logging, tensorboard=False, progress=False, checkpoint_every=0),
-                          evaluation=dc.replace(cfg.evaluation, curve_every=0))
-        log.info("half sets: reconstructing the %s views (%d of %d)", name, parts[name].n_tilts, ts.n_tilts)
-        method = make_method(hcfg, parts.pop(name), None, dc.replace(place, out_dir=None))
-        method.fit()
-        run.peaks[f"{name} half: fit"] = timeline.phase_peaks()
-        vols[name] = _half_volume(run, method, name)
-        del method  # its device memory and its copy of the views in host memory go before the next half's,
-        gc.collect()  # what its trainer's reference cycles hold included
-        run.peaks[f"{name} half: volume"] = timeline.phase_peaks()
-    if not place.main:
+    ts = run.ts
+    with _halves(ts) as parts:
+        vols = _fit_halves(run, parts)
+    if not run.place.main:
         return None, None
     res, curves = pair_fsc(vols["even"], vols["odd"], ts.pixel_size, tilt_range(ts))
     del vols
@@ -140,6 +129,50 @@ def half_sets(run) -> tuple[dict | None, dict | None]:
         run.failed["fsc_halfsets.png"] = exc.strerror or str(exc)
     log.info("half sets: FSC 0.143 at %s, 0.5 at %s", _res(res, "fsc0143"), _res(res, "fsc05"))
     return res, curves
+
+
+def _fit_halves(run, parts: dict) -> dict:
+    """{even, odd: volume}: each half series of ``parts`` fitted by the run's method with its own
+    seed and its volume taken (:func:`_half_volume`), the method let go before the next half."""
+    cfg, place = run.cfg, run.place
+    vols = {}
+    for parity, name in ((0, "even"), (1, "odd")):
+        hcfg = dc.replace(cfg, resume=None, runtime=dc.replace(cfg.runtime, seed=cfg.runtime.seed + 1 + parity),
+                          logging=dc.replace(cfg.logging, tensorboard=False, progress=False, checkpoint_every=0),
+                          evaluation=dc.replace(cfg.evaluation, curve_every=0))
+        log.info("half sets: reconstructing the %s views (%d of %d)", name, parts[name].n_tilts, run.ts.n_tilts)
+        method = make_method(hcfg, parts.pop(name), None, dc.replace(place, out_dir=None))
+        method.fit()
+        run.peaks[f"{name} half: fit"] = timeline.phase_peaks()
+        vols[name] = _half_volume(run, method, name)
+        del method  # its device memory and its copy of the views in host memory go before the next half's,
+        gc.collect()  # what its trainer's reference cycles hold included
+        run.peaks[f"{name} half: volume"] = timeline.phase_peaks()
+    return vols
+
+
+@contextlib.contextmanager
+def _halves(ts):
+    """{even, odd: TiltSeries} of ``ts``'s views. Where its stack (and mask) can be written in
+    place, their views are put in even-then-odd order and each half reads its own rows of them,
+    no copy (at 4096^2 x 121 a copy is 8 GB of host memory beside the stack), and their order is
+    put back on the way out, whatever happened. Otherwise (a read-only map, a broadcast) each half
+    gets a copy of its views and the run lets its own stack go: nothing reads it afterwards."""
+    even, odd = np.arange(0, ts.n_tilts, 2), np.arange(1, ts.n_tilts, 2)
+    arrays = [a for a in (ts.stack, ts.valid) if a is not None]
+    if not all(type(a) is np.ndarray and a.flags.writeable and a.flags.c_contiguous for a in arrays):
+        parts = {"even": _subset(ts, even), "odd": _subset(ts, odd)}
+        ts.let_pixels_go()
+        yield parts
+        return
+    order = np.concatenate([even, odd])
+    for a in arrays:
+        permute_views(a, order)
+    try:
+        yield {"even": _subset(ts, even, slice(0, len(even))), "odd": _subset(ts, odd, slice(len(even), None))}
+    finally:
+        for a in arrays:
+            permute_views(a, np.argsort(order))
 
 
 def _half_volume(run, method, half: str):
@@ -242,8 +275,10 @@ def _res(report: dict, key: str) -> str:
         fsc.get(f"{key}_status"), str(fsc.get(f"{key}_status")))
 
 
-def _subset(ts, keep: np.ndarray):
-    sub = lambda a: None if a is None else np.ascontiguousarray(a[keep])  # noqa: E731
+def _subset(ts, keep: np.ndarray, rows: slice | None = None):
+    """The series of ``ts``'s views ``keep``: its stack and mask those ``rows`` of ``ts``'s (views
+    of them, with the views already in that order), else copies of the views."""
+    sub = lambda a: None if a is None else a[rows] if rows is not None else np.ascontiguousarray(a[keep])  # noqa: E731
     numbers = list(ts.metadata.get("view_numbers") or range(1, ts.n_tilts + 1))
     meta = {**ts.metadata, "view_numbers": [numbers[i] for i in keep]}  # a file alignment follows its views
     return TiltSeries(stack=sub(ts.stack), angles=ts.angles[keep], pixel_size=ts.pixel_size, source=ts.source,
