@@ -195,8 +195,14 @@ def test_the_half_sets_estimate_counts_the_held_halves_only_where_they_are_held(
     assert preflight.half_sets_bytes(shape, True, False, 16 * vox) == rest  # no room for both halves
 
 
-def test_the_half_sets_estimate_of_camera1k_is_within_a_quarter_of_its_measured_phases(monkeypatch, tmp_path):
-    """camera1k with evaluation.half_sets on the H200 (75d6465): the main run's phase against the
+@pytest.mark.parametrize("record, n, size, thickness", [
+    ("bench_scale-camera1k-halfsets-NVIDIA-H200-75d6465.json", 61, 1024, 256),
+    ("bench_scale-camera2k-halfsets-NVIDIA-H200-ba4d1b4.json", 121, 2048, 512),
+    ("bench_scale-camera4k-halfsets-steps3000-NVIDIA-H200-423e6f2.json", 121, 4096, 256)],
+    ids=["camera1k", "camera2k", "camera4k"])
+def test_the_half_sets_estimate_of_each_camera_case_is_within_a_quarter_of_its_measured_phases(
+        monkeypatch, tmp_path, record, n, size, thickness):
+    """Each camera case with evaluation.half_sets on the H200: the main run's phase against the
     fit's estimate, the halves' phases (their fits, volumes and FSC) against the half sets'."""
     import dataclasses
     import json
@@ -207,16 +213,15 @@ def test_the_half_sets_estimate_of_camera1k_is_within_a_quarter_of_its_measured_
     from fasttomo.run import preflight
     from fasttomo.quality import scoring
 
-    record = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / \
-        "bench_scale-camera1k-halfsets-NVIDIA-H200-75d6465.json"
+    record = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / record
     phases = json.loads(record.read_text())["results"][0]["peak_GB_by_phase"]
     monkeypatch.setattr(preflight, "_fused", lambda device: True)
     monkeypatch.setattr(scoring, "free_memory_bytes", lambda device: 140_000_000_000)
-    cfg = compose_config(["data=mrc", f"data.path={tmp_path / 'unused.mrc'}", "data.thickness=256",
+    cfg = compose_config(["data=mrc", f"data.path={tmp_path / 'unused.mrc'}", f"data.thickness={thickness}",
                           "evaluation.half_sets=true"])
-    ts = types.SimpleNamespace(n_tilts=61, height=1024, width=1024, valid=None, pixel_size=10.0,
-                               per_line_angles=False, angles=np.linspace(-60, 60, 61),
-                               stack=np.empty((61, 1024, 1024), np.float32))  # never touched: no memory
+    ts = types.SimpleNamespace(n_tilts=n, height=size, width=size, valid=None, pixel_size=10.0,
+                               per_line_angles=False, angles=np.linspace(-60, 60, n),
+                               stack=np.empty((n, size, size), np.float32))  # never touched: no memory
     shape = dataclasses.replace(preflight.planned_shape(cfg, ts), device=torch.device("cuda"))
     fit = sum(preflight.memory_bytes(shape, True).values()) / 1e9
     halves = sum(preflight.half_sets_bytes(shape, True, False, 139_000_000_000).values()) / 1e9
