@@ -142,8 +142,8 @@ class Projector(nn.Module):
 VOLUME_CHUNK = {"cpu": 1 << 18, "cuda": 1 << 21}
 """Points per field evaluation of :meth:`Projector.volume`, by device type. On a GPU a small
 chunk is bound by the launches of its dozen kernels: a 2048^2 x 64 slab of camera2k's field took
-989 ms at 2^18 points, 190 ms at 2^21 and 185 ms at 2^22, the same values bit for bit (H200,
-benchmarks/README.md); a CPU keeps 2^18 (its chunk's temporaries stay in the cache-friendly range)."""
+702 ms at 2^18 points, 189 ms at 2^21 and 184 ms at 2^22, the same values bit for bit (H200,
+benchmarks/README.md, "Evaluating the volume"); a CPU keeps 2^18 (its chunk's temporaries stay in the cache-friendly range)."""
 
 
 def volume_chunk(device: torch.device) -> int:
