@@ -136,8 +136,8 @@ class TiltSeries:
         """Drops this series' pixels (and its validity mask) once nothing will read them, keeping
         its shape, angles, pixel size, truth and metadata: ``stack`` becomes a read-only view of one
         NaN broadcast to the same shape (no memory; a reader would get NaN, never plausible
-        values). Used by the half sets, which copy each half's views first: at 4096^2 x 121 the
-        run's own 8 GB stack is not held beside them."""
+        values). Used by the half sets where they copy each half's views (a stack they cannot
+        reorder in place): at 4096^2 x 121 the run's own 8 GB stack is not held beside them."""
         self.stack = np.broadcast_to(np.float32(np.nan), self.stack.shape)
         self.valid = None
 
