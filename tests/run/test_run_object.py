@@ -136,26 +136,30 @@ def test_the_half_sets_read_their_views_in_place_or_copy_them(tmp_path, monkeypa
 
     class Watched(Run):
         def score(self):
+            self.ts.valid = np.random.default_rng(0).random(self.ts.stack.shape) > 0.1  # a mask goes with its views
             self.ts.stack.flags.writeable = writable
-            seen.append(self.ts.stack.copy())  # the run's own views, before the halves
+            seen.append((self.ts.stack.copy(), self.ts.valid.copy()))  # the run's own views, before the halves
             super().score()
 
     make_method = results.make_method
 
     def make_half(cfg, ts, hold, place, *rest):
-        seen.append((ts.stack.copy(), np.shares_memory(ts.stack, watched.ts.stack), watched.ts.stack))
+        seen.append((ts.stack.copy(), ts.valid.copy(), np.shares_memory(ts.stack, watched.ts.stack), watched.ts.stack))
         return make_method(cfg, ts, hold, place, *rest)
 
     monkeypatch.setattr(results, "make_method", make_half)
     watched = Watched(compose_config([*TINY, "optim.steps=6", "evaluation.half_sets=true",
                                       f"output.dir={tmp_path / 'halves'}"]))
     metrics = watched.execute()
-    whole, (even, even_shared, run_stack), (odd, odd_shared, _) = seen
+    (whole, mask), (even, even_mask, even_shared, run_stack), (odd, odd_mask, odd_shared, _) = seen
     np.testing.assert_array_equal(even, whole[0::2])
     np.testing.assert_array_equal(odd, whole[1::2])
+    np.testing.assert_array_equal(even_mask, mask[0::2])
+    np.testing.assert_array_equal(odd_mask, mask[1::2])
     assert even_shared is odd_shared is writable
-    if writable:
-        np.testing.assert_array_equal(watched.ts.stack, whole)  # back in tilt order
+    if writable:  # back in tilt order, the mask too
+        np.testing.assert_array_equal(watched.ts.stack, whole)
+        np.testing.assert_array_equal(watched.ts.valid, mask)
     else:
         assert run_stack.shape == whole.shape and run_stack.strides == (0, 0, 0)  # no memory behind it
         assert np.isnan(run_stack).all() and not run_stack.flags.writeable  # never read as data

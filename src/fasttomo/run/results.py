@@ -145,8 +145,8 @@ def _fit_halves(run, parts: dict) -> dict:
         method.fit()
         run.peaks[f"{name} half: fit"] = timeline.phase_peaks()
         vols[name] = _half_volume(run, method, name)
-        del method  # its device memory and its copy of the views in host memory go before the next half's,
-        gc.collect()  # what its trainer's reference cycles hold included
+        del method  # its device memory (and a copy of its views, where they were copied) go before the next
+        gc.collect()  # half's, what its trainer's reference cycles hold included
         run.peaks[f"{name} half: volume"] = timeline.phase_peaks()
     return vols
 
