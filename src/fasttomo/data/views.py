@@ -8,6 +8,8 @@ from __future__ import annotations
 import os
 from typing import Callable, TypeVar
 
+import numpy as np
+
 T = TypeVar("T")
 
 VIEW_THREADS = 8
@@ -46,8 +48,6 @@ def permute_views(a, order) -> None:
     """Puts the views (first axis) of the array ``a`` in ``order`` in place: afterwards ``a[i]``
     holds what ``a[order[i]]`` held. Cycle by cycle, with one view's copy as the only extra memory
     (``np.argsort(order)`` puts them back)."""
-    import numpy as np
-
     order = np.asarray(order)
     if sorted(order.tolist()) != list(range(len(a))):
         raise ValueError(f"permute_views: order must be a permutation of 0..{len(a) - 1}, got {order.tolist()}")

@@ -171,8 +171,9 @@ def _halves(ts):
     try:
         yield {"even": _subset(ts, even, slice(0, len(even))), "odd": _subset(ts, odd, slice(len(even), None))}
     finally:
+        back = np.argsort(order)
         for a in arrays:
-            permute_views(a, np.argsort(order))
+            permute_views(a, back)
 
 
 def _half_volume(run, method, half: str):
