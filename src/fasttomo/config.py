@@ -820,6 +820,12 @@ class LossConfig:
     run is built (``models.regularizers.plane_tv_for``): 3e-2 where the estimated per-pixel
     signal-to-noise is at least 1.3, 1 for a dose-limited series (0.6 or less), log-linear between;
     optim.lr_grids 3e-2 goes with all."""
+    plane_tv_hold: float = 0.0
+    """Fraction of the steps during which a plane TV above 3e-2 is held at 3e-2 (the structure
+    forms under the light weight before the smoothing; ``models.regularizers.PlaneTVSchedule``)."""
+    plane_tv_ramp: float = 0.0
+    """Fraction of the steps, after the hold, over which the plane TV rises linearly from 3e-2 to
+    loss.plane_tv (0 with a hold: a step at its end)."""
     volume_tv: float = 1e-3
     """Weight of the volume total variation (on density of a random sub-grid, or the voxel grid)."""
     volume_tv_kind: str = "l1"
@@ -833,6 +839,12 @@ class LossConfig:
         _nonneg(self.s3im, "loss.s3im")
         if self.plane_tv is not None:
             _nonneg(self.plane_tv, "loss.plane_tv")
+        for key in ("plane_tv_hold", "plane_tv_ramp"):
+            v = getattr(self, key)
+            _require(0.0 <= v <= 1.0, f"loss.{key}", f"must be a fraction of the steps in [0, 1], got {v!r}.")
+        _require(self.plane_tv_hold + self.plane_tv_ramp <= 1.0, "loss.plane_tv_hold + loss.plane_tv_ramp",
+                 f"must be at most 1 (the whole run), got {self.plane_tv_hold!r} + {self.plane_tv_ramp!r}; "
+                 "lower one of them.")
         _nonneg(self.volume_tv, "loss.volume_tv")
         _choice(self.volume_tv_kind, ("squared", "l1"), "loss.volume_tv_kind")
         _require(isinstance(self.volume_tv_points, int) and self.volume_tv_points >= 2, "loss.volume_tv_points",

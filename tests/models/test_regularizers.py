@@ -107,3 +107,38 @@ def test_the_sub_grid_evaluated_with_the_rays_gives_the_same_losses_and_gradient
     # no volume TV term: no sub-grid
     proj.loss = LossConfig(volume_tv=0.0)
     assert proj.tv_points(noise=noise) is None
+
+
+def test_the_plane_tv_schedule_holds_the_light_weight_then_ramps_to_the_chosen_one():
+    from fasttomo.models.regularizers import PLANE_TV, PlaneTVSchedule
+
+    s = PlaneTVSchedule(1.0, hold=0.3, ramp=0.2)
+    weights = [1.0 * s.factor(step, 100) for step in range(100)]
+    assert weights[0] == weights[29] == pytest.approx(PLANE_TV)  # held at the light weight
+    assert weights[40] == pytest.approx(PLANE_TV + (1.0 - PLANE_TV) * 0.5)  # half way up the ramp
+    assert weights[50] == weights[99] == 1.0
+    assert all(b >= a for a, b in zip(weights, weights[1:]))  # never falls back
+    step_up = PlaneTVSchedule(0.5, hold=0.5)  # no ramp: a step at the hold's end
+    assert step_up.factor(49, 100) * 0.5 == pytest.approx(PLANE_TV) and step_up.factor(50, 100) == 1.0
+    # a weight at or below the light one, or neither fraction set: constant
+    for const in (PlaneTVSchedule(PLANE_TV, 0.3, 0.3), PlaneTVSchedule(1e-2, 0.3, 0.3), PlaneTVSchedule(1.0)):
+        assert not const.varies and {const.factor(s, 100) for s in range(100)} == {1.0}
+
+
+def test_regularization_scales_the_plane_tv_by_the_schedule_factor_only():
+    torch.manual_seed(0)
+    m = KPlanesTILTED(n_rotations=2, **TINY)
+    cfg = LossConfig(plane_tv=0.5, volume_tv=2.0, volume_tv_points=4)
+    _, full = regularization(m, cfg, torch.Generator().manual_seed(1))
+    _, scaled = regularization(m, cfg, torch.Generator().manual_seed(1), plane_tv_scale=torch.tensor(0.06))
+    torch.testing.assert_close(scaled["plane_tv"], 0.06 * full["plane_tv"])
+    torch.testing.assert_close(scaled["volume_tv"], full["volume_tv"])
+
+
+@pytest.mark.parametrize("hold,ramp,match", [(-0.1, 0.0, "loss.plane_tv_hold"), (0.0, 1.5, "loss.plane_tv_ramp"),
+                                             (0.6, 0.6, "plane_tv_hold \\+ loss.plane_tv_ramp")])
+def test_plane_tv_hold_and_ramp_out_of_range_name_the_keys(hold, ramp, match):
+    from fasttomo.config import ConfigError
+
+    with pytest.raises(ConfigError, match=match):
+        LossConfig(plane_tv_hold=hold, plane_tv_ramp=ramp)

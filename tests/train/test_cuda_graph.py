@@ -65,7 +65,8 @@ def _predictions(c) -> torch.Tensor:
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (CUDA-graph capture)")
 @pytest.mark.parametrize("extra", [[], ["precision=bf16"], ["pose=refine", "pose.start_step=0"],
-                                   ["kernels=torch", "optim.grad_clip=1.0"]])
+                                   ["kernels=torch", "optim.grad_clip=1.0"],
+                                   ["loss.plane_tv=1", "loss.plane_tv_hold=0.3", "loss.plane_tv_ramp=0.3"]])
 def test_captured_step_trains_like_the_eager_step(extra):
     steps = WARMUP + 9
     eager, ce, le = _train(["runtime.cuda_graph=off", *extra], steps)

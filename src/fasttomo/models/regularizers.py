@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import torch
@@ -43,6 +44,36 @@ def plane_tv_for(snr: float) -> tuple[float, str]:
     weight = float(f"{math.exp((1 - t) * math.log(PLANE_TV) + t * math.log(PLANE_TV_LOW_SNR)):.2g}")
     return weight, (f"between {LOW_SNR:g} and {HIGH_SNR:g}: between {PLANE_TV:g} and {PLANE_TV_LOW_SNR:g}, "
                     "log-linear in the estimate")
+
+
+@dataclasses.dataclass(frozen=True)
+class PlaneTVSchedule:
+    """The plane TV weight along the run (loss.plane_tv_hold, loss.plane_tv_ramp): a weight above
+    :data:`PLANE_TV` is held at :data:`PLANE_TV` for the first ``hold`` of the steps, then rises
+    linearly to ``weight`` over the next ``ramp`` of them. A dose-limited fit under the full weight
+    from its first step can stall with the specimen's envelope alone (cell256_d20 at 96^2 on the
+    CPU: foreground Pearson 0.04 after 1500 steps; benchmarks/README.md); under the light weight its
+    structure forms within a few hundred steps."""
+
+    weight: float
+    hold: float = 0.0
+    ramp: float = 0.0
+
+    @property
+    def varies(self) -> bool:
+        return self.weight > PLANE_TV and (self.hold > 0 or self.ramp > 0)
+
+    def factor(self, step: int, total: int) -> float:
+        """Multiplier of ``weight`` at ``step`` (0-based) of ``total``; 1 for a constant weight."""
+        if not self.varies:
+            return 1.0
+        frac = step / max(1, total)
+        if frac < self.hold:
+            return PLANE_TV / self.weight
+        if self.ramp > 0 and frac < self.hold + self.ramp:
+            w = PLANE_TV + (self.weight - PLANE_TV) * (frac - self.hold) / self.ramp
+            return w / self.weight
+        return 1.0
 
 
 def _device(field: nn.Module) -> torch.device:
@@ -93,15 +124,16 @@ def subgrid_points(field: nn.Module, loss_cfg: LossConfig, generator: torch.Gene
 
 
 def regularization(field: nn.Module, loss_cfg: LossConfig, generator: torch.Generator | None = None,
-                   noise: torch.Tensor | None = None, tv_density: torch.Tensor | None = None
-                   ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+                   noise: torch.Tensor | None = None, tv_density: torch.Tensor | None = None,
+                   plane_tv_scale: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Weighted regularization total and its weighted parts ({'plane_tv', 'volume_tv'}, only the
     terms with a positive weight that apply to the field; the parts sum to the total).
 
     plane TV: fields with ``plane_tv()`` (K-Planes). Volume TV: the field's own ``volume_tv``
     (voxel grid) or, for other fields, the volume TV of ``tv_density`` (the field's density on
     :func:`subgrid_points`, evaluated by the caller) or else :func:`field_volume_tv` on a random
-    sub-grid drawn here.
+    sub-grid drawn here. ``plane_tv_scale``: a 0-dim tensor multiplying the plane TV weight (the
+    :class:`PlaneTVSchedule` factor of the step; a tensor so that a captured graph reads its update).
     """
     parts: dict[str, torch.Tensor] = {}
     if loss_cfg.plane_tv is None:
@@ -109,6 +141,8 @@ def regularization(field: nn.Module, loss_cfg: LossConfig, generator: torch.Gene
                          "give a number, e.g. LossConfig(plane_tv=3e-2), to compute the regularizers directly.")
     if loss_cfg.plane_tv > 0 and hasattr(field, "plane_tv"):
         parts["plane_tv"] = loss_cfg.plane_tv * field.plane_tv()
+        if plane_tv_scale is not None:
+            parts["plane_tv"] = parts["plane_tv"] * plane_tv_scale
     if loss_cfg.volume_tv > 0:
         if hasattr(field, "volume_tv"):
             tv = field.volume_tv(loss_cfg.volume_tv_kind)

@@ -365,10 +365,13 @@ def make_trainer(c: Components, out_dir=None, *, stop=None, probe=None):
     logging, evaluation and guard groups) and the run's resolved config stored in its checkpoints;
     ``stop`` and ``probe``: the Trainer's hooks (see :class:`fasttomo.train.trainer.Trainer`)."""
     from fasttomo.config import to_dict
+    from fasttomo.models.regularizers import PlaneTVSchedule
     from fasttomo.train.trainer import Trainer, TrainerConfig
 
+    lc = c.cfg.loss
+    tv = PlaneTVSchedule(lc.plane_tv, lc.plane_tv_hold, lc.plane_tv_ramp) if lc.plane_tv is not None else None
     return Trainer(TrainerConfig.from_config(c.cfg), projector=c.projector, model=c.model, sampler=c.sampler,
                    optimizer=c.optimizer, base_lrs=c.base_lrs, schedule=c.schedule, plateau=c.plateau,
                    precision=c.precision, reg_generator=c.reg_generator, device=c.device, out_dir=out_dir,
                    rank=c.rank, world_size=c.world_size, cuda_graph=c.cuda_graph, run_config=to_dict(c.cfg),
-                   stop=stop, probe=probe)
+                   stop=stop, probe=probe, plane_tv_schedule=tv if tv is not None and tv.varies else None)

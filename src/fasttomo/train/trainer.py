@@ -79,12 +79,14 @@ class Trainer:
                  base_lrs: list[float], schedule, precision, reg_generator: torch.Generator,
                  device: torch.device, model: torch.nn.Module | None = None, plateau=None,
                  out_dir: Path | None = None, rank: int = 0, world_size: int = 1, cuda_graph: bool = False,
-                 run_config: dict | None = None, stop=None, probe=None):
+                 run_config: dict | None = None, stop=None, probe=None, plane_tv_schedule=None):
         """``model``: the projector or its DDP wrapper (default: the projector); ``run_config``: the
         run's resolved config, stored in every checkpoint (a resume reads it); ``stop``: an object
         with ``should_stop(step) -> bool`` (fasttomo.run.stop.StopRequests), checked after every
         step; ``probe``: a callable (trainer) -> dict scoring the current field (e.g. against a
-        ground truth), run every ``curve_every`` steps, its time not counted as fit time."""
+        ground truth), run every ``curve_every`` steps, its time not counted as fit time;
+        ``plane_tv_schedule``: an object with ``factor(step, total) -> float`` multiplying the plane
+        TV weight at each step (fasttomo.models.regularizers.PlaneTVSchedule; None: constant)."""
         self.cfg = cfg
         self.projector = projector
         self.model = model if model is not None else projector
@@ -105,6 +107,10 @@ class Trainer:
         self.val_history: list[list[float]] = []
         self.train_seconds = 0.0
         self.graphed = None  # GraphedStep, made at the first step when cuda_graph
+        self.plane_tv_schedule = plane_tv_schedule
+        self._plane_tv_scale = torch.ones((), device=device) if plane_tv_schedule is not None else None
+        """The schedule's factor of the step, filled in place (a captured graph reads it)."""
+        self._plane_tv_factor = 1.0
         self._slices: dict[str, torch.Tensor] | None = None  # central-plane points, see _slice_points
         self._subgrid_noise, self._s3im_noise = projector.noise_sizes(sampler.batch_size)
         self.best: dict | None = None
@@ -144,6 +150,11 @@ class Trainer:
                 group["lr"].fill_(base * g)
             else:
                 group["lr"] = base * g
+        if self._plane_tv_scale is not None:
+            f = self.plane_tv_schedule.factor(step, self.cfg.steps)
+            if f != self._plane_tv_factor:  # no fill (a kernel on a GPU) while the factor holds
+                self._plane_tv_scale.fill_(f)
+                self._plane_tv_factor = f
 
     def train_step(self, batch) -> tuple[torch.Tensor, dict]:
         """One optimizer step on ``batch``; returns (loss, parts) as device tensors (no sync)."""
@@ -175,7 +186,8 @@ class Trainer:
                 pred, tv_density = self.model(batch.tilt, batch.row, batch.col, tv_points)
         data_parts = self.projector.data_loss(pred, batch, noise[k:] if self._s3im_noise else None)
         with self.precision.autocast():
-            reg, parts = self.projector.regularization(self.reg_generator, noise[:k] if k else None, tv_density)
+            reg, parts = self.projector.regularization(self.reg_generator, noise[:k] if k else None, tv_density,
+                                                       self._plane_tv_scale)
         loss = reg.float()
         for v in data_parts.values():  # no python sum(): its start value 0 would cost a kernel
             loss = v + loss

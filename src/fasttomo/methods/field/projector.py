@@ -86,10 +86,12 @@ class Projector(nn.Module):
         return subgrid_points(self.field, self.loss, generator, noise)
 
     def regularization(self, generator: torch.Generator | None = None, noise: torch.Tensor | None = None,
-                       tv_density: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+                       tv_density: torch.Tensor | None = None, plane_tv_scale: torch.Tensor | None = None
+                       ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """The field's weighted regularizers (plane TV, volume TV) and their total; ``tv_density``:
-        the field on :meth:`tv_points` (else the sub-grid is drawn and evaluated here)."""
-        return regularization(self.field, self.loss, generator, noise, tv_density)
+        the field on :meth:`tv_points` (else the sub-grid is drawn and evaluated here);
+        ``plane_tv_scale``: the plane TV schedule's factor of the step (0-dim tensor)."""
+        return regularization(self.field, self.loss, generator, noise, tv_density, plane_tv_scale)
 
     def forward(self, tilt: torch.Tensor, row: torch.Tensor, col: torch.Tensor,
                 extra_points: torch.Tensor | None = None):
