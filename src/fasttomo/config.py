@@ -698,7 +698,9 @@ class OptimConfig:
     steps: Optional[int] = None
     """Number of optimizer steps (the total, over resumes). None: from the image size
     (``run.build.auto_steps``): 1500 up to 256 pixels a side (the embedded phantom, 128^2 series),
-    plus 2000 per doubling of the largest side above (5500 at 1024, 7500 at 2048)."""
+    plus 2000 per doubling of the largest side above (5500 at 1024, 7500 at 2048); for a K-Planes
+    field times 2 on a dose-limited series (estimated per-pixel signal-to-noise at most 0.6, 1 at
+    1.3 or more, linear in the log of the estimate between: ``models.regularizers.steps_factor_for``)."""
     lr_grids: float = 3e-2
     """Adam learning rate of the plane / voxel parameters (3e-2 with plane TV 1e-2: bench_quality
     found the pair better than 2e-2 and 3e-3 on every case it ran, at the same fit time;

@@ -14,7 +14,8 @@ from fasttomo.config import DataConfig, LossConfig
 import fasttomo.data.noise as noise_mod
 from fasttomo.data.noise import SNR_CROP, SNR_TILE, SNR_TILES, SNR_VIEWS, estimate_snr
 from fasttomo.data.phantom import make_tiltseries
-from fasttomo.models.regularizers import HIGH_SNR, LOW_SNR, PLANE_TV, PLANE_TV_LOW_SNR, plane_tv_for, regularization
+from fasttomo.models.regularizers import (DOSE_STEPS_FACTOR, HIGH_SNR, LOW_SNR, PLANE_TV, PLANE_TV_LOW_SNR, plane_tv_for,
+                                          regularization, steps_factor_for)
 
 
 def _smooth_views(n=6, h=96, w=112, seed=0):
@@ -108,6 +109,15 @@ def test_the_rule_and_its_table():
     assert plane_tv_for(math.sqrt(LOW_SNR * HIGH_SNR))[0] == pytest.approx(math.sqrt(PLANE_TV * PLANE_TV_LOW_SNR), rel=0.03)
 
 
+def test_the_steps_rule_doubles_a_dose_limited_fit_and_leaves_clean_data_alone():
+    assert steps_factor_for(math.inf) == (1.0, f"at least {HIGH_SNR:g}")
+    assert steps_factor_for(3.4)[0] == steps_factor_for(HIGH_SNR)[0] == 1.0
+    assert steps_factor_for(0.25)[0] == steps_factor_for(LOW_SNR)[0] == DOSE_STEPS_FACTOR == 2.0
+    between = [steps_factor_for(s)[0] for s in np.linspace(LOW_SNR, HIGH_SNR, 40)[1:-1]]
+    assert between == sorted(between, reverse=True) and all(1.0 <= f <= 2.0 for f in between)
+    assert np.all(np.abs(np.diff(between)) <= 0.11)  # no jump between adjacent estimates
+
+
 def test_the_suite_falls_on_the_measured_sides():
     """The H200 suite's split, at a small size: Gaussian noise on ellipsoids -> 3e-2, Poisson counts
     of the cell specimen at 20 e/px -> 1."""
@@ -126,20 +136,26 @@ def test_regularization_refuses_an_unresolved_weight():
         regularization(m, LossConfig())
 
 
-@pytest.mark.parametrize("extra,weight,why", [
-    ([], "0.03", "at least 1.3"),
-    (["data.phantom=cell", "data.dose=20", "data.pixel_size=20"], "1", "at most 0.6: a dose-limited series"),
+@pytest.mark.parametrize("extra,weight,why,steps", [
+    ([], "0.03", "at least 1.3", "1500 steps (from the images' size 48 x 48;"),
+    (["data.phantom=cell", "data.dose=20", "data.pixel_size=20"], "1", "at most 0.6: a dose-limited series",
+     "3000 steps (1500 from the images' size 48 x 48, x2: estimated signal-to-noise"),
 ])
-def test_the_run_says_what_it_chose(tmp_path, extra, weight, why):
+def test_the_run_says_what_it_chose(tmp_path, extra, weight, why, steps):
     res = cli(["dry_run=true", "runtime=cpu", "data.width=48", "data.height=48", "data.thickness=24",
                "data.n_tilts=15", *extra, f"hydra.run.dir={tmp_path / 'run'}"], tmp_path)
     text = res.stdout + res.stderr
     assert res.returncode == 0, text
     assert f"loss: plane TV {weight} (estimated signal-to-noise" in text and why in text
     assert f"loss.plane_tv = {weight} (automatic: estimated signal-to-noise" in text
+    assert f"optim: {steps}" in text
+    assert f"optim.steps = {steps.split()[0]} (automatic: " in text  # the dry run's table agrees
     res = cli(["dry_run=true", "runtime=cpu", "data.width=48", "data.height=48", "data.n_tilts=15",
-               "loss.plane_tv=0.005", f"hydra.run.dir={tmp_path / 'run2'}"], tmp_path)
-    assert "loss.plane_tv = 0.005 (set)" in res.stdout + res.stderr and "loss: plane TV" not in res.stdout + res.stderr
+               "data.phantom=cell", "data.dose=20", "data.pixel_size=20",
+               "loss.plane_tv=0.005", "optim.steps=700", f"hydra.run.dir={tmp_path / 'run2'}"], tmp_path)
+    text = res.stdout + res.stderr
+    assert "loss.plane_tv = 0.005 (set)" in text and "loss: plane TV" not in text
+    assert "optim.steps = 700 (set)" in text and "optim: " not in text
 
 
 def test_metrics_record_the_weight_the_run_used(tmp_path):

@@ -67,7 +67,9 @@ class Components:
     cuda_graph: bool = False
     """Capture the training step in a CUDA graph (decided here from runtime.cuda_graph)."""
     plane_tv_why: str | None = None
-    """Why loss.plane_tv has its value, when the build chose it from the data (:func:`auto_plane_tv`)."""
+    """Why loss.plane_tv has its value, when the build chose it from the data (:func:`from_data`)."""
+    steps_why: str | None = None
+    """Why optim.steps has its value, when the build chose it (:func:`from_data`)."""
 
 
 def auto_batch_size(ts: TiltSeries, patch_size: int = 1) -> int:
@@ -109,15 +111,37 @@ def auto_steps(image_hw: tuple[int, int]) -> int:
     return int(round(AUTO_STEPS + AUTO_STEPS_PER_DOUBLING * math.log2(side / AUTO_STEPS_FROM)))
 
 
-def auto_plane_tv(ts: TiltSeries) -> tuple[float, str]:
-    """loss.plane_tv=None: (weight, why) from the series' estimated per-pixel signal-to-noise
-    (``data.noise.estimate_snr``, ``models.regularizers.plane_tv_for``)."""
-    from fasttomo.data.noise import estimate_snr
-    from fasttomo.models.regularizers import plane_tv_for
+def from_data(cfg: Config, ts: TiltSeries) -> tuple[Config, str | None, str | None]:
+    """optim.steps=None and loss.plane_tv=None resolved from the series: (the config with both
+    set, why plane TV has its weight, why the steps their count; None where the config set it).
+    Steps: :func:`auto_steps` of the images' size, times ``models.regularizers.steps_factor_for``
+    of the estimated per-pixel signal-to-noise (``data.noise.estimate_snr``) for a K-Planes
+    field; plane TV: ``plane_tv_for`` of the same estimate (other fields take the default weight,
+    unused, unestimated). The choices are logged."""
+    from fasttomo.models.regularizers import PLANE_TV, plane_tv_for, steps_factor_for
 
-    est = estimate_snr(ts.stack)
-    weight, rule = plane_tv_for(est.snr)
-    return weight, f"{est.describe()}, {rule}"
+    est = None
+    if cfg.model.kind == "kplanes_tilted" and (cfg.optim.steps is None or cfg.loss.plane_tv is None):
+        from fasttomo.data.noise import estimate_snr
+
+        est = estimate_snr(ts.stack)
+    steps_why = tv_why = None
+    if cfg.optim.steps is None:
+        steps = base = auto_steps((ts.height, ts.width))
+        steps_why = f"from the images' size {ts.height} x {ts.width}"
+        factor, rule = steps_factor_for(est.snr) if est is not None else (1.0, "")
+        if factor != 1.0:
+            steps = int(round(base * factor / 50.0)) * 50
+            steps_why = f"{base} {steps_why}, x{factor:g}: {est.describe()}, {rule}"
+        cfg = dataclasses.replace(cfg, optim=dataclasses.replace(cfg.optim, steps=steps))
+        log.info("optim: %d steps (%s; set optim.steps to choose)", steps, steps_why)
+    if cfg.loss.plane_tv is None:
+        weight, rule = plane_tv_for(est.snr) if est is not None else (PLANE_TV, None)
+        tv_why = f"{est.describe()}, {rule}" if est is not None else None
+        cfg = dataclasses.replace(cfg, loss=dataclasses.replace(cfg.loss, plane_tv=weight))
+        if tv_why:
+            log.info("loss: plane TV %g (%s; set loss.plane_tv to choose)", weight, tv_why)
+    return cfg, tv_why, steps_why
 
 
 @dataclasses.dataclass(frozen=True)
@@ -171,6 +195,8 @@ def sizing_lines(cfg: Config, comps: Components) -> list[str]:
             continue
         if value is not None:
             lines.append(f"    {key} = {value} (set)")
+        elif key == "optim.steps" and comps.cfg.optim.steps != chosen[key]:  # the data's rule beyond the shapes
+            lines.append(f"    {key} = {comps.cfg.optim.steps} (automatic: {comps.steps_why})")
         else:
             lines.append(f"    {key} = {chosen[key]} (automatic: {sizes.why[key]})")
     if cfg.model.kind == "kplanes_tilted":
@@ -277,18 +303,7 @@ def build(cfg: Config, ts: TiltSeries, *, rank: int = 0, world_size: int = 1, lo
         cfg = dataclasses.replace(cfg, sampler=dataclasses.replace(cfg.sampler, batch_size=batch))
         log.info("sampler: %d rays per step (about 1/256 of the series' %d pixels; set sampler.batch_size to "
                  "choose)", cfg.sampler.batch_size, ts.stack.size)
-    if cfg.optim.steps is None:
-        cfg = dataclasses.replace(cfg, optim=dataclasses.replace(cfg.optim, steps=auto_steps((ts.height, ts.width))))
-        log.info("optim: %d steps (from the images' size %d x %d; set optim.steps to choose)", cfg.optim.steps,
-                 ts.height, ts.width)
-    why = None
-    if cfg.loss.plane_tv is None:  # a field without planes takes the default weight unused, unestimated
-        from fasttomo.models.regularizers import PLANE_TV
-
-        weight, why = auto_plane_tv(ts) if cfg.model.kind == "kplanes_tilted" else (PLANE_TV, None)
-        cfg = dataclasses.replace(cfg, loss=dataclasses.replace(cfg.loss, plane_tv=weight))
-        if why:
-            log.info("loss: plane TV %g (%s; set loss.plane_tv to choose)", weight, why)
+    cfg, why, steps_why = from_data(cfg, ts)
     start, est = background_start(cfg.intensity, ts)
     sampler = build_sampler(ts, cfg.sampler, seed=cfg.runtime.seed, device=device, rank=rank, world_size=world_size,
                             offset=start)
@@ -321,7 +336,8 @@ def build(cfg: Config, ts: TiltSeries, *, rank: int = 0, world_size: int = 1, lo
              device, box.shape_zyx, sum(p.numel() for p in projector.parameters()),
              sampler.n_train, sampler.n_val, world_size)
     return Components(cfg, device, ts, box, sampler, projector, model, optimizer, base_lrs, schedule, plateau,
-                      field_precision(cfg, device, projector.field), reg_gen, rank, world_size, graph, why)
+                      field_precision(cfg, device, projector.field), reg_gen, rank, world_size, graph, why,
+                      steps_why)
 
 
 def field_precision(cfg: Config, device: torch.device, field) -> Precision:
