@@ -126,6 +126,8 @@ def test_the_suite_falls_on_the_measured_sides():
     cell = make_tiltseries(DataConfig(phantom="cell", dose=20.0, pixel_size=20.0, **kw))
     assert plane_tv_for(estimate_snr(ell.stack).snr)[0] == PLANE_TV
     assert plane_tv_for(estimate_snr(cell.stack).snr)[0] == PLANE_TV_LOW_SNR
+    assert steps_factor_for(estimate_snr(ell.stack).snr)[0] == 1.0  # the ellipsoids keep their step counts
+    assert steps_factor_for(estimate_snr(cell.stack).snr)[0] == DOSE_STEPS_FACTOR
 
 
 def test_regularization_refuses_an_unresolved_weight():

@@ -49,7 +49,7 @@ def plane_tv_for(snr: float) -> tuple[float, str]:
 DOSE_STEPS_FACTOR = 2.0
 """optim.steps=None on data at or below LOW_SNR: the size rule's steps times this (1 at or above
 HIGH_SNR, linear in the log of the estimate between). Measured on the H200 suite
-(benchmarks/README.md, "The defaults, and plane TV on the whole suite"): at 3000 steps against
+(benchmarks/README.md, "Steps from the data"; 9006e11): at 3000 steps against
 1500 the FSC mean to the truth rose on every specimen case but cell128_d200 (0.639 / 0.591 against
 0.631 / 0.613, two seeds each), and catalyst128_d200 reached 0.727 / 0.689 (2.12x / 2.01x SIRT's)."""
 
@@ -83,7 +83,7 @@ class PlaneTVSchedule:
     :data:`PLANE_TV` is held at :data:`PLANE_TV` for the first ``hold`` of the steps, then rises
     linearly to ``weight`` over the next ``ramp`` of them. A dose-limited fit under the full weight
     from its first step can stall with the specimen's envelope alone (cell256_d20 at 96^2 on the
-    CPU: foreground Pearson 0.04 after 1500 steps; benchmarks/README.md); under the light weight its
+    CPU: foreground Pearson 0.065 after 1500 steps; benchmarks/README.md); under the light weight its
     structure forms within a few hundred steps."""
 
     weight: float
