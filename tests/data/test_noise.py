@@ -158,6 +158,18 @@ def test_the_run_says_what_it_chose(tmp_path, extra, weight, why, steps):
     text = res.stdout + res.stderr
     assert "loss.plane_tv = 0.005 (set)" in text and "loss: plane TV" not in text
     assert "optim.steps = 700 (set)" in text and "optim: " not in text
+    assert "held at" not in text
+
+
+def test_the_run_says_what_the_plane_tv_hold_does(tmp_path):
+    base = ["dry_run=true", "runtime=cpu", "data.width=48", "data.height=48", "data.n_tilts=15", "optim.steps=1000",
+            "loss.plane_tv_hold=0.25", "loss.plane_tv_ramp=0.5"]
+    res = cli([*base, "loss.plane_tv=1", f"hydra.run.dir={tmp_path / 'a'}"], tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert "plane TV held at 0.03 for 250 steps, then raised to 1 by step 750" in res.stdout + res.stderr
+    res = cli([*base, "loss.plane_tv=0.01", f"hydra.run.dir={tmp_path / 'b'}"], tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert "change nothing: plane TV 0.01 is not above 0.03" in res.stdout + res.stderr
 
 
 def test_metrics_record_the_weight_the_run_used(tmp_path):

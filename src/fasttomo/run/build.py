@@ -141,7 +141,23 @@ def from_data(cfg: Config, ts: TiltSeries) -> tuple[Config, str | None, str | No
         cfg = dataclasses.replace(cfg, loss=dataclasses.replace(cfg.loss, plane_tv=weight))
         if tv_why:
             log.info("loss: plane TV %g (%s; set loss.plane_tv to choose)", weight, tv_why)
+    _log_plane_tv_schedule(cfg)
     return cfg, tv_why, steps_why
+
+
+def _log_plane_tv_schedule(cfg: Config) -> None:
+    """Say what loss.plane_tv_hold / plane_tv_ramp do to this run's weight, or that they do nothing."""
+    from fasttomo.models.regularizers import PLANE_TV
+
+    lc, steps = cfg.loss, cfg.optim.steps
+    if lc.plane_tv_hold <= 0 and lc.plane_tv_ramp <= 0:
+        return
+    if lc.plane_tv <= PLANE_TV:
+        log.warning("loss.plane_tv_hold / plane_tv_ramp change nothing: plane TV %g is not above %g, the weight "
+                    "they hold", lc.plane_tv, PLANE_TV)
+        return
+    held, full = round(lc.plane_tv_hold * steps), round((lc.plane_tv_hold + lc.plane_tv_ramp) * steps)
+    log.info("loss: plane TV held at %g for %d steps, then raised to %g by step %d", PLANE_TV, held, lc.plane_tv, full)
 
 
 @dataclasses.dataclass(frozen=True)
