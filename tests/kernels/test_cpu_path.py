@@ -21,6 +21,8 @@ LAYOUTS = {
     # runs of kinds sharing (H, W): [xy+xz, yz], [xy, xz+yz], three single kinds
     "T3_C2_three_scales": PlaneLayout(3, 2, ((6, 4, 4), (4, 4, 7), (3, 5, 6))),
     "T1_C8_two_scales": PlaneLayout(1, 8, ((7, 6, 5), (4, 4, 4))),
+    # 12 channels: the native backward's whole vectors (8 floats, 4 doubles) and a tail of 4 floats
+    "T2_C12_vectors_and_tail": PlaneLayout(2, 12, ((5, 4, 6),)),
 }
 TOL = {torch.float64: dict(rtol=1e-10, atol=1e-10), torch.float32: dict(rtol=2e-5, atol=2e-5)}
 

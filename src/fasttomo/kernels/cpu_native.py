@@ -16,7 +16,7 @@ The source below is compiled on first use with the system C compiler (``cc``, ``
 channels), cached in ``$XDG_CACHE_HOME/fasttomo`` (default ``~/.cache/fasttomo``) and loaded with
 ctypes (the GIL is released during a call). Worker threads: ``torch.get_num_threads()`` pthreads.
 Where no compiler works, :func:`library` returns None and ``kernels/cpu.py`` keeps its aten path
-(logged once). Parity with the twin: tests/kernels/test_cpu_native.py.
+(logged once). Parity with the twin: tests/kernels/test_cpu_path.py.
 """
 
 from __future__ import annotations
@@ -133,6 +133,55 @@ static void *fwd_worker(void *p) {
   return NULL;
 }
 
+/* The backward's channel loops, VW channels at a time where C allows, the rest one by one (GCC /
+   Clang vector extensions; memcpy loads and stores, no alignment assumed). Written as plain
+   loops, gcc -O3 kept them scalar (it held gs in scalar registers): docs/kernels.md. */
+#define VBYTES 32
+#define VW ((int)(VBYTES / sizeof(real)))
+typedef real vreal __attribute__((vector_size(VBYTES)));
+static inline vreal vld(const real *p) { vreal v; memcpy(&v, p, sizeof v); return v; }
+static inline void vst(real *p, vreal v) { memcpy(p, &v, sizeof v); }
+/* the plane gradient of one bilinear tap: b.. += w.. * gs (the corners may coincide on a border,
+   where the coinciding corner's weight is 0: each store lands before the next load) */
+static inline void scatter4(real *b00, real *b01, real *b10, real *b11, real nw, real ne, real sw, real se,
+                            const real *gs, int C) {
+  int c = 0;
+  for (; c + VW <= C; c += VW) {
+    vreal g = vld(gs + c);
+    vst(b00 + c, vld(b00 + c) + nw * g);
+    vst(b01 + c, vld(b01 + c) + ne * g);
+    vst(b10 + c, vld(b10 + c) + sw * g);
+    vst(b11 + c, vld(b11 + c) + se * g);
+  }
+  for (; c < C; c++) {
+    b00[c] += nw * gs[c]; b01[c] += ne * gs[c]; b10[c] += sw * gs[c]; b11[c] += se * gs[c];
+  }
+}
+
+static inline void mul3(real *out, const real *x, const real *y, const real *z, int C) {
+  int c = 0;
+  for (; c + VW <= C; c += VW) vst(out + c, (vld(x + c) * vld(y + c)) * vld(z + c));
+  for (; c < C; c++) out[c] = (x[c] * y[c]) * z[c];
+}
+/* the coordinate gradient of one tap against gs: (sum over channels of d sample / dx * gs, .. / dy) */
+static inline void tap_grad(const real *a00, const real *a01, const real *a10, const real *a11, real sn, real nn,
+                            real e, real w, const real *gs, int C, real *gx, real *gy) {
+  vreal vx = {0}, vy = {0};
+  int c = 0;
+  for (; c + VW <= C; c += VW) {
+    vreal p00 = vld(a00 + c), p01 = vld(a01 + c), p10 = vld(a10 + c), p11 = vld(a11 + c), g = vld(gs + c);
+    vx += ((p01 - p00) * sn + (p11 - p10) * nn) * g;
+    vy += ((p10 - p00) * e + (p11 - p01) * w) * g;
+  }
+  real sx = 0, sy = 0;
+  for (int i = 0; i < VW; i++) { sx += vx[i]; sy += vy[i]; }
+  for (; c < C; c++) {
+    sx += ((a01[c] - a00[c]) * sn + (a11[c] - a10[c]) * nn) * gs[c];
+    sy += ((a10[c] - a00[c]) * e + (a11[c] - a01[c]) * w) * gs[c];
+  }
+  *gx = sx; *gy = sy;
+}
+
 static void *bwd_worker(void *p) {
   job_t *a = (job_t *)p;
   const int T = a->T, L = a->L, C = NC;
@@ -160,22 +209,18 @@ static void *bwd_worker(void *p) {
         const real *g = a->grad + ((n * L + l) * T + t) * C;
         for (int k = 0; k < 3; k++) {
           const real *o1 = s[k == 0 ? 1 : 0], *o2 = s[k == 2 ? 1 : 2];
-          for (int c = 0; c < C; c++) gs[c] = (o1[c] * o2[c]) * g[c];
+          mul3(gs, o1, o2, g, C);
           real e = 1 - tp[k].fx, w = tp[k].fx, sn = 1 - tp[k].fy, nn = tp[k].fy;
           if (a->gplanes) {
             real nw = sn * e, ne = sn * w, sw = nn * e, se = nn * w;
             real *G = a->gplanes + a->off[3 * l + k] + (int64_t)t * r[AX[k][0]] * r[AX[k][1]] * C;
             real *b00 = G + tp[k].o00, *b01 = G + tp[k].o01, *b10 = G + tp[k].o10, *b11 = G + tp[k].o11;
-            for (int c = 0; c < C; c++) b00[c] += nw * gs[c];
-            for (int c = 0; c < C; c++) b01[c] += ne * gs[c];
-            for (int c = 0; c < C; c++) b10[c] += sw * gs[c];
-            for (int c = 0; c < C; c++) b11[c] += se * gs[c];
+            scatter4(b00, b01, b10, b11, nw, ne, sw, se, gs, C);
           }
           if (a->need_q && (tp[k].gmx != 0 || tp[k].gmy != 0)) {
             const real *a00 = P[k] + tp[k].o00, *a01 = P[k] + tp[k].o01, *a10 = P[k] + tp[k].o10, *a11 = P[k] + tp[k].o11;
-            real gx = 0, gy = 0;
-            for (int c = 0; c < C; c++) gx += ((a01[c] - a00[c]) * sn + (a11[c] - a10[c]) * nn) * gs[c];
-            for (int c = 0; c < C; c++) gy += ((a10[c] - a00[c]) * e + (a11[c] - a01[c]) * w) * gs[c];
+            real gx, gy;
+            tap_grad(a00, a01, a10, a11, sn, nn, e, w, gs, C, &gx, &gy);
             d[AX[k][0]] += gx * tp[k].gmx;
             d[AX[k][1]] += gy * tp[k].gmy;
           }
