@@ -94,6 +94,10 @@ class PlaneTVSchedule:
     def varies(self) -> bool:
         return self.weight > PLANE_TV and (self.hold > 0 or self.ramp > 0)
 
+    def phase_ends(self, total: int) -> tuple[int, int]:
+        """(the first step at which the hold is over, the first at full weight) of ``total`` steps."""
+        return math.ceil(self.hold * total), math.ceil((self.hold + self.ramp) * total)
+
     def factor(self, step: int, total: int) -> float:
         """Multiplier of ``weight`` at ``step`` (0-based) of ``total``; 1 for a constant weight."""
         if not self.varies:

@@ -147,16 +147,17 @@ def from_data(cfg: Config, ts: TiltSeries) -> tuple[Config, str | None, str | No
 
 def _log_plane_tv_schedule(cfg: Config) -> None:
     """Say what loss.plane_tv_hold / plane_tv_ramp do to this run's weight, or that they do nothing."""
-    from fasttomo.models.regularizers import PLANE_TV
+    from fasttomo.models.regularizers import PLANE_TV, PlaneTVSchedule
 
-    lc, steps = cfg.loss, cfg.optim.steps
+    lc = cfg.loss
     if lc.plane_tv_hold <= 0 and lc.plane_tv_ramp <= 0:
         return
-    if lc.plane_tv <= PLANE_TV:
+    schedule = PlaneTVSchedule(lc.plane_tv, lc.plane_tv_hold, lc.plane_tv_ramp)
+    if not schedule.varies:
         log.warning("loss.plane_tv_hold / plane_tv_ramp change nothing: plane TV %g is not above %g, the weight "
                     "they hold", lc.plane_tv, PLANE_TV)
         return
-    held, full = round(lc.plane_tv_hold * steps), round((lc.plane_tv_hold + lc.plane_tv_ramp) * steps)
+    held, full = schedule.phase_ends(cfg.optim.steps)
     log.info("loss: plane TV held at %g for %d steps, then raised to %g by step %d", PLANE_TV, held, lc.plane_tv, full)
 
 
