@@ -362,11 +362,12 @@ def _cpu_tag() -> str:
     return platform.machine() + "".join(info)
 
 
-def _compile(dtype: torch.dtype, channels: int) -> Path:
-    scalar = "double" if dtype == torch.float64 else "float"
-    defs = [f"-DSCALAR={scalar}", f"-DCH={channels}"]
-    key = hashlib.sha256("\0".join([_SOURCE, *_CFLAGS, *defs, _cpu_tag()]).encode()).hexdigest()[:20]
-    out = _cache_dir() / f"tilted_kplanes_{scalar}_c{channels}_{key}.so"
+def compile_source(stem: str, source: str, defs: list[str]) -> Path:
+    """The shared library of C ``source`` built with ``defs`` (``-D`` flags) for this CPU: from the
+    cache when there, else compiled and put there atomically (``RuntimeError`` without a working
+    compiler)."""
+    key = hashlib.sha256("\0".join([source, *_CFLAGS, *defs, _cpu_tag()]).encode()).hexdigest()[:20]
+    out = _cache_dir() / f"{stem}_{key}.so"
     if out.exists():
         return out
     cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
@@ -375,13 +376,18 @@ def _compile(dtype: torch.dtype, channels: int) -> Path:
     out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
         c_file, so_tmp = Path(tmp) / "k.c", Path(tmp) / "k.so"
-        c_file.write_text(_SOURCE)
+        c_file.write_text(source)
         proc = subprocess.run([cc, *_CFLAGS, *defs, "-o", str(so_tmp), str(c_file), "-lpthread", "-lm"],
                               capture_output=True, text=True, timeout=300)
         if proc.returncode != 0:
             raise RuntimeError(f"{cc} failed: {proc.stderr.strip()[:500]}")
         os.replace(so_tmp, out)  # atomic: a concurrent process sees the whole library or none
     return out
+
+
+def _compile(dtype: torch.dtype, channels: int) -> Path:
+    scalar = "double" if dtype == torch.float64 else "float"
+    return compile_source(f"tilted_kplanes_{scalar}_c{channels}", _SOURCE, [f"-DSCALAR={scalar}", f"-DCH={channels}"])
 
 
 def library(dtype: torch.dtype, channels: int):

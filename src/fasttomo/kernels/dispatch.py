@@ -36,6 +36,7 @@ import torch
 
 from fasttomo.kernels import counters as _spy
 from fasttomo.kernels import cpu as _cpu
+from fasttomo.kernels import cpu_mlp as _cpu_mlp
 from fasttomo.kernels import reference
 from fasttomo.kernels.layout import PlaneLayout
 
@@ -210,6 +211,37 @@ def plane_tv(plane_data: torch.Tensor, layout: PlaneLayout) -> torch.Tensor:
         return torch.ops.fasttomo.plane_tv(plane_data, layout.n_rot, layout.channels,
                                            layout.flat_resolutions)
     return reference.plane_tv(plane_data, layout)
+
+
+def _why_not_cpu_mlp(x: torch.Tensor, params) -> Optional[str]:
+    """None when the CPU path of the decoder (kernels/cpu_mlp.py) can take the input."""
+    if _state["backend"] != "auto":
+        return f"kernels.backend={_state['backend']}"
+    if any(t.device.type != "cpu" for t in (x, *params)):
+        return "not all tensors on the CPU"
+    if x.dtype not in (torch.float32, torch.float64) or any(t.dtype != x.dtype for t in params):
+        return f"dtypes {sorted({str(t.dtype) for t in (x, *params)})}, CPU path needs one of float32, float64"
+    if torch.is_autocast_enabled("cpu"):
+        return "CPU autocast on"
+    if x.dim() != 2:
+        return f"features shape {tuple(x.shape)}, CPU path needs (N, F)"
+    if _cpu_mlp.library(x.dtype, x.shape[1], params[0].shape[0]) is None:
+        return "native CPU kernels unavailable for this decoder (see the log)"
+    return None
+
+
+def decoder_mlp(x: torch.Tensor, w1: torch.Tensor, b1: torch.Tensor, w2: torch.Tensor, b2: torch.Tensor,
+                w3: torch.Tensor, b3: torch.Tensor) -> torch.Tensor:
+    """The hybrid decoder (Linear-ReLU-Linear-ReLU-Linear; semantics: ``reference.decoder_mlp``):
+    the native CPU kernels (path 'cpu') for CPU float32/float64 inputs under ``backend=auto``
+    outside autocast; the twin elsewhere (on a GPU: cuBLAS GEMMs under autocast, path 'torch')."""
+    params = (w1, b1, w2, b2, w3, b3)
+    reason = _why_not_cpu_mlp(x, params)
+    if reason is None:
+        _note("decoder_mlp", "cpu", None)
+        return _cpu_mlp.decoder_mlp(x, *params, native=True)
+    _note("decoder_mlp", "torch", reason)
+    return reference.decoder_mlp(x, *params)
 
 
 def volume_tv(volume: torch.Tensor, kind: str = "squared") -> torch.Tensor:

@@ -48,6 +48,16 @@ def tilted_kplanes(points: torch.Tensor, matrices: torch.Tensor, plane_data: tor
     return torch.cat(feats, dim=1)
 
 
+def decoder_mlp(x: torch.Tensor, w1: torch.Tensor, b1: torch.Tensor, w2: torch.Tensor, b2: torch.Tensor,
+                w3: torch.Tensor, b3: torch.Tensor) -> torch.Tensor:
+    """The hybrid decoder, Linear-ReLU-Linear-ReLU-Linear, on (N, F) features with ``nn.Linear``'s
+    weights (w1 (H, F), b1 (H,), w2 (H, H), b2 (H,), w3 (1, H), b3 (1,)): (N,) raw density. The
+    same calls as the ``nn.Sequential`` it stands for (autocast applies as it would there)."""
+    h = F.relu(F.linear(x, w1, b1))
+    h = F.relu(F.linear(h, w2, b2))
+    return F.linear(h, w3, b3).squeeze(-1)
+
+
 def plane_tv(plane_data: torch.Tensor, layout: PlaneLayout) -> torch.Tensor:
     """Plane total variation: mean over every plane of squared neighbour differences along H and W,
     summed over planes (each plane's mean taken separately, then averaged over the 3*L*T planes)."""

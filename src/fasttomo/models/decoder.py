@@ -8,6 +8,8 @@ import torch
 from torch import nn
 import torch.nn.functional as F
 
+from fasttomo.kernels import dispatch
+
 TRUNC_EXP_CLAMP = 15.0
 """The backward pass of :class:`TruncExp` evaluates exp at min(x, 15) (keeps gradients finite)."""
 
@@ -44,8 +46,14 @@ class Decoder(nn.Module):
         """(N, in_features) -> (N,) raw density."""
         if self.train_dtype is not None and features.device.type == "cpu" and torch.is_grad_enabled():
             with torch.autocast("cpu", dtype=self.train_dtype):
-                return self.net(features).squeeze(-1).float()
-        return self.net(features).squeeze(-1)
+                return self._net(features).float()
+        return self._net(features)
+
+    def _net(self, features: torch.Tensor) -> torch.Tensor:
+        if self.kind == "linear":
+            return self.net(features).squeeze(-1)
+        l1, l2, l3 = self.net[0], self.net[2], self.net[4]  # the kernel door's decoder_mlp (CPU: native)
+        return dispatch.decoder_mlp(features, l1.weight, l1.bias, l2.weight, l2.bias, l3.weight, l3.bias)
 
 
 class TruncExp(torch.autograd.Function):
