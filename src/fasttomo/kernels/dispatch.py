@@ -11,7 +11,9 @@ Each op takes its fast path (a Triton kernel registered as a torch custom op in
 
 On the CPU, ``tilted_kplanes`` has a fast path of its own (``kernels/cpu.py``: the twin's result with
 a hand-written backward, path ``'cpu'``), taken under ``backend='auto'`` for float32/float64 inputs of
-the layout's shapes outside autocast; ``backend='torch'`` keeps the twin there too.
+the layout's shapes outside autocast; ``backend='torch'`` keeps the twin there too. ``plane_tv``
+likewise, and ``decoder_mlp`` (the hybrid decoder: native C kernels in ``kernels/cpu_mlp.py`` on
+the CPU, the twin's GEMMs everywhere else).
 
 Otherwise the pure-torch twin in ``kernels/reference.py`` runs. Under ``backend='triton'`` an input
 the fast path cannot take raises ``KernelUnavailableError`` naming the reason. The path taken is
