@@ -34,11 +34,8 @@ MAX_FEATURES = 2048
 MAX_HIDDEN = 512
 """Wider decoders take the twin (the C code holds a row of each in registers and on the stack)."""
 
-_SOURCE = r"""
-#include <pthread.h>
-#include <stdint.h>
+_SOURCE = cpu_native.THREADS_C + r"""
 #include <stdlib.h>
-#include <string.h>
 
 #ifndef SCALAR
 #define SCALAR float
@@ -201,20 +198,13 @@ static void *bwd_worker(void *p) {
   return NULL;
 }
 
-#define MAXT 64
 /* 0, or -1 where a worker could not allocate its block buffers */
 static int run(void *(*fn)(void *), mjob_t *base, int64_t N, int nt, real *acc) {
-  mjob_t jobs[MAXT]; pthread_t th[MAXT];
-  if (nt > MAXT) nt = MAXT;
-  if (nt < 1) nt = 1;
-  for (int i = 0; i < nt; i++) {
-    jobs[i] = *base;
-    jobs[i].n0 = N * i / nt; jobs[i].n1 = N * (i + 1) / nt;
-    if (acc) jobs[i].acc = acc + (int64_t)i * ACC_SIZE;
-  }
-  for (int i = 1; i < nt; i++) pthread_create(&th[i], NULL, fn, &jobs[i]);
-  fn(&jobs[0]);
-  for (int i = 1; i < nt; i++) pthread_join(th[i], NULL);
+  mjob_t jobs[MAXT];
+  nt = clamp_threads(nt);
+  split_jobs(jobs, base, sizeof jobs[0], nt, N);
+  for (int i = 0; i < nt; i++) if (acc) jobs[i].acc = acc + (int64_t)i * ACC_SIZE;
+  run_jobs(fn, jobs, sizeof jobs[0], nt);
   for (int i = 0; i < nt; i++) if (acc && !jobs[i].acc) return -1;
   return 0;
 }

@@ -43,11 +43,35 @@ MAX_CHANNELS = 256
 _CFLAGS = ["-O3", "-march=native", "-fassociative-math", "-fno-signed-zeros", "-fno-trapping-math",
            "-shared", "-fPIC"]
 
-_SOURCE = r"""
-#include <math.h>
+THREADS_C = r"""
 #include <pthread.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <string.h>
+#define MAXT 64
+static int clamp_threads(int nt) { return nt > MAXT ? MAXT : nt < 1 ? 1 : nt; }
+/* jobs[i] = *base with worker i's share [n0, n1) of N points: a job struct's first two fields */
+static void split_jobs(void *jobs, const void *base, size_t size, int nt, int64_t N) {
+  for (int i = 0; i < nt; i++) {
+    int64_t *j = (int64_t *)((char *)jobs + i * size);
+    memcpy(j, base, size);
+    j[0] = N * i / nt; j[1] = N * (i + 1) / nt;
+  }
+}
+/* fn on nt jobs (an array of nt job structs of ``size`` bytes): job 0 on this thread, the others
+   on new ones, all joined before returning */
+static void run_jobs(void *(*fn)(void *), void *jobs, size_t size, int nt) {
+  pthread_t th[MAXT];
+  for (int i = 1; i < nt; i++) pthread_create(&th[i], NULL, fn, (char *)jobs + i * size);
+  fn(jobs);
+  for (int i = 1; i < nt; i++) pthread_join(th[i], NULL);
+}
+"""
+"""The worker-thread helpers both native sources start with (job structs begin with the int64
+point range n0, n1)."""
+
+_SOURCE = THREADS_C + r"""
+#include <math.h>
 
 #ifndef SCALAR
 #define SCALAR float
@@ -262,20 +286,15 @@ static void *red_worker(void *p) {
   return NULL;
 }
 
-#define MAXT 64
 static void run(void *(*fn)(void *), job_t *base, int64_t N, int nthreads, real **gbufs, double *gmats) {
-  job_t jobs[MAXT]; pthread_t th[MAXT];
-  if (nthreads > MAXT) nthreads = MAXT;
-  if (nthreads < 1) nthreads = 1;
+  job_t jobs[MAXT];
+  nthreads = clamp_threads(nthreads);
+  split_jobs(jobs, base, sizeof jobs[0], nthreads, N);
   for (int i = 0; i < nthreads; i++) {
-    jobs[i] = *base;
-    jobs[i].n0 = N * i / nthreads; jobs[i].n1 = N * (i + 1) / nthreads;
     if (gbufs) jobs[i].gplanes = gbufs[i];
     if (gmats) jobs[i].gmats = gmats + (int64_t)i * base->T * 9;
   }
-  for (int i = 1; i < nthreads; i++) pthread_create(&th[i], NULL, fn, &jobs[i]);
-  fn(&jobs[0]);
-  for (int i = 1; i < nthreads; i++) pthread_join(th[i], NULL);
+  run_jobs(fn, jobs, sizeof jobs[0], nthreads);
 }
 
 void tk_forward(int64_t N, int T, int C, int L, const int32_t *res, const int64_t *off,
@@ -293,18 +312,15 @@ void tk_backward(int64_t N, int T, int C, int L, const int32_t *res, const int64
   job_t b; memset(&b, 0, sizeof b);
   b.T = T; b.C = C; b.L = L; b.res = res; b.off = off; b.points = points; b.mats = mats; b.planes = planes;
   b.grad = grad; b.gpoints = gpoints; b.need_q = need_q; b.dq = dq;
-  if (nthreads > MAXT) nthreads = MAXT;
-  if (nthreads < 1) nthreads = 1;
+  nthreads = clamp_threads(nthreads);
   run(bwd_worker, &b, N, nthreads, gplanes, gmats);
   if (gplanes && nthreads > 1) {
-    red_t r[MAXT]; pthread_t th[MAXT];
+    red_t r[MAXT];
     for (int i = 0; i < nthreads; i++) {
       r[i].dst = gplanes[0]; r[i].src = gplanes + 1; r[i].nsrc = nthreads - 1;
       r[i].i0 = numel * i / nthreads; r[i].i1 = numel * (i + 1) / nthreads;
     }
-    for (int i = 1; i < nthreads; i++) pthread_create(&th[i], NULL, red_worker, &r[i]);
-    red_worker(&r[0]);
-    for (int i = 1; i < nthreads; i++) pthread_join(th[i], NULL);
+    run_jobs(red_worker, r, sizeof r[0], nthreads);
   }
 }
 
