@@ -159,6 +159,10 @@ def test_the_decoder_module_runs_on_the_door():
         torch.testing.assert_close(grads[n], p.grad, **TOL[torch.float32])
     assert list(dec.state_dict()) == ["net.0.weight", "net.0.bias", "net.2.weight", "net.2.bias", "net.4.weight",
                                       "net.4.bias"]
+    assert dec.evaluates_natively() and not Decoder(24, "linear").evaluates_natively()
+    dispatch.configure("torch")
+    assert not dec.evaluates_natively()  # the rendering passes then count its hidden layers
+    dispatch.configure("auto")
     lin = Decoder(24, "linear")
     torch.testing.assert_close(lin(x), lin.net(x).squeeze(-1), rtol=0, atol=0)
     assert dispatch.counters["decoder_mlp"] == {"cpu": 1}  # the linear head is one nn.Linear

@@ -232,6 +232,13 @@ def _why_not_cpu_mlp(x: torch.Tensor, params) -> Optional[str]:
     return None
 
 
+def decoder_mlp_native(device: torch.device, dtype: torch.dtype, features: int, hidden: int) -> bool:
+    """Whether ``decoder_mlp`` takes its native CPU path for inputs on ``device`` of ``dtype`` and
+    these widths, outside autocast."""
+    return (_state["backend"] == "auto" and device.type == "cpu" and dtype in (torch.float32, torch.float64)
+            and _cpu_mlp.library(dtype, features, hidden) is not None)
+
+
 def decoder_mlp(x: torch.Tensor, w1: torch.Tensor, b1: torch.Tensor, w2: torch.Tensor, b2: torch.Tensor,
                 w3: torch.Tensor, b3: torch.Tensor) -> torch.Tensor:
     """The hybrid decoder (Linear-ReLU-Linear-ReLU-Linear; semantics: ``reference.decoder_mlp``):

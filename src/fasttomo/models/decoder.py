@@ -49,6 +49,14 @@ class Decoder(nn.Module):
                 return self._net(features).float()
         return self._net(features)
 
+    def evaluates_natively(self) -> bool:
+        """Whether an evaluation without gradients takes the door's native CPU decoder (which
+        keeps no hidden layer in memory: the rendering passes size their chunks by it)."""
+        if self.kind != "hybrid":
+            return False
+        w = self.net[0].weight
+        return dispatch.decoder_mlp_native(w.device, w.dtype, w.shape[1], w.shape[0])
+
     def _net(self, features: torch.Tensor) -> torch.Tensor:
         if self.kind == "linear":
             return self.net(features).squeeze(-1)

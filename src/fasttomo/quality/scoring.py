@@ -143,10 +143,12 @@ RENDER_MEMORY_FRACTION = 0.25
 """... and at most this fraction of the free memory (the device's, or the host's for the CPU)."""
 
 
-def nograd_point_bytes(n_features: int, hidden: int) -> int:
+def nograd_point_bytes(n_features: int, hidden: int, native_decoder: bool = False) -> int:
     """Bytes a no-grad field evaluation holds per sample point (coordinates, plane features,
-    decoder activations; measured about 430-590 B at 32 features and 32 hidden units on the CPU)."""
-    return 4 * (8 + (3 * n_features) // 2 + 2 * hidden)
+    decoder activations; measured about 430-590 B at 32 features and 32 hidden units on the CPU's
+    aten decoder). ``native_decoder``: the CPU's C decoder (kernels/cpu_mlp.py), which writes no
+    hidden layer to memory."""
+    return 4 * (8 + (3 * n_features) // 2 + (0 if native_decoder else 2 * hidden))
 
 
 def free_memory_bytes(device: torch.device) -> int | None:
@@ -181,7 +183,8 @@ def field_point_bytes(proj) -> int:
     """:func:`nograd_point_bytes` of ``proj``'s field."""
     decoder = getattr(proj.field, "decoder", None)
     hidden = max((int(getattr(m, "out_features", 0)) for m in decoder.modules()), default=0) if decoder else 0
-    return nograd_point_bytes(int(getattr(proj.field, "n_features", 1)), hidden)
+    native = bool(decoder is not None and getattr(decoder, "evaluates_natively", lambda: False)())
+    return nograd_point_bytes(int(getattr(proj.field, "n_features", 1)), hidden, native)
 
 
 @torch.no_grad()

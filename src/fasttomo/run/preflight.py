@@ -220,7 +220,7 @@ def pass_bytes(shape: RunShape) -> dict[str, int]:
     from fasttomo.train.trainer import VAL_CHUNK_FLOATS
 
     spr, batch = shape.samples_per_ray, shape.batch
-    nograd = nograd_point_bytes(shape.n_features, shape.hidden)
+    nograd = nograd_point_bytes(shape.n_features, shape.hidden, shape.device.type == "cpu" and _fused(shape.device))
     val_rays = min(batch * max(1, min(16, VAL_CHUNK_FLOATS // max(1, batch * spr * shape.n_features))), shape.n_val)
     view_rays = min(shape.pixels, VIEW_RESIDUAL_RAYS * 2,
                     render_chunk_rays(spr, nograd, free_memory_bytes(shape.device)))
