@@ -138,7 +138,8 @@ def test_backend_torch_autocast_and_other_dtypes_take_the_twin():
         assert "autocast" in dispatch._why_not_cpu_mlp(x, ps)
     dispatch.decoder_mlp(x.bfloat16(), *(p.bfloat16() for p in ps))
     assert dispatch.counters == {"decoder_mlp": {"torch": 3}}
-    assert "dtypes" in dispatch._why_not_cpu_mlp(x.double(), ps)
+    assert "differ" in dispatch._why_not_cpu_mlp(x.double(), ps)
+    assert "dtype" in dispatch._why_not_cpu_mlp(x.bfloat16(), [p.bfloat16() for p in ps])
 
 
 def test_the_decoder_module_runs_on_the_door():

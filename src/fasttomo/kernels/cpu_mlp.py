@@ -5,8 +5,8 @@ On a CPU, aten runs the decoder as three GEMMs forward and six backward over (N,
 that live in memory between them, plus the ReLUs, their masks and the bias sums (about 12 ms of the
 embedded default's ~30 ms CPU step; docs/kernels.md, "The decoder on the CPU"). Here each worker
 thread walks its points two at a time, keeps their hidden rows in registers and writes only what
-the backward needs: the output, and the two ReLU'd hidden layers (N, H) when a gradient will be
-taken. The backward takes blocks of 64 points: dL/dh2, dL/dh1 and dL/dx row by row, then the
+the backward needs: the output, and the two ReLU'd hidden layers (N, H padded to whole vectors)
+when a gradient will be taken. The backward takes blocks of 64 points: dL/dh2, dL/dh1 and dL/dx row by row, then the
 weight gradients of the block as two small GEMMs into the worker's own accumulators (summed over
 the workers afterwards, in a fixed order: the same bits for the same thread count).
 
@@ -32,7 +32,7 @@ log = logging.getLogger("fasttomo.kernels")
 
 MAX_FEATURES = 2048
 MAX_HIDDEN = 512
-"""Wider decoders take the twin (the C code holds a row of each in registers and on the stack)."""
+"""Wider decoders take the twin (the C code keeps a row of each on the stack)."""
 
 _SOURCE = cpu_native.THREADS_C + r"""
 #include <stdlib.h>

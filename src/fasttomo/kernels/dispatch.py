@@ -215,28 +215,35 @@ def plane_tv(plane_data: torch.Tensor, layout: PlaneLayout) -> torch.Tensor:
     return reference.plane_tv(plane_data, layout)
 
 
-def _why_not_cpu_mlp(x: torch.Tensor, params) -> Optional[str]:
-    """None when the CPU path of the decoder (kernels/cpu_mlp.py) can take the input."""
+def _why_not_native_mlp(device: torch.device, dtype: torch.dtype, features: int, hidden: int) -> Optional[str]:
+    """None when the native CPU decoder (kernels/cpu_mlp.py) takes inputs on ``device`` of ``dtype``
+    with these widths (building its kernels on first use)."""
     if _state["backend"] != "auto":
         return f"kernels.backend={_state['backend']}"
-    if any(t.device.type != "cpu" for t in (x, *params)):
-        return "not all tensors on the CPU"
-    if x.dtype not in (torch.float32, torch.float64) or any(t.dtype != x.dtype for t in params):
-        return f"dtypes {sorted({str(t.dtype) for t in (x, *params)})}, CPU path needs one of float32, float64"
+    if device.type != "cpu":
+        return f"tensors on {device.type}, the native decoder is the CPU's"
+    if dtype not in (torch.float32, torch.float64):
+        return f"dtype {dtype}, CPU path needs float32 or float64"
     if torch.is_autocast_enabled("cpu"):
         return "CPU autocast on"
-    if x.dim() != 2:
-        return f"features shape {tuple(x.shape)}, CPU path needs (N, F)"
-    if _cpu_mlp.library(x.dtype, x.shape[1], params[0].shape[0]) is None:
+    if _cpu_mlp.library(dtype, features, hidden) is None:
         return "native CPU kernels unavailable for this decoder (see the log)"
     return None
+
+
+def _why_not_cpu_mlp(x: torch.Tensor, params) -> Optional[str]:
+    """None when the CPU path of the decoder can take these tensors."""
+    if any(t.device != x.device or t.dtype != x.dtype for t in params):
+        return "the features and the weights differ in device or dtype"
+    if x.dim() != 2:
+        return f"features shape {tuple(x.shape)}, CPU path needs (N, F)"
+    return _why_not_native_mlp(x.device, x.dtype, x.shape[1], params[0].shape[0])
 
 
 def decoder_mlp_native(device: torch.device, dtype: torch.dtype, features: int, hidden: int) -> bool:
     """Whether ``decoder_mlp`` takes its native CPU path for inputs on ``device`` of ``dtype`` and
     these widths, outside autocast."""
-    return (_state["backend"] == "auto" and device.type == "cpu" and dtype in (torch.float32, torch.float64)
-            and _cpu_mlp.library(dtype, features, hidden) is not None)
+    return _why_not_native_mlp(device, dtype, features, hidden) is None
 
 
 def decoder_mlp(x: torch.Tensor, w1: torch.Tensor, b1: torch.Tensor, w2: torch.Tensor, b2: torch.Tensor,
