@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from fasttomo.geometry.poses import Poses
-from fasttomo.geometry.rays import (Box, RaySamples, inside_box, line_integral, project_points,
+from fasttomo.geometry.rays import (INSIDE_TOL, Box, RaySamples, inside_box, line_integral, project_points,
                                     ray_samples, voxel_grid, voxel_plane)
 
 
@@ -99,6 +99,8 @@ def test_inside_mask_applies_to_all_three_axes():
     pts = torch.tensor([[[0.0, 0.0, 0.0], [1.2, 0.0, 0.0], [0.0, -1.2, 0.0], [0.0, 0.0, 1.2],
                          [1.0, -1.0, 1.0]]])
     assert inside_box(pts).tolist() == [[True, False, False, False, True]]
+    off = torch.tensor([[0.0, float("nan"), 0.0], [0.0, 0.0, 1.0 + 2 * INSIDE_TOL]])
+    assert inside_box(off).tolist() == [False, False]  # a NaN coordinate; just past the tolerance
     rs = RaySamples(points=pts, dt=torch.tensor([0.5]), inside=inside_box(pts))
     assert float(line_integral(torch.ones(1, 5), rs)) == pytest.approx(1.0)  # 2 inside * 0.5
 

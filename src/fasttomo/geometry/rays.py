@@ -109,7 +109,9 @@ class RaySamples:
 
 def inside_box(points_n: torch.Tensor, tol: float = INSIDE_TOL) -> torch.Tensor:
     """(...) bool: normalized (..., 3) points inside [-1 - tol, 1 + tol] on all three axes."""
-    return (points_n.abs() <= 1.0 + tol).all(dim=-1)
+    # the largest |coordinate| against the bound: one reduction over the 3 axes (a boolean all()
+    # over a last axis of 3 was twice its time on the CPU); a NaN coordinate is outside either way
+    return points_n.abs().amax(dim=-1) <= 1.0 + tol
 
 
 def _at_least_fp32(x: torch.Tensor) -> torch.Tensor:
