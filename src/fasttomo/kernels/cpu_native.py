@@ -92,7 +92,8 @@ typedef struct {
   const real *points, *mats, *planes;
   real *out;               /* forward: (N, L*T*C) */
   const real *grad;        /* backward: (N, L*T*C) */
-  real *gplanes;           /* backward: this worker's plane-gradient buffer or NULL */
+  real *gplanes;           /* backward: this worker's plane-gradient buffer (zeroed here) or NULL */
+  int64_t numel;           /* backward: the plane buffer's elements */
   real *gpoints;           /* backward: (N, 3) or NULL */
   double *gmats;           /* backward: this worker's (T, 9) partial sums or NULL */
   int need_q;              /* backward: coordinate gradients wanted */
@@ -208,6 +209,7 @@ static inline void tap_grad(const real *a00, const real *a01, const real *a10, c
 
 static void *bwd_worker(void *p) {
   job_t *a = (job_t *)p;
+  if (a->gplanes) memset(a->gplanes, 0, sizeof(real) * a->numel);  /* each worker its own, in parallel */
   const int T = a->T, L = a->L, C = NC;
   real s[3][MAXC], gs[MAXC];
   real *dq = a->dq;  /* (N, 3) scratch: coordinate gradient of frame t summed over scales */
@@ -304,14 +306,14 @@ void tk_forward(int64_t N, int T, int C, int L, const int32_t *res, const int64_
   run(fwd_worker, &b, N, nthreads, NULL, NULL);
 }
 
-/* gplanes: nthreads buffers of numel (zeroed by the caller), summed into the first;
+/* gplanes: nthreads buffers of numel (each zeroed by its worker), summed into the first;
    gmats: (nthreads, T, 9) doubles zeroed by the caller */
 void tk_backward(int64_t N, int T, int C, int L, const int32_t *res, const int64_t *off,
                  const real *points, const real *mats, const real *planes, const real *grad,
                  real **gplanes, int64_t numel, real *gpoints, double *gmats, real *dq, int need_q, int nthreads) {
   job_t b; memset(&b, 0, sizeof b);
   b.T = T; b.C = C; b.L = L; b.res = res; b.off = off; b.points = points; b.mats = mats; b.planes = planes;
-  b.grad = grad; b.gpoints = gpoints; b.need_q = need_q; b.dq = dq;
+  b.grad = grad; b.gpoints = gpoints; b.need_q = need_q; b.dq = dq; b.numel = numel;
   nthreads = clamp_threads(nthreads);
   run(bwd_worker, &b, N, nthreads, gplanes, gmats);
   if (gplanes && nthreads > 1) {
@@ -452,7 +454,7 @@ def backward(lib, points, matrices, plane_data, layout: PlaneLayout, grad, need_
     n = points.shape[0]
     nt = max(1, min(torch.get_num_threads(), 64))
     grad = grad.to(points.dtype).contiguous()
-    gbuf = plane_data.new_zeros((nt, plane_data.numel())) if need_x else None
+    gbuf = plane_data.new_empty((nt, plane_data.numel())) if need_x else None  # zeroed by the C workers
     ptrs = (ctypes.c_void_p * nt)(*[gbuf[i].data_ptr() for i in range(nt)]) if need_x else None
     need_q = bool(need_p or need_m)
     gp = points.new_empty(points.shape) if need_p else None
