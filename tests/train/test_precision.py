@@ -57,3 +57,20 @@ def test_a_cpu_run_built_with_bf16_sets_its_decoder(tmp_path):
         cfg = compose_config([*base, f"precision={dtype}"])
         comps = build(cfg, load_tiltseries(cfg.data))
         assert comps.projector.field.decoder.train_dtype is want
+
+
+def test_the_log_says_why_the_decoder_trains_in_bf16(tmp_path, caplog):
+    """precision=bf16 chosen by hand names the choice (and, on a CPU without bf16 dot-product
+    instructions, that fp32 is faster there); it never claims instructions the CPU lacks."""
+    from fasttomo.cli.reconstruct import compose_config
+    from fasttomo.data.load import load_tiltseries
+    from fasttomo.run.build import build
+
+    cfg = compose_config(["logging=quiet", "runtime=cpu", "data.width=16", "data.height=16", "data.n_tilts=5",
+                          f"output.dir={tmp_path}", "precision=bf16"])
+    with caplog.at_level("INFO", logger="fasttomo.run.build"):
+        build(cfg, load_tiltseries(cfg.data))
+    line = [r.getMessage() for r in caplog.records if r.getMessage().startswith("precision: bf16")]
+    assert len(line) == 1 and "precision=bf16" in line[0], line
+    assert ("fp32 is faster here" in line[0]) is not cpu_has_native_bf16()
+    assert "chosen for a CPU with bf16" not in line[0]

@@ -15,7 +15,7 @@ from fasttomo.data.tiltseries import TiltSeries
 from fasttomo.geometry.rays import Box
 from fasttomo.methods.field.intensity import Intensity
 from fasttomo.methods.field.projector import Projector
-from fasttomo.train.precision import Precision
+from fasttomo.train.precision import Precision, cpu_has_native_bf16
 from fasttomo.train.schedules import PlateauState, Schedule, build_schedule
 
 log = logging.getLogger("fasttomo.run.build")
@@ -363,8 +363,13 @@ def field_precision(cfg: Config, device: torch.device, field) -> Precision:
     decoder = getattr(field, "decoder", None)
     if precision.decoder_only and decoder is not None:
         decoder.train_dtype = precision.dtype
-        log.info("precision: bf16 for the decoder's layers in training, the rest fp32 (a CPU with bf16 dot-product "
-                 "instructions; precision=fp32 to choose)")
+        if cfg.precision.dtype == "auto":
+            why = "chosen for a CPU with bf16 dot-product instructions; precision=fp32 to choose"
+        elif cpu_has_native_bf16():
+            why = "precision=bf16"
+        else:  # emulated: slower than fp32, and fp32 keeps the native C decoder
+            why = "precision=bf16, but this CPU has no bf16 dot-product instructions: fp32 is faster here"
+        log.info("precision: bf16 for the decoder's layers in training, the rest fp32 (%s)", why)
     return precision
 
 
