@@ -139,6 +139,7 @@ def test_backend_torch_autocast_and_other_dtypes_take_the_twin():
     dispatch.decoder_mlp(x.bfloat16(), *(p.bfloat16() for p in ps))
     assert dispatch.counters == {"decoder_mlp": {"torch": 3}}
     assert "differ" in dispatch._why_not_cpu_mlp(x.double(), ps)
+    assert "cuda" in dispatch._why_not_native_mlp(torch.device("cuda"), torch.float32)  # no device needed to ask
     assert "dtype" in dispatch._why_not_cpu_mlp(x.bfloat16(), [p.bfloat16() for p in ps])
 
 

@@ -215,9 +215,10 @@ def plane_tv(plane_data: torch.Tensor, layout: PlaneLayout) -> torch.Tensor:
     return reference.plane_tv(plane_data, layout)
 
 
-def _why_not_native_mlp(device: torch.device, dtype: torch.dtype, features: int, hidden: int) -> Optional[str]:
+def _why_not_native_mlp(device: torch.device, dtype: torch.dtype, features: int | None = None,
+                        hidden: int | None = None) -> Optional[str]:
     """None when the native CPU decoder (kernels/cpu_mlp.py) takes inputs on ``device`` of ``dtype``
-    with these widths (building its kernels on first use)."""
+    (and, given the widths, has its kernels: built on first use)."""
     if _state["backend"] != "auto":
         return f"kernels.backend={_state['backend']}"
     if device.type != "cpu":
@@ -226,15 +227,18 @@ def _why_not_native_mlp(device: torch.device, dtype: torch.dtype, features: int,
         return f"dtype {dtype}, CPU path needs float32 or float64"
     if torch.is_autocast_enabled("cpu"):
         return "CPU autocast on"
-    if _cpu_mlp.library(dtype, features, hidden) is None:
+    if features is not None and _cpu_mlp.library(dtype, features, hidden) is None:
         return "native CPU kernels unavailable for this decoder (see the log)"
     return None
 
 
 def _why_not_cpu_mlp(x: torch.Tensor, params) -> Optional[str]:
     """None when the CPU path of the decoder can take these tensors."""
+    reason = _why_not_native_mlp(x.device, x.dtype)
+    if reason is not None:
+        return reason
     if any(t.device != x.device or t.dtype != x.dtype for t in params):
-        return "the features and the weights differ in device or dtype"
+        return "the weights differ from the features in device or dtype"
     if x.dim() != 2:
         return f"features shape {tuple(x.shape)}, CPU path needs (N, F)"
     return _why_not_native_mlp(x.device, x.dtype, x.shape[1], params[0].shape[0])
