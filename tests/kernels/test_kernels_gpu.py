@@ -298,3 +298,22 @@ def test_cuda_graph_capture_replays():
     ref = torch.autograd.grad(_loss(pts, M, x, v, lay), [pts, M, x, v])
     for a, b in zip(static, ref):
         assert rel(a, b) < 1e-5
+
+
+def test_the_decoder_on_a_gpu_is_its_nn_sequential():
+    """decoder_mlp has no GPU fast path: on CUDA the Decoder takes the twin (path 'torch'), the
+    same calls as its nn.Sequential, so fp32 and bf16-autocast outputs and gradients are its bits."""
+    from fasttomo.models.decoder import Decoder
+
+    dec = Decoder(48, "hybrid", 32, generator=torch.Generator().manual_seed(0)).cuda()
+    x = torch.randn(5000, 48, device="cuda", requires_grad=True)
+    for autocast in (False, True):
+        dispatch.reset_counters()
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=autocast):
+            out, ref = dec(x), dec.net(x).squeeze(-1)
+        assert dispatch.counters == {"decoder_mlp": {"torch": 1}}
+        assert out.dtype == ref.dtype == (torch.bfloat16 if autocast else torch.float32)
+        assert torch.equal(out, ref)
+        g = torch.autograd.grad(out.float().square().sum(), [x, *dec.parameters()])
+        g_ref = torch.autograd.grad(ref.float().square().sum(), [x, *dec.parameters()])
+        assert all(torch.equal(a, b) for a, b in zip(g, g_ref))
