@@ -27,6 +27,24 @@ def test_random_subgrid_is_small_inside_and_reproducible():
     assert not torch.equal(a, c)
 
 
+def test_random_subgrid_is_its_definition_bit_for_bit():
+    """The corner lo and side from the noise, then lo + linspace(0, 1, n) * side along x, y, z
+    (index order z, y, x): the cached unit grid gives these floats exactly, given noise or drawn."""
+    from fasttomo.models.regularizers import SUBGRID_NOISE, SUBGRID_SIZE
+
+    lo_s, hi_s = SUBGRID_SIZE
+    for seed in range(30):
+        for n in (2, 5, 16):
+            r = torch.rand(SUBGRID_NOISE, generator=torch.Generator().manual_seed(seed))
+            side = 2.0 * (lo_s + (hi_s - lo_s) * r[0])
+            lo = -1.0 + (2.0 - side) * r[1:]
+            t = torch.linspace(0.0, 1.0, n) * side
+            gz, gy, gx = torch.meshgrid(lo[2] + t, lo[1] + t, lo[0] + t, indexing="ij")
+            want = torch.stack((gx, gy, gz), dim=-1)
+            assert torch.equal(random_subgrid(n, noise=r), want)
+            assert torch.equal(random_subgrid(n, torch.Generator().manual_seed(seed)), want)
+
+
 def test_field_volume_tv_is_zero_for_a_constant_field_and_differentiable():
     class Affine(torch.nn.Module):
         def __init__(self, slope):

@@ -130,10 +130,22 @@ def random_subgrid(n: int, generator: torch.Generator | None = None, device=None
     r = (noise if noise is not None else torch.rand(SUBGRID_NOISE, generator=generator, device=gdev)).to(device)
     side = 2.0 * (size[0] + (size[1] - size[0]) * r[0])
     lo = -1.0 + (2.0 - side) * r[1:]  # (3,) xyz corner
-    t = torch.linspace(0.0, 1.0, n, device=device) * side  # (n,)
-    x, y, z = (lo[a] + t for a in range(3))
-    gz, gy, gx = torch.meshgrid(z, y, x, indexing="ij")
-    return torch.stack((gx, gy, gz), dim=-1)
+    return _unit_grid(n, r.device) * side + lo  # t * side + lo, t in [0, 1] along each axis (two roundings, as before)
+
+
+_unit_grids: dict = {}
+
+
+def _unit_grid(n: int, device: torch.device) -> torch.Tensor:
+    """(n, n, n, 3) xyz of the unit grid (index order z, y, x; steps of linspace(0, 1, n)), made
+    once per (n, device): the sub-grid is one product and sum of it a step (a captured CUDA graph
+    finds it made by the eager warm-up steps)."""
+    key = (n, device)
+    if key not in _unit_grids:
+        t = torch.linspace(0.0, 1.0, n, device=device)
+        gz, gy, gx = torch.meshgrid(t, t, t, indexing="ij")
+        _unit_grids[key] = torch.stack((gx, gy, gz), dim=-1)
+    return _unit_grids[key]
 
 
 def field_volume_tv(field: nn.Module, n: int, kind: str = "squared",
