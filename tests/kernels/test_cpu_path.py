@@ -14,6 +14,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from fasttomo.kernels import cpu, cpu_native, dispatch, reference
 from fasttomo.kernels.layout import PlaneLayout
+from twin_checks import assert_double_backward_is_the_twins
 
 LAYOUTS = {
     "T1_C2_cubic": PlaneLayout(1, 2, ((5, 5, 5),)),
@@ -114,18 +115,8 @@ def test_double_backward_matches_the_twin():
     derivatives are the twin's."""
     lay = LAYOUTS["T3_C8_4_345"]
     pts, M, x = _inputs(lay, 23, torch.float64, seed=6)
-    res = {}
-    for name, fn in (("cpu", cpu.tilted_kplanes), ("twin", reference.tilted_kplanes)):
-        leaves = [t.detach().clone().requires_grad_() for t in (pts, M, x)]
-        dispatch.reset_counters()
-        g1 = torch.autograd.grad(fn(*leaves, lay).square().sum(), leaves, create_graph=True)
-        spy = dict(dispatch.counters.get("tilted_kplanes_bwd", {}))
-        g2 = torch.autograd.grad(sum((g * torch.cos(g)).sum() for g in g1), leaves)
-        res[name] = (g1, g2, spy)
-    assert res["cpu"][2] == {"torch": 1}
-    for a, b in zip(res["cpu"][0] + res["cpu"][1], res["twin"][0] + res["twin"][1]):
-        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
-    assert any(float(g.abs().max()) > 0 for g in res["cpu"][1])  # a real second derivative
+    assert_double_backward_is_the_twins(lambda *t: cpu.tilted_kplanes(*t, lay),
+                                        lambda *t: reference.tilted_kplanes(*t, lay), (pts, M, x), "tilted_kplanes")
 
 
 class _AtenLog(TorchDispatchMode):
