@@ -110,7 +110,7 @@ class RaySamples:
 def inside_box(points_n: torch.Tensor, tol: float = INSIDE_TOL) -> torch.Tensor:
     """(...) bool: normalized (..., 3) points inside [-1 - tol, 1 + tol] on all three axes."""
     # the largest |coordinate| against the bound: one reduction over the 3 axes (a boolean all()
-    # over a last axis of 3 was twice its time on the CPU); a NaN coordinate is outside either way
+    # over a last axis of 3 takes twice as long on the CPU); a NaN coordinate is outside either way
     return points_n.abs().amax(dim=-1) <= 1.0 + tol
 
 

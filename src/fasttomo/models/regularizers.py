@@ -130,7 +130,7 @@ def random_subgrid(n: int, generator: torch.Generator | None = None, device=None
     r = (noise if noise is not None else torch.rand(SUBGRID_NOISE, generator=generator, device=gdev)).to(device)
     side = 2.0 * (size[0] + (size[1] - size[0]) * r[0])
     lo = -1.0 + (2.0 - side) * r[1:]  # (3,) xyz corner
-    return _unit_grid(n, r.device) * side + lo  # t * side + lo, t in [0, 1] along each axis (two roundings, as before)
+    return _unit_grid(n, r.device) * side + lo  # t * side + lo (a product, then a sum: the definition's floats)
 
 
 _unit_grids: dict = {}
