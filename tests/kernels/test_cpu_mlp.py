@@ -10,7 +10,6 @@ import itertools
 
 import pytest
 import torch
-from torch import nn
 
 from fasttomo.kernels import cpu_mlp, dispatch, reference
 from fasttomo.models.decoder import Decoder
