@@ -166,10 +166,62 @@ def test_no_compiler_or_too_wide_keeps_the_twin(monkeypatch, tmp_path):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))  # nothing cached there
     monkeypatch.setenv("CC", str(tmp_path / "no-such-compiler"))
     assert cpu_mlp.library(torch.float64, 6, 4) is None
-    assert "unavailable" in dispatch._why_not_cpu_mlp(x, ps)
+    assert "could not be built" in dispatch._why_not_cpu_mlp(x, ps)
     torch.testing.assert_close(dispatch.decoder_mlp(x, *ps), reference.decoder_mlp(x, *ps), rtol=0, atol=0)
     assert dispatch.counters == {"decoder_mlp": {"torch": 1}}
     with pytest.raises(RuntimeError, match="native CPU kernels could not be built"):
         cpu_mlp.decoder_mlp(x, *ps, native=True)
     assert cpu_mlp.library(torch.float32, cpu_mlp.MAX_FEATURES + 1, 4) is None
     assert cpu_mlp.library(torch.float32, 4, cpu_mlp.MAX_HIDDEN + 1) is None
+    wide = dispatch._why_not_native_mlp(torch.device("cpu"), torch.float32, cpu_mlp.MAX_FEATURES + 1, 4)
+    assert "wider than the native kernels take" in wide and "see the log" not in wide
+
+
+@pytest.mark.parametrize("width", [(32, 32), (12, 20)], ids=["whole_vectors", "padded"])
+def test_nan_and_inf_propagate_as_in_the_twin(width):
+    """torch.relu keeps NaN and its gradient passes where the result is not <= 0: a NaN feature or
+    weight must reach the output and the gradients as in the twin (a masked NaN would hide a
+    diverged model from the guard), and an infinite feature must not leak NaN through the padded
+    hidden units (0 * inf)."""
+    f, h = width
+    _native_or_skip(torch.float32, f, h)
+    x, ps = _inputs(f, h, 12, torch.float32, seed=9)
+    x[1, 3], x[2, 5], x[3, 0] = float("nan"), float("inf"), -float("inf")
+    gout = torch.ones(12)
+    native = lambda *t: cpu_mlp.decoder_mlp(*t, native=True)  # noqa: E731
+    ref, gref = _run(reference.decoder_mlp, x, ps, True, True, gout)
+    got, ggot = _run(native, x, ps, True, True, gout)
+    assert ref[1].isnan() and ref[[0, 4]].isfinite().all()
+    torch.testing.assert_close(got, ref, equal_nan=True, **TOL[torch.float32])
+    for a, b in zip(ggot, gref):
+        assert torch.equal(a.isnan(), b.isnan())
+        torch.testing.assert_close(a, b, equal_nan=True, rtol=1e-4, atol=1e-4)
+    x, ps = _inputs(f, h, 5, torch.float32, seed=10)
+    ps[2][0, 0] = float("nan")  # one NaN weight of the second layer
+    ref, gref = _run(reference.decoder_mlp, x, ps, True, True, torch.ones(5))
+    got, ggot = _run(native, x, ps, True, True, torch.ones(5))
+    assert ref.isnan().all() and got.isnan().all()
+    assert [int(g.isnan().sum()) for g in ggot] == [int(g.isnan().sum()) for g in gref]
+
+
+def test_weights_of_other_shapes_take_the_twin():
+    """The C code reads the weights by the widths of x and w1: any other shape takes the twin, which
+    raises (or computes) as the nn.Linear calls do, instead of reading past a buffer."""
+    _native_or_skip(torch.float32, 8, 16)
+    x, ps = _inputs(8, 16, 5, torch.float32, seed=11)
+    bad = {0: torch.randn(16, 4), 1: torch.randn(4), 2: torch.randn(16, 8), 4: torch.randn(16)}
+    for i, w in bad.items():
+        qs = list(ps)
+        qs[i] = w
+        assert "not the hybrid decoder's" in dispatch._why_not_cpu_mlp(x, qs)
+        with pytest.raises(RuntimeError):
+            dispatch.decoder_mlp(x, *qs)
+        with pytest.raises(RuntimeError, match="cannot take this call"):
+            cpu_mlp.decoder_mlp(x, *qs, native=True)
+    qs = list(ps)
+    qs[4] = torch.randn(2, 16)  # two outputs: the twin's (N, 2), not the first row's
+    assert dispatch.decoder_mlp(x, *qs).shape == reference.decoder_mlp(x, *qs).shape == (5, 2)
+    assert dispatch.counters == {"decoder_mlp": {"torch": 5}}
+    qs = [p.double() for p in ps]
+    assert "differ" in cpu_mlp.unsupported(x, qs)
+    torch.testing.assert_close(cpu_mlp.decoder_mlp(x.double(), *qs), reference.decoder_mlp(x.double(), *qs))

@@ -53,9 +53,17 @@ typedef real vreal __attribute__((vector_size(VBYTES)));
 typedef __typeof__((vreal){0} > (vreal){0}) vmask;
 static inline vreal vld(const real *p) { vreal v; memcpy(&v, p, sizeof v); return v; }
 static inline void vst(real *p, vreal v) { memcpy(p, &v, sizeof v); }
-static inline vreal vrelu(vreal a) { return (vreal)((vmask)a & (a > (vreal){0})); }
-/* a where h > 0 (the ReLU's gradient mask), else 0 */
-static inline vreal vkeep(vreal a, vreal h) { return (vreal)((vmask)a & (h > (vreal){0})); }
+/* torch.relu: a where a > 0, NaN kept (a != a), else 0 */
+static inline vreal vrelu(vreal a) { return (vreal)((vmask)a & ((a > (vreal){0}) | (a != a))); }
+/* the ReLU's gradient (threshold_backward): a where h is not <= 0 (NaN passes), else 0 */
+static inline vreal vkeep(vreal a, vreal h) { return (vreal)((vmask)a & ~(h <= (vreal){0})); }
+/* the lanes of the last hidden vector that are real units (the padded ones are kept at exactly 0, so
+   that a non-finite input cannot leak through a zero weight: 0 * inf is NaN) */
+static inline vmask vlast_lanes(void) {
+  vmask m;
+  for (int i = 0; i < VW; i++) m[i] = (HV - 1) * VW + i < H ? -1 : 0;
+  return m;
+}
 
 typedef struct {
   int64_t n0, n1;                      /* this worker's points */
@@ -87,6 +95,7 @@ static inline __attribute__((always_inline)) void gemm2(vreal *acc0, vreal *acc1
 static void *fwd_worker(void *p) {
   mjob_t *a = (mjob_t *)p;
   real hs[2][HP];
+  const vmask last = vlast_lanes();
   for (int64_t n = a->n0; n < a->n1; n += 2) {
     const int two = n + 1 < a->n1;  /* a lone last point is computed twice, stored once */
     const real *x0 = a->x + n * F, *x1 = two ? x0 + F : x0;
@@ -95,7 +104,10 @@ static void *fwd_worker(void *p) {
     for (int v = 0; v < HV; v++) c0[v] = c1[v] = vld(a->b1 + v * VW);
     gemm2(c0, c1, HV, F, x0, x1, 1, a->w1t, HP);
 #pragma GCC unroll 16
-    for (int v = 0; v < HV; v++) { vst(hs[0] + v * VW, vrelu(c0[v])); vst(hs[1] + v * VW, vrelu(c1[v])); }
+    for (int v = 0; v < HV; v++) { c0[v] = vrelu(c0[v]); c1[v] = vrelu(c1[v]); }
+    c0[HV - 1] = (vreal)((vmask)c0[HV - 1] & last); c1[HV - 1] = (vreal)((vmask)c1[HV - 1] & last);
+#pragma GCC unroll 16
+    for (int v = 0; v < HV; v++) { vst(hs[0] + v * VW, c0[v]); vst(hs[1] + v * VW, c1[v]); }
     if (a->h1) {
       memcpy(a->h1 + n * HP, hs[0], sizeof hs[0]);
       if (two) memcpy(a->h1 + (n + 1) * HP, hs[1], sizeof hs[1]);
@@ -105,8 +117,10 @@ static void *fwd_worker(void *p) {
     gemm2(c0, c1, HV, H, hs[0], hs[1], 1, a->w2t, HP);
     vreal o0 = {0}, o1 = {0};
 #pragma GCC unroll 16
+    for (int v = 0; v < HV; v++) { c0[v] = vrelu(c0[v]); c1[v] = vrelu(c1[v]); }
+    c0[HV - 1] = (vreal)((vmask)c0[HV - 1] & last); c1[HV - 1] = (vreal)((vmask)c1[HV - 1] & last);
+#pragma GCC unroll 16
     for (int v = 0; v < HV; v++) {
-      c0[v] = vrelu(c0[v]); c1[v] = vrelu(c1[v]);
       vreal w3 = vld(a->w3 + v * VW);
       o0 += c0[v] * w3; o1 += c1[v] * w3;
       if (a->h2) {
@@ -345,14 +359,33 @@ class DecoderMLPCPU(torch.autograd.Function):
         return (*(g if need else None for g, need in zip(grads, needs)), None)
 
 
+def unsupported(x, params) -> str | None:
+    """Why these tensors are not the kernels' (x (N, F), w1 (H, F), b1 (H,), w2 (H, H), b2 (H,),
+    w3 (1, H), b3 (1,), one device and dtype), or None. The C code reads the weights by the widths
+    of x and w1, so any other shape must take the twin (which computes or raises as torch does)."""
+    if any(t.device != x.device or t.dtype != x.dtype for t in params):
+        return "the weights differ from the features in device or dtype"
+    if x.dim() != 2 or params[0].dim() != 2:
+        return f"features shape {tuple(x.shape)}, weights {tuple(params[0].shape)}: the kernels need (N, F), (H, F)"
+    f, h = x.shape[1], params[0].shape[0]
+    want = ((h, f), (h,), (h, h), (h,), (1, h), (1,))
+    if any(tuple(t.shape) != w for t, w in zip(params, want)):
+        return (f"weight shapes {[tuple(t.shape) for t in params]} are not the hybrid decoder's "
+                f"{list(want)} for {f} features and {h} hidden units")
+    return None
+
+
 def decoder_mlp(x, w1, b1, w2, b2, w3, b3, native: bool | None = None) -> torch.Tensor:
     """The twin's ``decoder_mlp`` on CPU float32/float64 tensors of one dtype (x (N, F), w1 (H, F),
     b1 (H,), w2 (H, H), b2 (H,), w3 (1, H), b3 (1,)); no autocast. ``native``: None uses the C
-    kernels where they can be built, else the twin; True requires them (RuntimeError)."""
-    lib = None if native is False else library(x.dtype, x.shape[1], w1.shape[0])
+    kernels where they can be built and the shapes are these, else the twin; True requires them
+    (RuntimeError)."""
+    problem = unsupported(x, (w1, b1, w2, b2, w3, b3))
+    lib = None if native is False or problem else library(x.dtype, x.shape[1], w1.shape[0])
     if lib is None:
         if native:
-            raise RuntimeError("decoder_mlp: the native CPU kernels could not be built (see the log)")
+            raise RuntimeError(f"decoder_mlp: the native CPU kernels cannot take this call: {problem}" if problem
+                               else "decoder_mlp: the native CPU kernels could not be built (see the log)")
         return reference.decoder_mlp(x, w1, b1, w2, b2, w3, b3)
     x, w1, b1, w2, b2, w3, b3 = (t.contiguous() for t in (x, w1, b1, w2, b2, w3, b3))
     if torch.is_grad_enabled() and any(t.requires_grad for t in (x, w1, b1, w2, b2, w3, b3)):

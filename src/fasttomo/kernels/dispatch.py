@@ -227,20 +227,21 @@ def _why_not_native_mlp(device: torch.device, dtype: torch.dtype, features: int 
         return f"dtype {dtype}, CPU path needs float32 or float64"
     if torch.is_autocast_enabled("cpu"):
         return "CPU autocast on"
-    if features is not None and _cpu_mlp.library(dtype, features, hidden) is None:
-        return "native CPU kernels unavailable for this decoder (see the log)"
+    if features is None:
+        return None
+    if features > _cpu_mlp.MAX_FEATURES or hidden > _cpu_mlp.MAX_HIDDEN:
+        return (f"a decoder of {features} features and {hidden} hidden units is wider than the native "
+                f"kernels take ({_cpu_mlp.MAX_FEATURES}, {_cpu_mlp.MAX_HIDDEN})")
+    if _cpu_mlp.library(dtype, features, hidden) is None:
+        return "the native CPU kernels could not be built (see the log)"
     return None
 
 
 def _why_not_cpu_mlp(x: torch.Tensor, params) -> Optional[str]:
     """None when the CPU path of the decoder can take these tensors."""
-    reason = _why_not_native_mlp(x.device, x.dtype)
+    reason = _why_not_native_mlp(x.device, x.dtype) or _cpu_mlp.unsupported(x, params)
     if reason is not None:
         return reason
-    if any(t.device != x.device or t.dtype != x.dtype for t in params):
-        return "the weights differ from the features in device or dtype"
-    if x.dim() != 2:
-        return f"features shape {tuple(x.shape)}, CPU path needs (N, F)"
     return _why_not_native_mlp(x.device, x.dtype, x.shape[1], params[0].shape[0])
 
 
