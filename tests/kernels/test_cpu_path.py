@@ -224,6 +224,34 @@ def test_native_kernels_agree_across_thread_counts():
         torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
 
 
+@pytest.mark.parametrize("native", [False, True], ids=["aten", "native"])
+def test_non_finite_points_sample_the_border_as_the_twin(native):
+    """A diverged pose gives NaN or infinite points: the twin sets NaN to the first texel and
+    +-inf to the border (grid_sample's forward; its backward crashed the process on them), with a
+    zero coordinate gradient; both CPU paths give the same values and gradients."""
+    _native_or_skip(native)
+    lay = LAYOUTS["T3_C8_4_345"]
+    pts, M, x = _inputs(lay, 40, torch.float64, seed=13)
+    bad = [(0, 0, float("nan")), (1, 1, float("inf")), (2, 2, -float("inf")), (3, 0, 1e30)]
+    for i, j, v in bad:
+        pts[i, j] = v
+    gout = torch.randn(pts.shape[0], lay.n_features, dtype=torch.float64)
+    ref, gref = _grads(reference.tilted_kplanes, pts, M, x, lay, (True, True, True), gout)
+    assert ref.isfinite().all() and gref[0].isfinite().all() and gref[2].isfinite().all()
+    assert (gref[0][:3] == 0).all()  # NaN and inf points: no coordinate gradient
+    assert gref[1].isnan().all()  # the frames' gradient, sum of dq p^T, is NaN (0 * nan) as torch's
+    got, ggot = _grads(functools.partial(cpu.tilted_kplanes, native=native), pts, M, x, lay, (True, True, True),
+                       gout)
+    torch.testing.assert_close(got, ref, **TOL[torch.float64])
+    for a, b in zip(ggot, gref):
+        torch.testing.assert_close(a, b, equal_nan=True, **TOL[torch.float64])
+    # the NaN point's q is NaN in every frame (0 * nan): the first texel of every plane, the
+    # features of q = (-1, -1, -1)
+    corner = reference.tilted_kplanes(torch.full((1, 3), -1.0, dtype=torch.float64),
+                                      torch.eye(3, dtype=torch.float64).expand(lay.n_rot, 3, 3), x, lay)
+    torch.testing.assert_close(ref[:1], corner, rtol=0, atol=0)
+
+
 def test_native_kernels_fall_back_without_a_compiler(monkeypatch, tmp_path):
     lay = LAYOUTS["T1_C2_cubic"]
     pts, M, x = _inputs(lay, 20, torch.float64, seed=12)

@@ -146,6 +146,23 @@ def test_kplanes_far_points_finite():
     assert torch.isfinite(gp).all() and rel(gx, rx) < 2e-5
 
 
+def test_kplanes_non_finite_points_as_the_twin():
+    """NaN and infinite points (a diverged pose): the fused kernels clamp them as the twin does (NaN
+    to the first texel, +-inf to the border), no coordinate gradient, the same plane gradient."""
+    lay = LAYOUTS["aniso_T2_C5"]
+    pts = torch.rand(6, 3, device="cuda") * 2 - 1
+    pts[0, 0], pts[1, 1], pts[2, 2] = float("nan"), float("inf"), -float("inf")
+    pts.requires_grad_()
+    M, x = _rot(2, "cuda"), torch.randn(lay.numel, device="cuda", requires_grad=True)
+    out = dispatch.tilted_kplanes(pts, M, x, lay)
+    ref = reference.tilted_kplanes(pts, M, x, lay)
+    assert dispatch.counters["tilted_kplanes"] == {"triton": 1}
+    assert torch.isfinite(out).all() and rel(out, ref) < 2e-5
+    gp, gx = torch.autograd.grad(out.sum(), [pts, x])
+    rp, rx = torch.autograd.grad(ref.sum(), [pts, x])
+    assert (gp[:3] == 0).all() and torch.isfinite(gp).all() and rel(gx, rx) < 2e-5
+
+
 def test_kplanes_bf16_autocast():
     lay = LAYOUTS["T3_C20"]
     pts, M = torch.rand(2000, 3, device="cuda") * 2 - 1, _rot(3, "cuda")

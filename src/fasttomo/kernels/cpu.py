@@ -51,13 +51,14 @@ _AXES = [a for ab in PLANE_AXES for a in ab]  # q columns of the 3 kinds: (x, y)
 
 def _grid(q: torch.Tensor) -> torch.Tensor:
     """(T, N, 3) rotated points -> (3T, N, 1, 2) sample coordinates, kind-major like the buffer
-    (three slice copies: a gather q[..., [0, 1, 0, 2, 1, 2]] took 4x as long)."""
+    (three slice copies: a gather q[..., [0, 1, 0, 2, 1, 2]] took 4x as long); non-finite ones as
+    the twin sets them (grid_sampler_2d_backward crashes on NaN and inf)."""
     T, N, _ = q.shape
     grid = q.new_empty((3, T, N, 2))
     grid[0].copy_(q[..., 0:2])   # xy: (x, y)
     grid[1].copy_(q[..., 0::2])  # xz: (x, z)
     grid[2].copy_(q[..., 1:3])   # yz: (y, z)
-    return grid.view(3 * T, N, 1, 2)
+    return torch.nan_to_num_(grid, nan=-1.0, posinf=1.0, neginf=-1.0).view(3 * T, N, 1, 2)
 
 
 def _planes(plane_data: torch.Tensor, layout: PlaneLayout, l: int, k0: int, k1: int) -> torch.Tensor:

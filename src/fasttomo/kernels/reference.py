@@ -24,7 +24,9 @@ def tilted_kplanes(points: torch.Tensor, matrices: torch.Tensor, plane_data: tor
     """Multi-scale TILTED K-Planes features.
 
     points: (N, 3) coordinates (x, y, z) in [-1, 1]^3 (any values are accepted: the planes are
-        sampled with border clamping, i.e. grid_sample padding_mode='border').
+        sampled with border clamping, i.e. grid_sample padding_mode='border'; a NaN coordinate
+        samples the first texel and +-inf the border, as grid_sample's forward does, with a zero
+        coordinate gradient: grid_sample's own backward crashes on them).
     matrices: (T, 3, 3) linear maps; frame t samples the planes at q = matrices[t] @ p.
     plane_data: flat buffer laid out by ``layout``.
     Returns (N, L*T*C) features, index l*T*C + t*C + c, each the Hadamard product over the three
@@ -35,6 +37,7 @@ def tilted_kplanes(points: torch.Tensor, matrices: torch.Tensor, plane_data: tor
     # sample coordinates stay fp32 under autocast (bf16 would round them to ~a texel at res 512)
     with torch.autocast(device_type=points.device.type, enabled=False):
         q = torch.einsum("tij,nj->tni", _full(matrices), _full(points))  # (T, N, 3)
+        q = torch.nan_to_num(q, nan=-1.0, posinf=1.0, neginf=-1.0)
     feats = []
     for l in range(layout.n_scales):
         prod = None
