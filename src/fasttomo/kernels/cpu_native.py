@@ -59,12 +59,15 @@ static void split_jobs(void *jobs, const void *base, size_t size, int nt, int64_
   }
 }
 /* fn on nt jobs (an array of nt job structs of ``size`` bytes): job 0 on this thread, the others
-   on new ones, all joined before returning */
+   on new ones, all joined before returning; a job whose thread could not be created (no memory
+   for its stack, a process limit) runs on this thread afterwards: the same jobs, the same result */
 static void run_jobs(void *(*fn)(void *), void *jobs, size_t size, int nt) {
   pthread_t th[MAXT];
-  for (int i = 1; i < nt; i++) pthread_create(&th[i], NULL, fn, (char *)jobs + i * size);
+  int started[MAXT] = {0};
+  for (int i = 1; i < nt; i++) started[i] = pthread_create(&th[i], NULL, fn, (char *)jobs + i * size) == 0;
   fn(jobs);
-  for (int i = 1; i < nt; i++) pthread_join(th[i], NULL);
+  for (int i = 1; i < nt; i++) if (!started[i]) fn((char *)jobs + i * size);
+  for (int i = 1; i < nt; i++) if (started[i]) pthread_join(th[i], NULL);
 }
 """
 """The worker-thread helpers both native sources start with (job structs begin with the int64
@@ -370,14 +373,24 @@ def _cache_dir() -> Path:
     return Path(base) / "fasttomo" / "cpu_kernels"
 
 
-def _cpu_tag() -> str:
-    """-march=native: a library is only valid on the CPU model it was built for."""
+_CPU_KEYS = ("model name", "flags", "Features", "CPU implementer", "CPU architecture", "CPU variant", "CPU part")
+"""The lines of /proc/cpuinfo that name a CPU model and its instruction sets: x86's model name and
+flags, ARM's Features and part numbers (an SVE build must not load on a CPU without SVE)."""
+
+
+def _cpu_tag(cpuinfo: str = "/proc/cpuinfo") -> str:
+    """-march=native: a library is only valid on the CPU model it was built for (the first line of
+    each of :data:`_CPU_KEYS`, in that order)."""
+    first: dict[str, str] = {}
     try:
-        with open("/proc/cpuinfo") as f:
-            info = [line for line in f if line.startswith(("model name", "flags"))][:2]
+        with open(cpuinfo) as f:
+            for line in f:
+                key = line.split(":", 1)[0].strip()
+                if key in _CPU_KEYS:
+                    first.setdefault(key, line)
     except OSError:
-        info = []
-    return platform.machine() + "".join(info)
+        pass
+    return platform.machine() + "".join(first[k] for k in _CPU_KEYS if k in first)
 
 
 def compile_source(stem: str, source: str, defs: list[str]) -> Path:
@@ -447,12 +460,25 @@ def forward(lib, points, matrices, plane_data, layout: PlaneLayout) -> torch.Ten
     return out
 
 
+PRIVATE_GRAD_BYTES = 2 << 30
+"""The backward's worker threads each scatter into a plane-gradient buffer of their own (the first
+is the gradient it returns): the others together stay under this many bytes, so that a host of
+many cores does not hold a copy of large planes per core; past it the backward runs on fewer
+threads."""
+
+
+def backward_threads(plane_bytes: int) -> int:
+    """The worker threads of the backward for planes of ``plane_bytes``: torch's thread count (at
+    most 64), fewer where their extra gradient buffers would pass :data:`PRIVATE_GRAD_BYTES`."""
+    return max(1, min(torch.get_num_threads(), 64, 1 + PRIVATE_GRAD_BYTES // max(1, plane_bytes)))
+
+
 def backward(lib, points, matrices, plane_data, layout: PlaneLayout, grad, need_p: bool, need_m: bool,
              need_x: bool):
     """(dL/dpoints, dL/dmatrices, dL/dplane_data), None where not needed."""
     res, off = _meta(layout)
     n = points.shape[0]
-    nt = max(1, min(torch.get_num_threads(), 64))
+    nt = backward_threads(plane_data.numel() * plane_data.element_size() if need_x else 0)
     grad = grad.to(points.dtype).contiguous()
     gbuf = plane_data.new_empty((nt, plane_data.numel())) if need_x else None  # zeroed by the C workers
     ptrs = (ctypes.c_void_p * nt)(*[gbuf[i].data_ptr() for i in range(nt)]) if need_x else None

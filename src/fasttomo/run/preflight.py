@@ -212,8 +212,9 @@ def built_shape(cfg: Config, comps) -> RunShape:
 
 
 def pass_bytes(shape: RunShape) -> dict[str, int]:
-    """Bytes of the largest chunk of each pass that evaluates the field: a training step, a
-    validation chunk, a rendering chunk (per-view residuals, held-out views), an export chunk."""
+    """Bytes of the largest chunk of each pass that evaluates the field: a training step (on the
+    CPU's native kernels with its backward's per-thread plane gradients), a validation chunk, a
+    rendering chunk (per-view residuals, held-out views), an export chunk."""
     from fasttomo.quality.scoring import (VIEW_RESIDUAL_RAYS, free_memory_bytes, nograd_point_bytes,
                                           render_chunk_rays)
     from fasttomo.methods.field.projector import volume_chunk
@@ -224,7 +225,13 @@ def pass_bytes(shape: RunShape) -> dict[str, int]:
     val_rays = min(batch * max(1, min(16, VAL_CHUNK_FLOATS // max(1, batch * spr * shape.n_features))), shape.n_val)
     view_rays = min(shape.pixels, VIEW_RESIDUAL_RAYS * 2,
                     render_chunk_rays(spr, nograd, free_memory_bytes(shape.device)))
-    return {"training step": batch * spr * train_point_bytes(shape.n_features, shape.hidden, _fused(shape.device)),
+    step = batch * spr * train_point_bytes(shape.n_features, shape.hidden, _fused(shape.device))
+    if shape.device.type == "cpu" and shape.hidden and _fused(shape.device):  # the native backward's
+        from fasttomo.kernels.cpu_native import backward_threads  # per-thread plane gradients
+
+        plane_bytes = 4 * shape.parameters  # the planes and the few other parameters
+        step += (backward_threads(plane_bytes) - 1) * plane_bytes
+    return {"training step": step,
             "validation": val_rays * spr * nograd, "rendering views": view_rays * spr * nograd,
             "export": volume_chunk(shape.device) * nograd}
 
