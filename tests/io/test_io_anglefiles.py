@@ -91,3 +91,11 @@ def test_unknown_angle_suffix(tmp_path):
     a.write_text("0\n")
     with pytest.raises(DataFileError, match=r"u\.angles: unknown angle-file suffix"):
         load_tiltseries(data_cfg(source="mrc", path=s, angles=str(a)))
+
+
+def test_a_byte_order_mark_is_not_part_of_the_first_angle(tmp_path):
+    """Notepad and Excel save UTF-8 with a BOM; the first angle must still read as a number."""
+    t = tmp_path / "bom.rawtlt"
+    t.write_bytes(b"\xef\xbb\xbf" + "\n".join(repr(float(a)) for a in ANGLES5).encode() + b"\n")
+    p = write_raw_mrc(tmp_path / "b.mrc", make_stack(), voxel=1.0)
+    np.testing.assert_array_equal(load_tiltseries(data_cfg(source="mrc", path=p, angles=str(t))).angles, ANGLES5)

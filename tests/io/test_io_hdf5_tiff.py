@@ -1,5 +1,7 @@
 """HDF5 (own layout, user-named paths) and TIFF stacks; tilt-series writer round trips."""
 
+import logging
+
 import h5py
 import numpy as np
 import pytest
@@ -9,7 +11,7 @@ from io_helpers import ANGLES5, data_cfg, make_stack, write_tlt
 from fasttomo.data.io import DataFileError, OutputExistsError, write_tiltseries
 from fasttomo.data.io.hdf5 import read_stack_h5
 from fasttomo.data.load import load_tiltseries
-from fasttomo.data.tiltseries import TiltSeries
+from fasttomo.data.tiltseries import TiltSeries, TiltSeriesError
 
 
 def _ts(**kw):
@@ -94,6 +96,59 @@ def test_missing_dataset_path(tmp_path):
     assert load_tiltseries(data_cfg(source="hdf5", path=str(p), hdf5_stack="/data", angles=t)).n_tilts == 5
 
 
+def test_hdf5_angles_and_pixel_sizes_that_are_not_numbers(tmp_path, caplog):
+    """A text attribute ('10 A'), angles stored as one string or as a compound dataset: no traceback;
+    a pixel size that is no number (or 0, NaN, < 0) is ignored and said so (data.pixel_size
+    overrides it); angles that are no numbers are an error naming where and the fix unless
+    data.angles gives them."""
+    p = tmp_path / "odd.h5"
+    with h5py.File(p, "w") as f:
+        d = f.create_dataset("stack", data=make_stack())
+        d.attrs["pixel_size_A"] = "10 A"
+        f["angles"] = ANGLES5
+        d.attrs["tilts"] = " ".join(map(str, ANGLES5))
+        f["table"] = np.array([(a, i) for i, a in enumerate(ANGLES5)], dtype=[("tilt", "<f8"), ("n", "<i4")])
+    cfg = dict(source="hdf5", path=str(p), hdf5_stack="/stack", hdf5_angles="/angles")
+    caplog.set_level(logging.INFO, logger="fasttomo.data")
+    for bad, shown in (("10 A", "'10 A', not numbers (a pixel size in Angstrom)"),
+                       *((v, f"{v}, not a pixel size in Angstrom") for v in (0.0, float("nan"), -3.0))):
+        with h5py.File(p, "a") as f:
+            f["stack"].attrs["pixel_size_A"] = bad
+        caplog.clear()
+        ts = load_tiltseries(data_cfg(**cfg))
+        assert ts.metadata["pixel_size_assumed"] and "pixel size from" not in caplog.text
+        assert f"attribute 'pixel_size_A' of /stack holds {shown}; ignored" in caplog.text
+    assert load_tiltseries(data_cfg(**dict(cfg, pixel_size=2.0))).pixel_size == 2.0
+    for name, where in (("tilts", "attribute 'tilts' of /stack"), ("/table", "dataset /table")):
+        with pytest.raises(DataFileError, match=rf"no tilt angles: {where} holds .*not numbers \(tilt angles in "
+                                                r"degrees\).*data\.hdf5_angles=<dataset path>"):
+            load_tiltseries(data_cfg(**dict(cfg, hdf5_angles=name)))
+        t = write_tlt(tmp_path / "odd.tlt", ANGLES5)
+        assert load_tiltseries(data_cfg(**dict(cfg, hdf5_angles=name, angles=t))).n_tilts == 5
+    with pytest.raises(DataFileError, match=r"no tilt angles: No dataset '/nope'.*'/angles \(5,\)'.*"
+                                            r"data\.hdf5_angles"):
+        load_tiltseries(data_cfg(**dict(cfg, hdf5_angles="/nope")))
+
+
+def test_tiff_pages_appended_one_by_one_are_one_stack(tmp_path):
+    """tifffile.imwrite(..., append=True) per view writes a series per page: all pages are the
+    views (not "a single image")."""
+    raw = make_stack()
+    p = tmp_path / "pages.tif"
+    for view in raw:
+        tifffile.imwrite(p, view, append=True)
+    with tifffile.TiffFile(p) as t:
+        assert len(t.series) == 5
+    t = write_tlt(tmp_path / "pages.tlt", ANGLES5)
+    np.testing.assert_array_equal(load_tiltseries(data_cfg(source="tiff", path=str(p), angles=t)).stack, raw)
+
+
+def test_images_narrower_than_three_pixels_are_refused_by_name():
+    with pytest.raises(TiltSeriesError, match=r"stack shape \(5, 2, 64\) is too small; need at least 2 tilts of "
+                                              r"3 x 3 pixels"):
+        TiltSeries(stack=np.ones((5, 2, 64), np.float32), angles=ANGLES5, pixel_size=1.0)
+
+
 def test_hdf5_wrong_dimensionality(tmp_path):
     p = tmp_path / "w.h5"
     with h5py.File(p, "w") as f:
@@ -160,7 +215,7 @@ def test_tiff_imagej_spacing_in_nm(tmp_path):
 
 def test_a_tilt_series_with_non_finite_pixels_names_their_count_and_the_first():
     """The check runs view by view (no stack-sized mask) and still counts every bad pixel."""
-    from fasttomo.data.tiltseries import TiltSeriesError
+
 
     stack = make_stack()
     stack[2, 4, 5], stack[2, 7, 1], stack[4, 0, 0] = np.nan, np.inf, -np.inf

@@ -182,6 +182,22 @@ def test_missing_pixel_size_warns_and_says_what_was_assumed(tmp_path, caplog):
     assert "no pixel size" in caplog.text and "assuming 1.0 A" in caplog.text
 
 
+@pytest.mark.parametrize("grid, cell, shown", [((0, 12, 5), 32.0, "inf, 2"), ((0, 0, 0), 0.0, "nan, inf")],
+                         ids=["mx_0", "all_0"])
+def test_a_broken_grid_in_the_header_is_no_pixel_size(tmp_path, caplog, grid, cell, shown):
+    """mx = 0 (or mx = my = mz = 0 and no cell) makes mrcfile's voxel size inf or NaN: that is an
+    unset pixel size (warned, 1.0 assumed, data.pixel_size named), not an anisotropic one."""
+    import struct
+
+    p = write_raw_mrc(tmp_path / "g.mrc", make_stack(), voxel=2.0,
+                      patch={28: struct.pack("<3i", *grid), 40: struct.pack("<3f", cell, 24.0, 10.0)})
+    t = write_tlt(tmp_path / "g.rawtlt", ANGLES5)
+    ts = load_tiltseries(data_cfg(source="mrc", path=p, angles=t))
+    assert ts.pixel_size == 1.0 and ts.metadata["pixel_size_assumed"]
+    assert f"pixel size ({shown}) A is not finite and positive" in caplog.text and "data.pixel_size" in caplog.text
+    assert load_tiltseries(data_cfg(source="mrc", path=p, angles=t, pixel_size=2.0)).pixel_size == 2.0
+
+
 def test_no_angles_anywhere_suggests_sibling(tmp_path):
     p = write_raw_mrc(tmp_path / "n.st", make_stack(), voxel=1.0)
     with pytest.raises(DataFileError, match="no tilt angles.*data.angles="):

@@ -116,7 +116,7 @@ def read_raw(cfg) -> RawSeries:
     file_axis: float | None = None
     meta: dict = {"stack_file": path}
     angles = valid = gt = None
-    angle_source = None
+    angle_source, angles_hint = None, ""
     if kind == "mrc":
         m, header_pix = _read_mrc_stack(cfg, path)
         data = m.data
@@ -136,6 +136,7 @@ def read_raw(cfg) -> RawSeries:
                                                                      "raw_frame")})
         if h.angles is not None:
             angles, angle_source = h.angles, f"{cfg.hdf5_angles} in {path}"
+        angles_hint = h.angles_hint
     else:
         from fasttomo.data.io.tiff import read_tiff
 
@@ -153,7 +154,7 @@ def read_raw(cfg) -> RawSeries:
     elif aln_tilts is not None:
         angles, angle_source = aln_tilts, f"the TILT column of {cfg.aln}"
     elif angles is None:
-        raise DataFileError(f"{path}: no tilt angles: the file carries none. {_sibling_hint(path)}")
+        raise DataFileError(f"{path}: no tilt angles: {angles_hint or 'the file carries none.'} {_sibling_hint(path)}")
     else:
         angles = np.asarray(angles, dtype=np.float64)
         if angles.shape[0] != n or angles.ndim not in (1, 2) or (angles.ndim == 2 and angles.shape[1] != height):

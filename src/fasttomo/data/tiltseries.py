@@ -56,9 +56,10 @@ class TiltSeries:
             raise TiltSeriesError(f"{where}: stack dtype {self.stack.dtype} is not a real number type.")
         self.stack = np.ascontiguousarray(self.stack, dtype=np.float32)
         n, h, w = self.stack.shape
-        if n < 2 or h < 2 or w < 2:
+        if n < 2 or h < 3 or w < 3:
             raise TiltSeriesError(
-                f"{where}: stack shape {self.stack.shape} is too small; need at least 2 tilts of 2x2 pixels."
+                f"{where}: stack shape {self.stack.shape} is too small; need at least 2 tilts of 3 x 3 pixels "
+                "(the noise estimate and the sizing need a pixel with neighbours on all sides)."
             )
         if self.angles.ndim == 1:
             if self.angles.shape[0] != n:

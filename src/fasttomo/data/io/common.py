@@ -42,7 +42,7 @@ def file_size(path: str, what: str) -> int:
 def read_text_lines(path: str, what: str) -> list[str]:
     """Lines of a text input file; a clear error naming the config key if it cannot be read."""
     try:
-        with open(path, encoding="utf-8", errors="replace") as f:
+        with open(path, encoding="utf-8-sig", errors="replace") as f:  # -sig: a BOM (Notepad, Excel) is no text
             return f.readlines()
     except OSError as err:
         raise DataFileError(f"{path}: cannot read the {what} file ({err.strerror}); check data.angles.") from None

@@ -24,6 +24,7 @@ given), fasttomo_attrs (JSON of every attribute passed, for an exact round trip)
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 from dataclasses import dataclass
@@ -66,6 +67,16 @@ def _read_dataset(path: str, ds: h5py.Dataset) -> np.ndarray:
         ) from None
 
 
+def _numbers(value: Any, where: str) -> tuple[np.ndarray | None, str]:
+    """(``value`` as float64 numbers, "") or (None, what ``where`` holds instead: a text such as
+    '10 A', a compound or string dataset)."""
+    try:
+        return np.asarray(value, dtype=np.float64), ""
+    except (TypeError, ValueError):
+        shown = repr(value) if np.size(value) <= 3 else f"{np.shape(value)} {getattr(value, 'dtype', type(value))}"
+        return None, f"{where} holds {shown}, not numbers"
+
+
 def _lookup(f: h5py.File, stack: h5py.Dataset, name: str) -> tuple[Any, str] | None:
     """A named dataset, or an attribute on the stack or one of its parents; (value, where) or None."""
     if name in f and isinstance(f[name], h5py.Dataset):
@@ -89,6 +100,8 @@ class H5Stack:
     ground_truth: np.ndarray | None
     metadata: dict
     notes: list[str]
+    angles_hint: str = ""
+    """Where the angles were looked for, when none were found (for the error that follows)."""
 
 
 def read_stack_h5(path: str | os.PathLike, stack_path: str = "/tiltseries/stack",
@@ -109,24 +122,38 @@ def read_stack_h5(path: str | os.PathLike, stack_path: str = "/tiltseries/stack"
             raise DataFileError(f"{path}: dataset {stack_path} has shape {ds.shape} ({ds.ndim}-D); a tilt series "
                                 "must be 3-D (n_tilts, H, W). Point data.hdf5_stack at the stack.")
         data = _read_dataset(path, ds)
-        angles = None
+        angles, angles_hint = None, ""
         hit = _lookup(f, ds, angles_path)
         if hit is not None:
             value, where = hit
-            angles = np.asarray(_read_dataset(path, value) if isinstance(value, h5py.Dataset) else value,
-                                dtype=np.float64)
-            notes.append(f"angles from {where}")
+            angles, bad = _numbers(_read_dataset(path, value) if isinstance(value, h5py.Dataset) else value, where)
+            if angles is not None:
+                notes.append(f"angles from {where}")
+            else:  # an error only if no other source of angles is given (load.py)
+                angles_hint = (f"{bad} (tilt angles in degrees): store plain numbers there, or set "
+                               "data.hdf5_angles=<dataset path>.")
+        else:
+            found: list[str] = []
+            f.visititems(lambda n, o: found.append(f"/{n} {o.shape}") if isinstance(o, h5py.Dataset) else None)
+            angles_hint = (f"No dataset {angles_path!r} and no attribute {angles_path.rsplit('/', 1)[-1]!r} on the "
+                           f"stack or its groups; the file holds {found[:10]}. If the angles are one of them, set "
+                           "data.hdf5_angles=<dataset path>.")
         pix = None
         hit = _lookup(f, ds, pixel_size_name)
         if hit is not None:
             value, where = hit
             value = _read_dataset(path, value) if isinstance(value, h5py.Dataset) else value
-            arr = np.atleast_1d(np.asarray(value, dtype=np.float64))
-            if arr.size != 1 and np.ptp(arr) > 1e-9 * abs(arr).max():
+            arr, bad = _numbers(value, where)
+            if arr is not None and arr.size > 1 and np.ptp(arr) > 1e-9 * abs(arr).max():
                 raise DataFileError(f"{path}: {where} gives an anisotropic pixel size {arr.tolist()}; fasttomo needs "
                                     "square pixels. Resample the data, or set data.pixel_size to override.")
-            pix = float(arr.flat[0])
-            notes.append(f"pixel size from {where}")
+            pix = float(arr.flat[0]) if arr is not None and arr.size else math.nan
+            if math.isfinite(pix) and pix > 0:
+                notes.append(f"pixel size from {where}")
+            else:  # load.py then warns that it assumes 1.0 unless data.pixel_size is set
+                notes.append(f"{bad} (a pixel size in Angstrom); ignored" if bad
+                             else f"{where} holds {pix}, not a pixel size in Angstrom; ignored")
+                pix = None
         group = ds.parent
         valid = _read_dataset(path, group["valid"]).astype(bool) if "valid" in group and group.attrs.get(
             "format") == FORMAT else None
@@ -138,7 +165,7 @@ def read_stack_h5(path: str | os.PathLike, stack_path: str = "/tiltseries/stack"
             except (TypeError, ValueError):
                 notes.append("metadata attribute is not JSON; ignored")
     return H5Stack(data=data, angles=angles, pixel_size=pix, valid=valid, ground_truth=gt, metadata=metadata,
-                   notes=notes)
+                   notes=notes, angles_hint=angles_hint)
 
 
 def write_tiltseries_h5(path: str | os.PathLike, ts, overwrite: bool = False) -> str:

@@ -199,7 +199,10 @@ def read_mrc(path: str | os.PathLike) -> MrcData:
         voxel = (float(vs.x), float(vs.y), float(vs.z))
         labels = [lab for lab in (mrcfile.utils.printable_string_from_bytes(b).strip() for b in h.label[: int(h.nlabl)])
                   if lab]
-        if voxel[0] <= 0 and voxel[1] <= 0:
+        if not all(math.isfinite(v) and v > 0 for v in voxel[:2]):  # unset (0) or a broken cell / grid (mx = 0)
+            if voxel[0] != 0 or voxel[1] != 0:
+                notes.append(f"the header's pixel size ({voxel[0]:g}, {voxel[1]:g}) A is not finite and positive "
+                             "on both axes; ignored")
             voxel = None
         else:
             voxel = _exact_voxel(voxel, labels)

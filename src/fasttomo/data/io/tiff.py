@@ -32,6 +32,8 @@ def read_tiff(path: str | os.PathLike) -> tuple[np.ndarray, float | None, dict]:
         with tifffile.TiffFile(path) as t:
             _check_page_sizes(path, t)
             data = t.asarray()
+            if len(t.series) > 1 and len(t.pages) > 1 and data.ndim == 2:
+                data = t.asarray(key=range(len(t.pages)))  # pages appended one by one: a series each, one stack
             page = t.pages[0]
             tag = page.tags.get(FASTTOMO_TAG)
             attrs: dict[str, Any] = {}
