@@ -98,3 +98,26 @@ def test_unmasked_even_tiles_take_strided_sums_equal_to_the_masked_means(clean, 
     a = estimate_background(noisy, block=block)
     b = estimate_background(noisy, np.ones(noisy.shape, dtype=bool), block=block)
     assert abs(a.value - b.value) <= 1e-12 * abs(b.value) and a.n_tiles == b.n_tiles
+
+
+@pytest.mark.parametrize("kw", [dict(phantom="cell", dose=200.0, pixel_size=10.0),
+                                dict(phantom="catalyst", dose=200.0, pixel_size=2.5),
+                                dict(noise=0.05)], ids=["cell_dose200", "catalyst_dose200", "default_noise5"])
+def test_mass_dark_images_are_told_from_mass_bright_ones(kw, caplog):
+    """Raw bright-field counts (the dose phantoms with data.invert=false; the default phantom
+    inverted) have their vacuum as the brightest, flat level: flagged, with data.invert named;
+    the same series mass-bright are not."""
+    import logging
+
+    from fasttomo.data.background import warn_if_mass_dark
+
+    log = logging.getLogger("fasttomo.test")
+    mass_dark_invert = "dose" not in kw  # dose counts are mass-dark as simulated, the plain phantom inverted
+    for invert, dark in ((mass_dark_invert, True), (not mass_dark_invert, False)):
+        ts = make_tiltseries(DataConfig(width=64, height=64, n_tilts=21, invert=invert, **kw))
+        est = estimate_background(ts.stack, ts.valid)
+        assert est.mass_dark() is dark, (invert, est.spread, est.bright_spread)
+        caplog.clear()
+        warn_if_mass_dark(est, log, "s.mrc")
+        assert ("look mass-dark" in caplog.text and "data.invert=true" in caplog.text) is dark
+    assert est.describe()["bright_spread"] == est.bright_spread

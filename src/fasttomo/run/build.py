@@ -237,10 +237,11 @@ def samples_per_ray(cfg: Config, box: Box, ts: TiltSeries) -> int:
 def background_start(cfg: IntensityConfig, ts: TiltSeries):
     """(starting background in the stack's units, the vacuum estimate): intensity.background_value
     or the robust vacuum estimate; 0 for background=none. The estimate is kept in ts.metadata."""
-    from fasttomo.data.background import estimate_background
+    from fasttomo.data.background import estimate_background, warn_if_mass_dark
 
     est = estimate_background(ts.stack, ts.valid)
     ts.metadata["background_estimate"] = est.describe()
+    warn_if_mass_dark(est, log, str(ts.source))
     if cfg.background == "none":
         return 0.0, est
     return (est.value if cfg.background_value is None else float(cfg.background_value)), est

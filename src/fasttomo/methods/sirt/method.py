@@ -25,13 +25,14 @@ log = logging.getLogger("fasttomo")
 
 def background_of(cfg: Config, ts) -> tuple[np.ndarray, dict]:
     """Per-view background (n_views,) to subtract, and its description."""
-    from fasttomo.data.background import estimate_background
+    from fasttomo.data.background import estimate_background, warn_if_mass_dark
 
     mode = cfg.intensity.background
     if mode == "none":
         return np.zeros(ts.n_tilts), {"background_mode": "none", "background": 0.0}
     est = estimate_background(ts.stack, ts.valid)
     ts.metadata["background_estimate"] = est.describe()
+    warn_if_mass_dark(est, log, str(ts.source))
     if mode == "learn_per_view" and cfg.intensity.background_value is None:
         return est.per_view.copy(), {"background_mode": "per_view_estimate",
                                      "background_per_view": [float(v) for v in est.per_view]}
