@@ -124,6 +124,20 @@ def test_dark_and_blank_views(tmp_path, caplog):
     np.testing.assert_array_equal(ts.angles, ANGLES5[[0, 2, 4]])
 
 
+def test_hot_pixels_do_not_make_normal_views_dark(tmp_path, caplog):
+    """A few 1e6-count pixels (hot pixels, X-ray spikes) in most views lifted the median view mean
+    and made normal views look dark; the means now clip each view at its 99th percentile, and a
+    really dark view is still found."""
+    caplog.set_level(logging.INFO, logger="fasttomo.data")
+    st = make_stack(n=5, h=32, w=32)
+    st[[0, 2, 3, 4], 5, 7] = 1e6
+    ts = _load(tmp_path, st)
+    assert ts.n_tilts == 5 and "dark" not in caplog.text
+    st[1] *= 0.02  # and a shutter closed in view 2
+    _load(tmp_path, st)
+    assert "view 2: dark" in caplog.text and "view 1: dark" not in caplog.text
+
+
 def test_tilt_axis_rotation_is_a_rotation(tmp_path):
     st = make_stack(h=12, w=12)
     # raw images whose tilt axis lies at +90 degrees (counter-clockwise from +Y): the content rotated

@@ -17,7 +17,8 @@ The order is fixed (:func:`prepare` runs it and records every step in ``metadata
  5. ``crop``           [y0, y1, x0, x1] window in the binned image (per-line angles follow rows).
  6. dark/blank views   a view whose standard deviation is < 1e-6 of the median view's (blank:
                        constant, it carries no signal) or, for non-negative data, whose mean is
-                       < 10 % of the median view mean (dark) is reported; ``drop_dark_views`` removes
+                       < 10 % of the median view mean (dark; means of values clipped at each view's
+                       99th percentile, so hot pixels do not count) is reported; ``drop_dark_views`` removes
                        it. A blank view that is kept is refused (one line naming it and the fixes).
  7. sorting            non-monotonic angle lists (dose-symmetric) are sorted by angle (per-line
                        angles: by their mean); ``metadata['sort_permutation']`` holds the order
@@ -217,10 +218,19 @@ def crop_stack(stack, valid, angles, crop: list, where: str):
     return stack, valid, angles
 
 
+DARK_CLIP_QUANTILE = 0.99
+"""The dark-view check's view means clip each view's values at this quantile (of a sample of it),
+so that a few hot pixels or X-ray spikes (1e6 counts in a view of 1e3) cannot lift the median
+view mean and make normal views look dark."""
+_DARK_SAMPLE = 65536
+"""Values of a view (evenly strided) that its clipped mean is taken over."""
+
+
 def _view_stats(stack: np.ndarray, valid: np.ndarray | None):
-    """Each view's mean and standard deviation over its valid pixels (float64 sums), the views on
-    threads (``data.views.map_views``), each thread through one reused view-sized buffer: a 4096^2
-    view's temporaries otherwise cost page faults every view."""
+    """Each view's mean (over a sample of its valid values clipped at their
+    :data:`DARK_CLIP_QUANTILE`) and standard deviation (over all its valid pixels, float64 sums),
+    the views on threads (``data.views.map_views``), each thread through one reused view-sized
+    buffer: a 4096^2 view's temporaries otherwise cost page faults every view."""
     local = threading.local()
 
     def stats(i: int) -> tuple[float, float]:
@@ -231,10 +241,12 @@ def _view_stats(stack: np.ndarray, valid: np.ndarray | None):
         if buf is None or buf.size < v.size:
             buf = local.buf = np.empty(v.size, dtype=np.float32)
         dev = buf[: v.size].reshape(v.shape)
+        few = v.reshape(-1)[:: max(1, v.size // _DARK_SAMPLE)]
+        clipped = float(np.minimum(few, np.quantile(few, DARK_CLIP_QUANTILE)).mean(dtype=np.float64))
         mean = float(v.mean(dtype=np.float64))
         np.subtract(v, np.float32(mean), out=dev)
         np.square(dev, out=dev)
-        return mean, math.sqrt(float(dev.mean(dtype=np.float64)))
+        return clipped, math.sqrt(float(dev.mean(dtype=np.float64)))
 
     out = np.array(map_views(stats, len(stack), stack.size), dtype=np.float64).reshape(len(stack), 2)
     return out[:, 0].copy(), out[:, 1].copy()
