@@ -217,6 +217,28 @@ def test_overwrite_removes_every_file_of_the_previous_run_and_nothing_else(tmp_p
     assert "removed the" in (out / "reconstruct.log").read_text()
 
 
+def test_files_with_fasttomo_names_but_no_fasttomo_manifest_are_never_touched_without_overwrite(tmp_path):
+    """A user's config.yaml and slices.png, or another tool's manifest.json, in the output folder:
+    the run refuses the folder and leaves every byte (they were taken for an old failed run and
+    removed, and a foreign manifest.json was overwritten); output.overwrite=true replaces them."""
+    from fasttomo.data.io.common import OutputExistsError
+
+    mine, other = tmp_path / "mine", tmp_path / "other"
+    mine.mkdir()
+    other.mkdir()
+    (mine / "config.yaml").write_text("my precious notes")
+    (mine / "slices.png").write_bytes(b"x")
+    (other / "manifest.json").write_text('{"my": "dataset manifest"}')
+    for out, names in ((mine, r"config\.yaml, slices\.png"), (other, r"manifest\.json \(not fasttomo's\)")):
+        before = {p.name: p.read_bytes() for p in out.iterdir()}
+        with pytest.raises(OutputExistsError, match=rf"holds files with the names fasttomo writes \({names}\) but no "
+                                                    r"manifest of a fasttomo run.*output\.overwrite=true"):
+            run(compose_config([*TINY, "optim.steps=2", f"output.dir={out}"]))
+        assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    run(compose_config([*TINY, "optim.steps=2", "output.overwrite=true", f"output.dir={mine}"]))
+    assert (mine / "config.yaml").read_text() != "my precious notes" and (mine / "volume.mrc").is_file()
+
+
 def test_two_runs_started_at_once_into_one_folder_one_is_refused_even_with_overwrite(tmp_path):
     out = tmp_path / "run"
     args = [*LONG, "output.overwrite=true", f"hydra.run.dir={out}"]

@@ -19,10 +19,12 @@ rules for reusing a folder.
     continues in place: the files are kept and replaced as the run writes them again);
   - a run that failed or was killed before leaving a checkpoint or a volume: its files are
     removed and the folder is used (the new log says so and repeats the old error);
-  - results of a fasttomo without manifests: treated alike by their file names.
+  - files with fasttomo's result names but no manifest of a fasttomo run (an older fasttomo's
+    results, or the user's own files, or a manifest.json of another tool): refused, unless
+    ``output.overwrite=true`` (then they are removed by those names).
 
-Files a user put in the folder are never touched: only what a manifest (or, for old runs, the
-list of fasttomo's result names) names is removed.
+Files a user put in the folder are never touched without ``output.overwrite=true``: only what a
+fasttomo manifest names is removed.
 """
 
 from __future__ import annotations
@@ -304,12 +306,20 @@ class RunFolder:
             status = "killed"
         found = sorted({str(p.relative_to(self.path)) for n in patterns for p in _matches(self.path, n)} - {MANIFEST})
         work = sorted({str(p.relative_to(self.path)) for n in WORK for p in _matches(self.path, n)})
+        unproven = status in ("legacy", "unknown")  # no fasttomo manifest: the files may be the user's own
         if status == "legacy":  # a fasttomo without manifests: judge by the names
             status = "finished" if (work or "metrics.json" in found) else "failed"
         plan = {"prev": prev, "patterns": patterns, "status": status, "found": found}
         resume_here = self.resume is not None and self.path in self.resume.parents
         if resume_here and (status != "finished" or self.overwrite):
             return {**plan, "action": "continue"}
+        if unproven and not self.overwrite and (found or status == "unknown"):
+            names = (["manifest.json (not fasttomo's)"] if status == "unknown" else []) + found
+            listing = ", ".join(names[:6]) + (", ..." if len(names) > 6 else "")
+            return {**plan, "action": "refuse", "error": (
+                f"output folder {self.path} holds files with the names fasttomo writes ({listing}) but no manifest of "
+                "a fasttomo run, so they may be yours: nothing was touched. Choose a new folder (e.g. "
+                "hydra.run.dir=outputs/my_run2), or set output.overwrite=true to replace them.")}
         if not found:
             return {**plan, "action": "new"}
         if status == "finished" or work:
