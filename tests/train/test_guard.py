@@ -41,7 +41,8 @@ def _toy(cfg: GuardConfig, dtype: str = "fp32"):
     for g in opt.param_groups:
         g["name"] = "grids"
     prec = Precision(dtype, torch.device("cpu"))
-    guard = Guard(cfg, opt, torch.device("cpu"), check_grads=not prec.scaler.is_enabled(), base_lrs={"grids": 0.1})
+    guard = Guard(cfg, opt, torch.device("cpu"), check_grads=not prec.scaler.is_enabled(), base_lrs={"grids": 0.1},
+                  scaler=prec.scaler)
     guard.start(0)
     x = torch.randn(8, 4)
 
@@ -119,6 +120,65 @@ def test_fp16_scaler_takes_the_guard_flag():
     step()
     assert torch.equal(huge[0], lin.weight.detach())
     assert prec.scaler.get_scale() < scale
+
+
+def test_a_rollback_restores_the_running_loss_of_its_state():
+    """The restored state's loss is judged against the running loss of that state, not against the
+    lower average of the later training it undid (which rejected every step after a rollback and
+    declared a recovering run diverged)."""
+    cfg = GuardConfig(max_bad_steps=3, max_rollbacks=2, snapshot_every=2, divergence_factor=1.3)
+    lin, opt, guard, step, _ = _toy(cfg)
+    for i in range(1, 6):
+        step()
+        guard.check(i)
+    target = dict(guard._confirmed)
+    for _ in range(6, 30):  # training goes on, the running loss falls well below the snapshot's
+        step()
+    assert guard.state[0] < target["ema"] / 1.3
+    for _ in range(3):
+        step(bad=True)
+    guard.check(32)
+    assert guard.rolled_back_to == target["step"] and guard.state[0].item() == pytest.approx(target["ema"])
+    skipped = guard.summary()["skipped_steps"]
+    for _ in range(5):
+        step()
+    assert guard.summary()["skipped_steps"] == skipped  # the restored state trains on
+
+
+def test_fp16_rollback_restores_the_gradient_scale():
+    """Under fp16 every skipped step halves the GradScaler's scale; a rollback restores the scale of
+    its state, so the recovered run does not train on with gradients underflowing to zero."""
+    cfg = GuardConfig(max_bad_steps=4, max_rollbacks=2, snapshot_every=2, divergence_factor=10.0)
+    lin, opt, guard, step, prec = _toy(cfg, dtype="fp16")
+    for i in range(1, 6):
+        step()
+        guard.check(i)
+    scale = guard._confirmed["scale"]
+    with torch.no_grad():
+        lin.weight.mul_(1e3)  # exploding, finite: skipped, and each skip halves the scale
+    for _ in range(4):
+        step()
+    assert prec.scaler.get_scale() <= scale / 16
+    guard.check(9)
+    assert guard.rollbacks == 1 and prec.scaler.get_scale() == scale
+
+
+def test_the_state_saved_at_a_divergence_continues_with_a_fresh_guard():
+    """The last good state saved at a divergence is continued with the user's lower learning rates:
+    all rollbacks available again, no lowered rate factor, no running loss of the diverged run."""
+    cfg = GuardConfig(max_bad_steps=2, max_rollbacks=0, snapshot_every=1)
+    lin, opt, guard, step, _ = _toy(cfg)
+    for i in range(1, 4):
+        step()
+        guard.check(i)
+    for _ in range(2):
+        step(bad=True)
+    with pytest.raises(DivergenceError):
+        guard.check(5)
+    guard.rollbacks, guard.lr_scale = 3, 0.125
+    guard.reset_for_continuation()
+    saved = guard.state_dict()
+    assert saved["rollbacks"] == 0 and saved["lr_scale"] == 1.0 and saved["state"][3] == 0 and saved["state"][0] == 0
 
 
 def _nan_at(trainer: Trainer, steps: set[int]):

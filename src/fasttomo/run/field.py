@@ -108,6 +108,7 @@ class FieldMethod:
         good = self.trainer.guard.rolled_back_to
         hint = " Nothing was learned before the divergence: run again with lower learning rates."
         if good is not None and good > self.steps_before:
+            self.trainer.guard.reset_for_continuation()  # the continuation's rates are the user's, its rollbacks new
             state = self.trainer.state_dict()  # collective
             main = self.place.rank == 0
             saved = save_checkpoint_file(self.place.out_dir / "checkpoints" / "last.pt", state)[0] if main else None

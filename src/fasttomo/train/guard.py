@@ -24,7 +24,10 @@ On the host, every ``check_every`` steps (one tiny sync) :meth:`Guard.check` rea
 
 Snapshots: the state at a check with no bad step pending becomes a candidate; it is confirmed as
 the rollback target once ``snapshot_every`` more steps passed without a skipped one. The start
-of the run (or the resumed state) is the first confirmed snapshot.
+of the run (or the resumed state) is the first confirmed snapshot. A snapshot holds the
+parameters, the optimizer state, the running loss (so that a rollback does not judge the older
+state's loss against a later, lower average) and, under fp16, the GradScaler's scale (each skipped
+step halves it: without the restore a recovered run trained on with gradients underflowing to 0).
 """
 
 from __future__ import annotations
@@ -46,8 +49,10 @@ class DivergenceError(RuntimeError):
 
 class Guard:
     def __init__(self, cfg, optimizer: torch.optim.Optimizer, device: torch.device, world_size: int = 1,
-                 check_grads: bool = True, base_lrs: dict[str, float] | None = None):
+                 check_grads: bool = True, base_lrs: dict[str, float] | None = None,
+                 scaler: torch.amp.GradScaler | None = None):
         self.cfg = cfg
+        self.scaler = scaler if scaler is not None and scaler.is_enabled() else None
         self.enabled = bool(cfg.enabled)
         self.optimizer = optimizer
         self.device = device
@@ -129,13 +134,27 @@ class Guard:
         if p is not None and step - p["step"] >= self.cfg.snapshot_every:
             self._spare, self._confirmed, self._pending, p = self._confirmed["tensors"], p, None, None
         if p is None:
-            self._pending = {"step": step, "bad_total": bad_total, "tensors": self._take(self._spare)}
+            self._pending = {"step": step, "bad_total": bad_total, "tensors": self._take(self._spare),
+                             **self._host_state(ema, n_good)}
             self._spare = None
 
     def start(self, step: int) -> None:
         """The state at the start of fitting is the first rollback target."""
         if self.enabled and self._confirmed is None:
-            self._confirmed = {"step": step, "tensors": self._take(None)}
+            ema, _, _, n_good, _, _ = self.state.tolist()
+            self._confirmed = {"step": step, "tensors": self._take(None), **self._host_state(ema, n_good)}
+
+    def _host_state(self, ema: float, n_good: float) -> dict:
+        """What a snapshot keeps beside the tensors: the running loss and, under fp16, the scale."""
+        return {"ema": ema, "n_good": n_good, "scale": self.scaler.get_scale() if self.scaler is not None else None}
+
+    def reset_for_continuation(self) -> None:
+        """Before the last good state is saved at a divergence: the continuation starts with the
+        learning rates the user gives it, all rollbacks available and no running loss."""
+        self.rollbacks, self.lr_scale = 0, 1.0
+        self.state[_EMA] = 0
+        self.state[_N_GOOD] = 0
+        self.state[_BAD_RUN] = 0
 
     def _take(self, into: dict | None) -> dict:
         with torch.no_grad():
@@ -166,6 +185,10 @@ class Guard:
         target = self._confirmed
         self._restore(target["tensors"])
         self.state[_BAD_RUN] = 0
+        self.state[_EMA] = target["ema"]
+        self.state[_N_GOOD] = target["n_good"]
+        if self.scaler is not None and target["scale"] is not None and getattr(self.scaler, "_scale", None) is not None:
+            self.scaler.update(new_scale=float(target["scale"]))  # in place: a captured graph reads it
         self.rolled_back_to = target["step"]
         if self._pending is not None:
             self._spare, self._pending = self._pending["tensors"], None

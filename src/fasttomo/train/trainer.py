@@ -125,7 +125,8 @@ class Trainer:
         """The probe's results: {"step", "fit_seconds", **scores} (the quality-against-time curve)."""
         self.guard = Guard(cfg.guard, optimizer, device, world_size,
                            check_grads=not precision.scaler.is_enabled(),
-                           base_lrs={g["name"]: b for g, b in zip(optimizer.param_groups, self.base_lrs)})
+                           base_lrs={g["name"]: b for g, b in zip(optimizer.param_groups, self.base_lrs)},
+                           scaler=precision.scaler)
         self.stop = stop  # an object with should_stop(step) -> bool (fasttomo.run.stop.StopRequests), checked per step
         self.timing = {"first_step_done": None, "validation_seconds": 0.0, "image_seconds": 0.0}
         """Fixed costs inside fit (perf_counter of the first step's end, synchronized once; seconds
