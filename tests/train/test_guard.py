@@ -241,3 +241,23 @@ def test_metrics_json_is_strict_json_even_without_validation(tmp_path):
     saved = _strict(out / "metrics.json")
     assert saved["val_loss"]["last"] is None and math.isnan(metrics["val_loss"]["last"])
     assert saved["status"] == "finished" and saved["guard"]["skipped_steps"] == 0
+
+
+def test_a_field_that_learned_nothing_is_not_reported_as_finished(tmp_path):
+    """A decoder learning rate that kills the decoder (every ReLU off) leaves a finite but constant
+    volume: the run ends as diverged (exit code 3 on the command line, status in metrics.json and
+    the manifest), naming the flat volume and the fix; the volume file is kept for inspection."""
+    from fasttomo.run import results
+
+    out = tmp_path / "dead"
+    with pytest.raises(DivergenceError, match=r"the reconstructed volume is flat \(its values span .* against the "
+                                              r"data's contrast of .*Lower the learning rates"):
+        run(compose_config([*TINY, "optim.steps=100", "optim.lr_decoder=0.25", f"output.dir={out}"]))
+    metrics = _strict(out / "metrics.json")
+    assert metrics["status"] == "diverged" and "span" in metrics["volume_flat"]
+    assert json.loads((out / "manifest.json").read_text())["status"] == "diverged"
+    assert (out / "volume.mrc").is_file()
+    ts = load_tiltseries(compose_config(TINY).data)
+    assert results.flat_volume(torch.full((4, 8, 8), 0.06).numpy(), ts) is not None
+    varied = torch.linspace(0, 1, 256).reshape(4, 8, 8).numpy()
+    assert results.flat_volume(varied, ts) is None  # a working field's range reaches the data's contrast

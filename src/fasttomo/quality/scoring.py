@@ -247,7 +247,8 @@ def view_residuals(projector, ts: TiltSeries, scale: float, chunk: int | None = 
     r = np.asarray(pm["pearson"], dtype=np.float64)
     worst = [int(i) for i in np.argsort(np.where(np.isfinite(r), r, np.inf))[:3]]
     return {"view_numbers": numbers, "tilt_deg": [float(a) for a in angles], "pearson": pm["pearson"],
-            "rms_residual": pm["rms"], "pearson_mean": float(np.nanmean(r)),
+            "rms_residual": pm["rms"],
+            "pearson_mean": float(np.nanmean(r)) if np.isfinite(r).any() else None,  # None: flat predictions
             "worst_views": [numbers[i] for i in worst], "pixel_stride": s}
 
 

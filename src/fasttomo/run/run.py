@@ -67,6 +67,7 @@ class Run:
         self.volume: np.ndarray | None = None
         self.exported_step = 0
         self.finite = True
+        self.flat: str | None = None  # what makes a finite volume flat (results.flat_volume)
         self.interrupted = False
         self.written: dict = {}
         self.failed: dict = {}
@@ -258,12 +259,18 @@ class Run:
         interrupted."""
         if self.main:
             self.metrics = self.method.summary(self.volume)
-            self.metrics["status"] = ("interrupted" if self.interrupted else "finished") if self.finite else "diverged"
+            judged = self.finite and int(self.metrics.get("steps") or 0) >= results.FLAT_MIN_STEPS
+            self.flat = results.flat_volume(self.volume_ready(), self.ts) if judged else None
+            if self.flat:
+                self.metrics["volume_flat"] = self.flat
+            good = self.finite and not self.flat
+            self.metrics["status"] = ("interrupted" if self.interrupted else "finished") if good else "diverged"
             self.method.scores(self.metrics, self.exported_step)
             if "poses" in self.metrics:
                 results.write_pose_files(self.out_dir, self.metrics["poses"], self.ts, self.written, self.failed)
+        self.flat = broadcast_object(self.flat)  # every rank skips the half sets alike
         halves = self.cfg.evaluation.half_sets or self.cfg.output.half_volumes
-        if self.finite and not self.interrupted and halves:
+        if self.finite and not self.flat and not self.interrupted and halves:
             self.peaks["main run"] = timeline.phase_peaks()
             self.method.release()  # the half fits get the device memory the run reads no more
             if self.checkpoint is not None:  # its host copy (3 GB at 4096^2) goes before the halves' stacks come
