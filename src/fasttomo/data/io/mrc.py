@@ -195,7 +195,8 @@ def read_mrc(path: str | os.PathLike) -> MrcData:
             if stamp == IMOD_STAMP and not flags & 1:
                 data = data.view(np.uint8)
                 notes.append("mode 0 read as unsigned bytes (IMOD stamp without the signed-bytes flag)")
-        vs = mrc.voxel_size
+        with np.errstate(divide="ignore", invalid="ignore"):  # a grid of 0 (mx = 0): inf or NaN, judged below
+            vs = mrc.voxel_size
         voxel = (float(vs.x), float(vs.y), float(vs.z))
         labels = [lab for lab in (mrcfile.utils.printable_string_from_bytes(b).strip() for b in h.label[: int(h.nlabl)])
                   if lab]
