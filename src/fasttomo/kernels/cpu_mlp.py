@@ -53,8 +53,8 @@ typedef real vreal __attribute__((vector_size(VBYTES)));
 typedef __typeof__((vreal){0} > (vreal){0}) vmask;
 static inline vreal vld(const real *p) { vreal v; memcpy(&v, p, sizeof v); return v; }
 static inline void vst(real *p, vreal v) { memcpy(p, &v, sizeof v); }
-/* torch.relu: a where a > 0, NaN kept (a != a), else 0 */
-static inline vreal vrelu(vreal a) { return (vreal)((vmask)a & ((a > (vreal){0}) | (a != a))); }
+/* torch.relu: a where a is not <= 0 (so NaN is kept), else 0 (one compare and an and-not) */
+static inline vreal vrelu(vreal a) { return (vreal)((vmask)a & ~(a <= (vreal){0})); }
 /* the ReLU's gradient (threshold_backward): a where h is not <= 0 (NaN passes), else 0 */
 static inline vreal vkeep(vreal a, vreal h) { return (vreal)((vmask)a & ~(h <= (vreal){0})); }
 /* the lanes of the last hidden vector that are real units (the padded ones are kept at exactly 0, so
