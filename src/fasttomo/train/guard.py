@@ -187,7 +187,7 @@ class Guard:
         self.state[_BAD_RUN] = 0
         self.state[_EMA] = target["ema"]
         self.state[_N_GOOD] = target["n_good"]
-        if self.scaler is not None and target["scale"] is not None and getattr(self.scaler, "_scale", None) is not None:
+        if self.scaler is not None:  # a rollback follows bad steps, so the scaler has its scale tensor
             self.scaler.update(new_scale=float(target["scale"]))  # in place: a captured graph reads it
         self.rolled_back_to = target["step"]
         if self._pending is not None:
