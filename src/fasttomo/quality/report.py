@@ -284,19 +284,36 @@ def report_image(volume: np.ndarray, pixel_size: float, metrics: dict, title: st
     return out
 
 
-def save_png(path: Path, img, overwrite: bool = True) -> str:
+def png_bytes(img) -> bytes:
+    """The picture encoded as PNG at zlib's default level (``optimize=True``, level 9 with a
+    search, took 3x the time for 3 % smaller pictures)."""
+    import io
+
+    buf = io.BytesIO()
+    img.save(buf, format="PNG")
+    return buf.getvalue()
+
+
+def save_png(path: Path, img, overwrite: bool = True, encoded: bytes | None = None) -> str:
+    """Write ``img`` (or its ``encoded`` PNG bytes) to ``path`` atomically."""
     from fasttomo.data.io.atomic import atomic_write
 
-    return atomic_write(path, lambda tmp: img.save(tmp, format="PNG", optimize=True), overwrite=overwrite)
+    data = png_bytes(img) if encoded is None else encoded
+    return atomic_write(path, lambda tmp: Path(tmp).write_bytes(data), overwrite=overwrite)
 
 
-def add_to_tensorboard(tb_dir: Path, tag: str, img, step: int) -> None:
-    """The picture as a TensorBoard image (a new event file in the run's tb/ folder)."""
+def add_to_tensorboard(tb_dir: Path, tag: str, img, step: int, encoded: bytes | None = None) -> None:
+    """The picture as a TensorBoard image (a new event file in the run's tb/ folder); ``encoded``:
+    its PNG bytes when already made (TensorBoard stores images as PNG: no second encoding)."""
+    from tensorboard.compat.proto.summary_pb2 import Summary
     from torch.utils.tensorboard import SummaryWriter
 
+    data = png_bytes(img) if encoded is None else encoded
+    image = Summary.Image(height=img.height, width=img.width, colorspace=3 if img.mode == "RGB" else 4,
+                          encoded_image_string=data)
     writer = SummaryWriter(log_dir=str(tb_dir))
     try:
-        writer.add_image(tag, np.asarray(img.convert("RGB")), step, dataformats="HWC")
+        writer.file_writer.add_summary(Summary(value=[Summary.Value(tag=tag, image=image)]), step)
     finally:
         writer.close()
 

@@ -22,8 +22,8 @@ from fasttomo.data.io.atomic import atomic_write
 from fasttomo.data.tiltseries import TiltSeries
 from fasttomo.data.views import permute_views
 from fasttomo.quality.plots import fsc_plot, line_plot
-from fasttomo.quality.report import (add_to_tensorboard, loss_series, number_text, report_image, save_png, slice_panel,
-                                     summary_lines)
+from fasttomo.quality.report import (add_to_tensorboard, loss_series, number_text, png_bytes, report_image, save_png,
+                                     slice_panel, summary_lines)
 from fasttomo.quality.scoring import pair_fsc, truth_scores
 from fasttomo.run.folder import OutputExistsError, OutputFolderError
 from fasttomo.run.methods import make_method
@@ -368,13 +368,15 @@ def _report_png(run, title: str, truth, curves) -> None:
     except Exception as exc:  # noqa: BLE001 - a picture must never cost the run its results
         log.warning("could not draw report.png (%s: %s); the other results are written", type(exc).__name__, exc)
         return
+    img = img.convert("RGB")
+    encoded = png_bytes(img)  # once, for the file and TensorBoard
     try:
-        save_png(run.out_dir / "report.png", img)
+        save_png(run.out_dir / "report.png", img, encoded=encoded)
     except OSError as exc:
         run.failed["report.png"] = exc.strerror or str(exc)
     if run.cfg.logging.tensorboard:
         try:
-            add_to_tensorboard(run.out_dir / "tb", "report", img, int(metrics.get("steps") or 0))
+            add_to_tensorboard(run.out_dir / "tb", "report", img, int(metrics.get("steps") or 0), encoded=encoded)
         except OSError as exc:
             log.warning("could not add report.png to TensorBoard (%s)", exc.strerror or exc)
 
