@@ -52,6 +52,7 @@ _state = {"backend": "auto"}
 counters = _spy.counters  # the spy's table (kernels/counters.py), same dict object
 _logged: set = set()
 _ops_module = None
+_ahead = {"started": False}  # compile_ahead started a pool the first fast launch waits for
 _ops_error: Optional[str] = None
 _INT32_MAX = 2**31 - 1
 
@@ -121,6 +122,11 @@ def _route(op: str, reason: Optional[str]) -> bool:
             f"{op}: kernels.backend=triton but the fast path cannot take this input: {reason}. "
             f"Fix the input or set kernels.backend=auto to fall back to the pure-torch twin.")
     _note(op, "triton" if reason is None else "torch", reason)
+    if reason is None and _ahead["started"]:
+        _ahead["started"] = False
+        from fasttomo.kernels.triton import ahead
+
+        ahead.wait()  # the kernels compiled ahead (compile_ahead) are in Triton's caches from here on
     return reason is None
 
 
@@ -276,6 +282,36 @@ def volume_tv(volume: torch.Tensor, kind: str = "squared") -> torch.Tensor:
     if _route("volume_tv", r):
         return torch.ops.fasttomo.volume_tv(volume.contiguous(), kind == "l1")
     return reference.volume_tv(volume, kind)
+
+
+def compile_ahead(field, points_per_step: int, *, out_bf16: bool, need_dq: bool, plane_tv: bool,
+                  volume_tv: tuple | None = None) -> int:
+    """Start compiling, in background threads, the fused kernels a K-Planes ``field``'s run will
+    launch (``kernels/triton/ahead.py``): training calls of ``points_per_step`` points (bf16
+    features when ``out_bf16``; dL/dq when ``need_dq``; the frames' gradient when they learn),
+    no-grad calls, the plane TV when ``plane_tv`` and, given ``volume_tv`` = ((D, H, W), l1), the volume TV. The
+    first fused launch waits for them. Returns the jobs started: 0 when the fast path is not
+    taken (a CPU field, ``kernels.backend=torch``, no Triton) or the field has no plane layout."""
+    layout, planes = getattr(field, "layout", None), getattr(field, "plane_data", None)
+    if not isinstance(layout, PlaneLayout) or planes is None or _common_reason((planes,)) is not None:
+        return 0
+    from fasttomo.kernels.triton import ahead
+
+    rot = getattr(field, "rot_params", None)
+    jobs = ahead.plan_jobs(layout, int(points_per_step), train_out_bf16=out_bf16, need_dq=need_dq,
+                           need_gm=rot is not None and rot.requires_grad, plane_tv=plane_tv, volume_tv=volume_tv)
+    started = ahead.start(planes.device, jobs, ahead.kernels())
+    _ahead["started"] = _ahead["started"] or started > 0
+    return started
+
+
+def compile_ahead_summary() -> dict | None:
+    """The last compile-ahead pool's jobs, seconds and the main thread's wait (run timeline), or None."""
+    if _ops_module is None:
+        return None
+    from fasttomo.kernels.triton import ahead
+
+    return ahead.summary()
 
 
 # ------------------------------------------------------------------------- SIRT projector pair

@@ -10,7 +10,7 @@ import logging
 
 import torch
 
-from fasttomo.config import Config, ConfigError, IntensityConfig, OptimConfig
+from fasttomo.config import Config, ConfigError, IntensityConfig, LossConfig, OptimConfig
 from fasttomo.data.tiltseries import TiltSeries
 from fasttomo.geometry.rays import Box
 from fasttomo.methods.field.intensity import Intensity
@@ -350,12 +350,33 @@ def build(cfg: Config, ts: TiltSeries, *, rank: int = 0, world_size: int = 1, lo
     schedule, plateau = build_schedule(cfg.schedule, cfg.optim.steps)
     reg_gen = torch.Generator(device=device)
     reg_gen.manual_seed(cfg.runtime.seed + 1000003 * (rank + 1))
+    precision = field_precision(cfg, device, projector.field)
+    if device.type == "cuda":
+        compile_ahead(cfg.loss, projector, sampler.batch_size, precision)
     log.info("device %s, box (Z,Y,X)=%s, %d parameters, %d train / %d val pixels, world size %d",
              device, box.shape_zyx, sum(p.numel() for p in projector.parameters()),
              sampler.n_train, sampler.n_val, world_size)
     return Components(cfg, device, ts, box, sampler, projector, model, optimizer, base_lrs, schedule, plateau,
-                      field_precision(cfg, device, projector.field), reg_gen, rank, world_size, graph, why,
-                      steps_why)
+                      precision, reg_gen, rank, world_size, graph, why, steps_why)
+
+
+def compile_ahead(loss: LossConfig, projector: Projector, batch_size: int, precision: Precision) -> int:
+    """Start compiling the run's fused kernels in background threads (``dispatch.compile_ahead``;
+    with a warm Triton cache they only load): a step evaluates the field at ``batch_size`` rays'
+    samples and, with a field volume TV, its sub-grid in the same call. Returns the jobs started."""
+    from fasttomo.kernels import dispatch
+    from fasttomo.models.regularizers import needs_noise
+
+    field = projector.field
+    n = batch_size * projector.samples_per_ray
+    volume_tv = None
+    if needs_noise(field, loss):
+        side = int(loss.volume_tv_points)
+        n += side ** 3
+        volume_tv = ((side, side, side), loss.volume_tv_kind == "l1")
+    need_dq = any(p.requires_grad for p in projector.poses.parameters())
+    return dispatch.compile_ahead(field, n, out_bf16=precision.enabled and precision.dtype == torch.bfloat16,
+                                  need_dq=need_dq, plane_tv=bool(loss.plane_tv), volume_tv=volume_tv)
 
 
 def field_precision(cfg: Config, device: torch.device, field) -> Precision:

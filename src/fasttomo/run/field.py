@@ -21,6 +21,7 @@ from fasttomo.config import Config, ConfigError
 from fasttomo.data.io.alignment import view_poses
 from fasttomo.data.io.poses import read_poses_json
 from fasttomo.geometry.alignment import pose_errors
+from fasttomo.kernels import dispatch
 from fasttomo.methods.field.projector import predict_views
 from fasttomo.quality.metrics import volume_metrics
 from fasttomo.quality.report import number_text
@@ -246,6 +247,7 @@ def _timeline(t0: float, t_fit: float, trainer) -> dict:
         "validation_s": round(tm["validation_seconds"], 3),
         "images_s": round(tm["image_seconds"], 3),
         "graph_capture_s": round(trainer.graphed.capture_seconds, 3) if trainer.graphed is not None else None,
+        "compile_ahead": dispatch.compile_ahead_summary(),
         "process_start_exact": timeline.EXACT,
         "torch_dynamo_imported": "torch._dynamo" in sys.modules,  # seconds of start-up when true
     }

@@ -34,6 +34,7 @@ import triton
 import triton.language as tl
 
 from fasttomo.kernels.layout import PlaneLayout
+from fasttomo.kernels.triton.launch import device_of, launch
 
 
 @triton.jit
@@ -482,9 +483,9 @@ def kplanes_forward(points: torch.Tensor, matrices: torch.Tensor, plane_data: to
     bn = tuning.fwd_block_n
     grid = (triton.cdiv(N, bn), T)
     for l, rx, ry, rz, oxy, oxz, oyz in layout.scales():
-        kplanes_fwd_kernel[grid](points, matrices, plane_data, out, N, F, l * T * C,
-                                 oxy, oxz, oyz, rx, ry, rz, T=T, C=C, BLOCK_N=bn,
-                                 BLOCK_C=_block_c(C), OUT_BF16=out_bf16, num_warps=4)
+        launch(kplanes_fwd_kernel, grid, points, matrices, plane_data, out, N, F, l * T * C,
+               oxy, oxz, oyz, rx, ry, rz, T=T, C=C, BLOCK_N=bn,
+               BLOCK_C=_block_c(C), OUT_BF16=out_bf16, num_warps=4)
     return out
 
 
@@ -512,7 +513,7 @@ def kplanes_backward(grad: torch.Tensor, points: torch.Tensor, matrices: torch.T
     N = points.shape[0]
     T, C = layout.n_rot, layout.channels
     F = layout.n_features
-    strategy = backward_strategy(N, T, points.device, tuning)
+    strategy = backward_strategy(N, T, device_of(points), tuning)
     bc = _block_c(C)
     gplanes = torch.zeros_like(plane_data)
     dq = torch.empty((3, T, N if need_dq else 0), device=points.device, dtype=torch.float32)
@@ -531,12 +532,11 @@ def kplanes_backward(grad: torch.Tensor, points: torch.Tensor, matrices: torch.T
         if strategy == "runs":
             rows, run = tuning.run_rows, tuning.run_len
             extra = {"maxnreg": int(tuning.run_maxnreg)} if tuning.run_maxnreg else {}
-            kplanes_bwd_runs_kernel[(triton.cdiv(N, rows * run), T)](
-                *common, T=T, C=C, ROWS=rows, RUN=run, BLOCK_C=bc, num_warps=tuning.run_warps,
-                **flags, **extra)
+            launch(kplanes_bwd_runs_kernel, (triton.cdiv(N, rows * run), T), *common, T=T, C=C, ROWS=rows,
+                   RUN=run, BLOCK_C=bc, num_warps=tuning.run_warps, **flags, **extra)
         else:
             bn = tuning.pairs_block_n
-            kplanes_bwd_kernel[(triton.cdiv(N, bn), T)](
-                *common, T=T, C=C, BLOCK_N=bn, BLOCK_C=bc, num_warps=4, **flags)
+            launch(kplanes_bwd_kernel, (triton.cdiv(N, bn), T), *common, T=T, C=C, BLOCK_N=bn, BLOCK_C=bc,
+                   num_warps=4, **flags)
     gm = partials.sum(dim=0).reshape(-1, 3, 3) if need_gm else partials.new_zeros((0, 3, 3))
     return gplanes, dq, gm

@@ -16,6 +16,7 @@ import triton
 import triton.language as tl
 
 from fasttomo.kernels.layout import PlaneLayout
+from fasttomo.kernels.triton.launch import launch
 
 PLANE_TV_BLOCK = 2048
 VOLUME_TV_BLOCK = 2048
@@ -182,8 +183,8 @@ def _plane_tables(layout: PlaneLayout, device: torch.device):
 def plane_tv_forward(plane_data: torch.Tensor, layout: PlaneLayout) -> torch.Tensor:
     blk, itab, ftab, nb, G = _plane_tables(layout, plane_data.device)
     part = torch.empty(nb, device=plane_data.device, dtype=torch.float32)
-    plane_tv_fwd_kernel[(nb,)](plane_data, part, blk, itab, ftab, layout.channels, G=G,
-                               BLOCK=PLANE_TV_BLOCK, num_warps=8)
+    launch(plane_tv_fwd_kernel, (nb,), plane_data, part, blk, itab, ftab, layout.channels, G=G,
+           BLOCK=PLANE_TV_BLOCK, num_warps=8)
     return part.sum()
 
 
@@ -191,8 +192,8 @@ def plane_tv_backward(grad: torch.Tensor, plane_data: torch.Tensor,
                       layout: PlaneLayout) -> torch.Tensor:
     blk, itab, ftab, nb, G = _plane_tables(layout, plane_data.device)
     gx = torch.empty_like(plane_data)
-    plane_tv_bwd_kernel[(nb,)](plane_data, grad.contiguous(), gx, blk, itab, ftab, layout.channels,
-                               G=G, BLOCK=PLANE_TV_BLOCK, num_warps=8)
+    launch(plane_tv_bwd_kernel, (nb,), plane_data, grad.contiguous(), gx, blk, itab, ftab, layout.channels,
+           G=G, BLOCK=PLANE_TV_BLOCK, num_warps=8)
     return gx
 
 
@@ -207,8 +208,8 @@ def volume_tv_forward(volume: torch.Tensor, l1: bool) -> torch.Tensor:
     E = volume.numel()
     nb = triton.cdiv(E, VOLUME_TV_BLOCK)
     part = torch.empty(nb, device=volume.device, dtype=torch.float32)
-    volume_tv_fwd_kernel[(nb,)](volume, part, E, D, H, W, wd, wh, ww, L1=l1,
-                                BLOCK=VOLUME_TV_BLOCK, num_warps=8)
+    launch(volume_tv_fwd_kernel, (nb,), volume, part, E, D, H, W, wd, wh, ww, L1=l1,
+           BLOCK=VOLUME_TV_BLOCK, num_warps=8)
     return part.sum()
 
 
@@ -217,6 +218,6 @@ def volume_tv_backward(grad: torch.Tensor, volume: torch.Tensor, l1: bool) -> to
     E = volume.numel()
     nb = triton.cdiv(E, VOLUME_TV_BLOCK)
     gx = torch.empty_like(volume)
-    volume_tv_bwd_kernel[(nb,)](volume, grad.contiguous(), gx, E, D, H, W, wd, wh, ww, L1=l1,
-                                BLOCK=VOLUME_TV_BLOCK, num_warps=8)
+    launch(volume_tv_bwd_kernel, (nb,), volume, grad.contiguous(), gx, E, D, H, W, wd, wh, ww, L1=l1,
+           BLOCK=VOLUME_TV_BLOCK, num_warps=8)
     return gx

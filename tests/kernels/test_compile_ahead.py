@@ -1,0 +1,87 @@
+"""kernels/triton/ahead.py: a GPU run compiles its fused kernels ahead, in threads, before its first
+step. Real runs in fresh processes, each with an empty Triton cache of its own."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from collections import Counter
+
+import numpy as np
+import pytest
+import torch
+
+HAS_GPU = torch.cuda.is_available() and importlib.util.find_spec("triton") is not None
+
+CHILD = r"""
+import json, sys, threading
+import triton.compiler as tc
+compiled = []
+orig = tc.compile
+def counted(src, *a, **k):
+    compiled.append((getattr(getattr(src, "fn", None), "__name__", "?"), threading.current_thread().name))
+    return orig(src, *a, **k)
+tc.compile = counted  # JITFunction takes the compiler from triton.compiler at its first launch
+ahead = sys.argv[1] == "on"
+from fasttomo.cli import reconstruct
+if not ahead:
+    import fasttomo.kernels.dispatch as d
+    d.compile_ahead = lambda *a, **k: 0
+sys.argv = ["fasttomo-reconstruct", "optim.steps=120", "logging.progress=false", "output.formats=[mrc]",
+            "hydra.run.dir=" + sys.argv[2]] + sys.argv[3:]
+try:
+    reconstruct.main()
+except SystemExit as e:
+    assert not e.code, e.code
+print(json.dumps({"compiled": compiled}))
+"""
+
+
+def _run(tmp_path, name: str, ahead: bool, *overrides: str) -> tuple[list, np.ndarray]:
+    import os
+
+    import mrcfile
+
+    out_dir = tmp_path / name
+    env = dict(os.environ, TRITON_CACHE_DIR=str(tmp_path / f"cache-{name}"))
+    p = subprocess.run([sys.executable, "-c", CHILD, "on" if ahead else "off", str(out_dir), *overrides],
+                       capture_output=True, text=True, timeout=600, env=env)
+    assert p.returncode == 0, p.stderr[-4000:]
+    compiled = json.loads(p.stdout.strip().splitlines()[-1])["compiled"]
+    with mrcfile.open(out_dir / "volume.mrc", permissive=True) as m:
+        return compiled, np.array(m.data)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_GPU, reason="needs a CUDA GPU and triton")
+@pytest.mark.parametrize("overrides", [(), ("precision.dtype=fp32", "loss=tv", "pose=refine")],
+                         ids=["default", "fp32-volume-tv-poses"])
+def test_every_kernel_of_a_run_is_compiled_ahead_and_the_volume_is_the_same(tmp_path, overrides):
+    on, vol_on = _run(tmp_path, "on", True, *overrides)
+    off, vol_off = _run(tmp_path, "off", False, *overrides)
+    assert off and all(thread == "MainThread" for _, thread in off)  # without: at first use, one by one
+    # with: all in the pool, none left for the run's own launches (training, validation, export,
+    # the views' residuals)
+    assert on and all(thread.startswith("fasttomo-compile") for _, thread in on), on
+    need, made = Counter(n for n, _ in off), Counter(n for n, _ in on)
+    assert all(made[n] >= k for n, k in need.items()), (need, made)  # at least what the run compiled itself
+    np.testing.assert_array_equal(vol_on, vol_off)  # the same kernels: the same bits
+
+
+def test_a_cpu_field_compiles_nothing_ahead_and_imports_no_triton():
+    code = r"""
+import json, sys
+from fasttomo.config import ModelConfig
+from fasttomo.geometry.rays import Box
+from fasttomo.kernels import dispatch
+from fasttomo.models import build_field
+dispatch.configure("auto")
+field = build_field(ModelConfig(), Box((8, 16, 16)))
+n = dispatch.compile_ahead(field, 4096, out_bf16=False, need_dq=False, plane_tv=True)
+print(json.dumps({"jobs": n, "triton": "triton" in sys.modules, "summary": dispatch.compile_ahead_summary()}))
+"""
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert json.loads(p.stdout.strip().splitlines()[-1]) == {"jobs": 0, "triton": False, "summary": None}
