@@ -219,8 +219,11 @@ def test_divergent_decoder_rate_is_a_clear_error_and_writes_no_nan(tmp_path, ove
     with pytest.raises(DivergenceError, match=r"training diverged.*optim.lr_decoder=1e\+06 \(2e\+08 x its default"):
         run(cfg)
     assert not list(out.glob("volume*"))
-    assert not (out / "metrics.json").exists() or _strict(out / "metrics.json")
+    metrics = _strict(out / "metrics.json")  # the status is where the README says it is
+    assert metrics["status"] == "diverged" and "training diverged" in metrics["error"]
+    assert metrics["guard"]["rollbacks"] >= 1 and metrics["loss"]["curve"]
     manifest = _strict(out / "manifest.json")
+    assert "metrics.json" in manifest["files"]
     assert manifest["status"] == "diverged" and "training diverged" in manifest["error"]
     assert "[ERROR] training diverged" in (out / "reconstruct.log").read_text()
 

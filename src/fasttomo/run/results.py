@@ -320,6 +320,23 @@ def finish_files(run, pictures: bool = True) -> None:
         run.failed["metrics.json"] = exc.strerror or str(exc)
 
 
+def diverged_metrics(run, exc: BaseException) -> None:
+    """metrics.json of a run the divergence guard stopped during training (rank 0): the status,
+    the error, the steps and the loss curves so far, the guard's counts; nothing if it cannot be
+    written (the manifest and the log say the same)."""
+    trainer = getattr(run.method, "trainer", None)
+    metrics = {"status": "diverged", "error": one_line(exc), "steps": run.method.step,
+               "steps_planned": run.cfg.optim.steps}
+    if trainer is not None:
+        metrics["loss"] = {"curve": trainer.history}
+        metrics["val_loss"] = {"curve": trainer.val_history}
+        metrics["guard"] = trainer.guard.summary()
+    try:
+        write_text(run.out_dir / "metrics.json", dumps(metrics), True)
+    except OSError as exc2:
+        log.warning("could not write metrics.json (%s)", exc2.strerror or exc2)
+
+
 def _pictures(run) -> None:
     """Scores against a ground truth (into the metrics), slices.png, fsc_truth.png, loss.png and
     report.png, which holds them all (and the half-set FSC, the quality curve and the learned

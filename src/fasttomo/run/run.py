@@ -115,6 +115,8 @@ class Run:
                   else "diverged" if isinstance(exc, DivergenceError) else "failed")
         self.join_checkpoint()  # the manifest closes after the checkpoint's write
         results.log_failure(exc, self.handler)
+        if status == "diverged" and "status" not in self.metrics:  # the guard stopped the training
+            results.diverged_metrics(self, exc)
         self.folder.finish(status, error=results.one_line(exc),
                            step=self.method.step if self.method is not None else None)
 
