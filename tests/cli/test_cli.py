@@ -328,3 +328,17 @@ def test_help_reads_schemas_split_per_group_option():
     assert keys["data.path"].type_text == "str or null" and keys["data.path"].doc == "The stack file."
     assert keys["optim.momentum"].doc == "Only the fancy option has it." and keys["optim.steps"].default == 10
     assert field_type(_Root, "optim.momentum") is float and field_type(_Root, "data.nope") is None
+
+
+@pytest.mark.parametrize("key,sub", [("hydra.run.dir", ""), ("output.dir", "/sub/run")])
+def test_an_output_folder_that_is_a_file_is_one_line_before_any_work(tmp_path, key, sub):
+    """hydra.run.dir=<a file> was a FileExistsError traceback from Hydra; output.dir=<a file> said
+    "File exists" after the data was read and the model built."""
+    made = tmp_path / "notes.txt"
+    made.write_text("mine")
+    res = cli([*TINY, f"{key}={made}{sub}"], tmp_path)
+    text = res.stdout + res.stderr
+    assert res.returncode == 2, text
+    assert "Traceback" not in text and "a file, not a folder" in text, text
+    assert "device" not in text  # refused before the build
+    assert made.read_text() == "mine" and sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]

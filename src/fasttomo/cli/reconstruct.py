@@ -278,11 +278,36 @@ def program():
         "tensorboard --logdir outputs/"))
 
 
+def folder_problem(argv: list[str]) -> str | None:
+    """A ``hydra.run.dir=`` or ``output.dir=`` on the command line that names a file, or lies
+    under one (Hydra would stop with a traceback, the run after reading the data), in words."""
+    for arg in argv:
+        key, _, value = arg.partition("=")
+        if key not in ("hydra.run.dir", "output.dir") or not value or "${" in value:
+            continue
+        p = Path(value).expanduser()
+        for q in (p, *p.parents):
+            if q.exists() and not q.is_dir():
+                what = "is a file" if q == p else f"lies under {q}, which is a file"
+                return f"{key}={value} {what}, not a folder; give a folder (new or existing) for the run."
+    return None
+
+
+def _start(argv: list[str]) -> None:
+    from fasttomo.cli.help import report
+
+    problem = folder_problem(argv)
+    if problem:
+        report(problem, "fasttomo-reconstruct")
+        sys.exit(EXIT_USER_ERROR)
+    _hydra_app()()
+
+
 def main() -> None:
     from fasttomo.cli.errors import run_checked
 
     _note_existing_folders(sys.argv[1:])
-    run_checked(program(), sys.argv[1:], lambda: _hydra_app()())
+    run_checked(program(), sys.argv[1:], lambda: _start(sys.argv[1:]))
 
 
 def cli() -> None:
