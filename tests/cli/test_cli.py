@@ -342,3 +342,18 @@ def test_an_output_folder_that_is_a_file_is_one_line_before_any_work(tmp_path, k
     assert "Traceback" not in text and "a file, not a folder" in text, text
     assert "device" not in text  # refused before the build
     assert made.read_text() == "mine" and sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]
+
+
+def test_ctrl_c_while_hydra_composes_is_one_line_and_exit_130(capsys):
+    """A KeyboardInterrupt raised inside the entry point's app (Hydra composing, before the run's
+    own handlers exist) printed a traceback."""
+    from fasttomo.cli.errors import run_checked
+    from fasttomo.cli.reconstruct import program
+
+    def composing():
+        raise KeyboardInterrupt
+
+    with pytest.raises(SystemExit) as stopped:
+        run_checked(program(), ["optim.steps=3"], composing)
+    err = capsys.readouterr().err
+    assert stopped.value.code == 130 and "interrupted before the run started; nothing was written" in err

@@ -237,6 +237,10 @@ def run_checked(p: Program, argv: list[str], app) -> None:
         app()
     except SystemExit:
         raise
+    except KeyboardInterrupt:  # Ctrl-C while Hydra composes, before the run could install its handlers
+        report("interrupted before the run started; nothing was written", p.prog)
+        logging.shutdown()
+        sys.exit(130)
     except BaseException as exc:  # noqa: B902
         err = from_hydra(exc) if forced else None
         if err is None:
