@@ -289,9 +289,10 @@ def compile_ahead(field, points_per_step: int, *, out_bf16: bool, need_dq: bool,
     """Start compiling, in background threads, the fused kernels a K-Planes ``field``'s run will
     launch (``kernels/triton/ahead.py``): training calls of ``points_per_step`` points (bf16
     features when ``out_bf16``; dL/dq when ``need_dq``; the frames' gradient when they learn),
-    no-grad calls, the plane TV when ``plane_tv`` and, given ``volume_tv`` = ((D, H, W), l1), the volume TV. The
-    first fused launch waits for them. Returns the jobs started: 0 when the fast path is not
-    taken (a CPU field, ``kernels.backend=torch``, no Triton) or the field has no plane layout."""
+    no-grad calls, the plane TV when ``plane_tv`` and, given ``volume_tv`` = ((D, H, W), l1),
+    the volume TV. The first fused launch waits for them. Returns the number of kernels being
+    compiled: 0 when the fast path is not taken (a CPU field, ``kernels.backend=torch``, no
+    Triton) or the field has no plane layout."""
     layout, planes = getattr(field, "layout", None), getattr(field, "plane_data", None)
     if not isinstance(layout, PlaneLayout) or planes is None or _common_reason((planes,)) is not None:
         return 0
@@ -306,7 +307,8 @@ def compile_ahead(field, points_per_step: int, *, out_bf16: bool, need_dq: bool,
 
 
 def compile_ahead_summary() -> dict | None:
-    """The last compile-ahead pool's jobs, seconds and the main thread's wait (run timeline), or None."""
+    """The last compile-ahead pool's kernels, seconds and the main thread's wait (the run's
+    timeline), or None."""
     if _ops_module is None:
         return None
     from fasttomo.kernels.triton import ahead

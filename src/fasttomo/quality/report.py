@@ -308,9 +308,11 @@ def add_to_tensorboard(tb_dir: Path, tag: str, img, step: int, encoded: bytes | 
     from tensorboard.compat.proto.summary_pb2 import Summary
     from torch.utils.tensorboard import SummaryWriter
 
-    data = png_bytes(img) if encoded is None else encoded
-    image = Summary.Image(height=img.height, width=img.width, colorspace=3 if img.mode == "RGB" else 4,
-                          encoded_image_string=data)
+    if encoded is None:
+        img = img.convert("RGB")
+        encoded = png_bytes(img)
+    image = Summary.Image(height=img.height, width=img.width, encoded_image_string=encoded,
+                          colorspace={"L": 1, "LA": 2, "RGB": 3, "RGBA": 4}.get(img.mode, 3))
     writer = SummaryWriter(log_dir=str(tb_dir))
     try:
         writer.file_writer.add_summary(Summary(value=[Summary.Value(tag=tag, image=image)]), step)

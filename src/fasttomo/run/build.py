@@ -363,7 +363,8 @@ def build(cfg: Config, ts: TiltSeries, *, rank: int = 0, world_size: int = 1, lo
 def compile_ahead(loss: LossConfig, projector: Projector, batch_size: int, precision: Precision) -> int:
     """Start compiling the run's fused kernels in background threads (``dispatch.compile_ahead``;
     with a warm Triton cache they only load): a step evaluates the field at ``batch_size`` rays'
-    samples and, with a field volume TV, its sub-grid in the same call. Returns the jobs started."""
+    samples and, with a field volume TV, its sub-grid in the same call. Returns the number of
+    kernels being compiled."""
     from fasttomo.kernels import dispatch
     from fasttomo.models.regularizers import needs_noise
 
