@@ -311,6 +311,10 @@ class FileDataConfig(DataConfig):
     """Drop views detected as dark or blank (they are always reported in the log)."""
     nonfinite: str = "reject"
     """NaN/Inf pixels: reject (error) or mask (ignored in the loss)."""
+    hot_pixels: str = "mask"
+    """Hot pixels (a detector defect or an X-ray hit: a pixel brighter than the second-brightest of
+    its 8 neighbours by more than its view's whole 0.1-99.9 % intensity range): mask (ignored in the
+    loss, counted in the log) or keep."""
     check_angle_units: bool = True
     """Refuse a file series whose largest |tilt angle| is below 2 degrees: such angles are almost
     certainly radians (fasttomo reads degrees). Set false for a series that really spans less
@@ -330,6 +334,7 @@ class FileDataConfig(DataConfig):
                  f"must be an integer >= 1, got {self.binning!r}.")
         _choice(self.normalize, ("quantile", "none"), "data.normalize")
         _choice(self.nonfinite, ("reject", "mask"), "data.nonfinite")
+        _choice(self.hot_pixels, ("mask", "keep"), "data.hot_pixels")
         _require(isinstance(self.check_angle_units, bool), "data.check_angle_units",
                  f"must be true or false, got {self.check_angle_units!r}.")
         self._check_alignment_files()

@@ -181,3 +181,35 @@ def test_a_single_view_is_refused_as_such_not_as_radians(tmp_path, angle):
                                               r"at several tilt angles") as info:
         _load(tmp_path, make_stack()[:1], angles=np.array([angle]))
     assert "radians" not in str(info.value)
+
+
+def _specimen_views(n=5, h=64, w=64, dose=20.0, seed=1):
+    """Counts of a low-dose series: smooth mass, a gold bead (radius 3, far brighter than the
+    rest) and Poisson noise."""
+    rng = np.random.default_rng(seed)
+    y, x = np.mgrid[:h, :w]
+    mass = 1.0 + 0.5 * np.exp(-((y - 30) ** 2 + (x - 20) ** 2) / 80.0) + 0.3 * np.sin(x / 5.0) ** 2
+    mass[(y - 45) ** 2 + (x - 45) ** 2 <= 9] += 6.0  # the bead: 7 pixels across
+    return rng.poisson(dose * np.broadcast_to(mass, (n, h, w))).astype(np.float32)
+
+
+def test_hot_pixels_are_masked_and_a_gold_bead_is_not(tmp_path, caplog):
+    """A defect or X-ray hit (one pixel far above its neighbours) trained as mass: the review's run
+    with 20 pixels of 1e6 counts reached Pearson 0.74. Such pixels are now masked; real structure,
+    which the microscope spreads over several pixels, is not, even a bead 7x the background."""
+    caplog.set_level(logging.INFO, logger="fasttomo.data")
+    st = _specimen_views()
+    planted = [(0, 5, 7), (2, 30, 20), (2, 31, 20), (3, 0, 63), (4, 45, 45)]  # a pair, a corner, on the bead
+    for v, r, c in planted:
+        st[v, r, c] = 1e6
+    ts = _load(tmp_path, st)
+    assert ts.valid is not None
+    assert sorted(map(tuple, np.argwhere(~ts.valid))) == sorted(planted)
+    assert "5 hot pixels" in caplog.text and "in 4 views (1, 3, 4, 5" in caplog.text
+    assert ts.stack.max() < 1000  # filled, not 1e6
+    assert _load(tmp_path, st, hot_pixels="keep").valid is None
+
+
+def test_a_noisy_series_without_defects_keeps_every_pixel(tmp_path):
+    assert _load(tmp_path, _specimen_views(dose=5.0)).valid is None
+    assert _load(tmp_path, make_stack(n=5, h=32, w=32)).valid is None

@@ -4,6 +4,12 @@ The order is fixed (:func:`prepare` runs it and records every step in ``metadata
 
  1. ``nonfinite``      NaN/Inf pixels: ``reject`` (error naming view/row/col) or ``mask`` (pixels
                        marked invalid in ``TiltSeries.valid``, value filled).
+ 1b. ``hot_pixels``    ``mask`` (default): a pixel brighter than its second-brightest of 8 neighbours
+                       by more than its view's whole 0.1-99.9 % intensity range (a detector defect
+                       or an X-ray hit, alone or in a pair: no imaged structure is one pixel that
+                       bright, the microscope spreads every feature over several) is marked
+                       invalid, value filled; the log says how many in how many views. ``keep``
+                       leaves them.
  2. ``exclude_views``  1-based section numbers of the file (IMOD's -EXCLUDELIST), dropped first so
                        every later number refers to the file; angles are checked after this step
                        (duplicates can be excluded).
@@ -144,6 +150,58 @@ def handle_nonfinite(stack: np.ndarray, valid: np.ndarray | None, mode: str, whe
                 int(bad.any(axis=(1, 2)).sum()))
     stack[bad] = 0.0
     return ~bad if valid is None else valid & ~bad
+
+
+HOT_QUANTILES = (0.001, 0.999)
+"""The per-view intensity range a hot pixel exceeds its neighbours' median by (data.hot_pixels)."""
+
+
+def _hot_pixels(img: np.ndarray, ok: np.ndarray | None) -> np.ndarray | None:
+    """(rows, cols) of the hot pixels of one view (see ``hot_pixel_mask``), or None when there are none."""
+    vals = img.reshape(-1) if ok is None else img[ok]
+    if vals.size < 9:
+        return None
+    lo, hi = (float(q) for q in np.quantile(_sample(vals), HOT_QUANTILES))
+    span = hi - lo
+    if not span > 0:
+        return None
+    cand = img > hi if ok is None else (img > hi) & ok  # necessary: a neighbour is rarely below lo
+    rows, cols = np.nonzero(cand)
+    if rows.size == 0:
+        return None
+    h, w = img.shape
+
+    def mirror(i, n):  # at the border the neighbour across (never the pixel itself)
+        i = np.abs(i)
+        return np.minimum(i, 2 * (n - 1) - i)
+
+    nbrs = np.stack([img[mirror(rows + dr, h), mirror(cols + dc, w)]
+                     for dr in (-1, 0, 1) for dc in (-1, 0, 1) if dr or dc])
+    hot = img[rows, cols] - np.sort(nbrs, axis=0)[-2] > span  # above its 2nd-brightest neighbour: a pair counts
+    return (rows[hot], cols[hot]) if hot.any() else None
+
+
+def hot_pixel_mask(stack: np.ndarray, valid: np.ndarray | None, mode: str, where: str) -> np.ndarray | None:
+    """data.hot_pixels=mask: pixels brighter than the second-brightest of their 8 neighbours by
+    more than their view's 0.1-99.9 % range become invalid (ignored in the loss; the value is
+    filled later with the view's median); the validity mask, None while every pixel is valid."""
+    if mode == "keep":
+        return valid
+    found = map_views(lambda i: _hot_pixels(stack[i], None if valid is None else valid[i]), len(stack), stack.size)
+    views = [i for i, f in enumerate(found) if f is not None]
+    if not views:
+        return valid
+    valid = np.ones(stack.shape, dtype=bool) if valid is None else valid.copy()
+    count = 0
+    for i in views:
+        rows, cols = found[i]
+        valid[i, rows, cols] = False
+        count += rows.size
+    shown = ", ".join(str(i + 1) for i in views[:8]) + (" ..." if len(views) > 8 else "")
+    log.warning("%s: %d hot pixels (each brighter than its neighbours by more than its view's 0.1-99.9 %% range) "
+                "in %d views (%s, in file order) are masked; data.hot_pixels=keep keeps them.", where, count,
+                len(views), shown)
+    return valid
 
 
 def _bilinear(img: np.ndarray, ok: np.ndarray | None, row: np.ndarray, col: np.ndarray):
@@ -330,6 +388,14 @@ def _dark_views(parts: tuple, cfg, where: str):
     return stack, valid, angles, views, None
 
 
+def _pixel_masks(stack: np.ndarray, valid: np.ndarray | None, cfg, where: str) -> np.ndarray | None:
+    """Steps 1 and 1b (non-finite and hot pixels), then the refusal of a constant stack."""
+    valid = handle_nonfinite(stack, valid, cfg.nonfinite, where)
+    valid = hot_pixel_mask(stack, valid, getattr(cfg, "hot_pixels", "mask"), where)
+    refuse_constant(stack, valid, where)
+    return valid
+
+
 def prepare(raw: RawSeries, cfg) -> TiltSeries:
     """Apply the preparation steps of ``cfg`` (a DataConfig) in the documented order."""
     where = raw.source
@@ -341,8 +407,7 @@ def prepare(raw: RawSeries, cfg) -> TiltSeries:
     pixel = float(raw.pixel_size)
     gt = raw.ground_truth
 
-    valid = handle_nonfinite(stack, valid, cfg.nonfinite, where)
-    refuse_constant(stack, valid, where)
+    valid = _pixel_masks(stack, valid, cfg, where)
     if cfg.exclude_views:
         stack, valid, angles, views, step = _exclude((stack, valid, angles, views), cfg, where)
         steps.append(step)
