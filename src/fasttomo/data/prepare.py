@@ -153,13 +153,13 @@ def handle_nonfinite(stack: np.ndarray, valid: np.ndarray | None, mode: str, whe
 
 
 HOT_QUANTILES = (0.001, 0.999)
-"""The per-view intensity range a hot pixel exceeds its neighbours' median by (data.hot_pixels)."""
+"""The per-view intensity range by which a hot pixel exceeds its second-brightest neighbour (data.hot_pixels)."""
 
 
-def _hot_pixels(img: np.ndarray, ok: np.ndarray | None) -> np.ndarray | None:
+def _hot_pixels(img: np.ndarray, ok: np.ndarray | None) -> tuple | None:
     """(rows, cols) of the hot pixels of one view (see ``hot_pixel_mask``), or None when there are none."""
     vals = img.reshape(-1) if ok is None else img[ok]
-    if vals.size < 9:
+    if vals.size < 9 or min(img.shape) < 3:
         return None
     lo, hi = (float(q) for q in np.quantile(_sample(vals), HOT_QUANTILES))
     span = hi - lo
