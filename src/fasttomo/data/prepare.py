@@ -152,6 +152,7 @@ def handle_nonfinite(stack: np.ndarray, valid: np.ndarray | None, mode: str, whe
     return ~bad if valid is None else valid & ~bad
 
 
+_HOT_SAMPLE = 262_144  # values a view for its quantiles (262 beyond each; at 2048^2 a view takes 20 ms, 50 with 2e6)
 HOT_QUANTILES = (0.001, 0.999)
 """The per-view intensity range by which a hot pixel exceeds its second-brightest neighbour (data.hot_pixels)."""
 
@@ -161,7 +162,8 @@ def _hot_pixels(img: np.ndarray, ok: np.ndarray | None) -> tuple | None:
     vals = img.reshape(-1) if ok is None else img[ok]
     if vals.size < 9 or min(img.shape) < 3:
         return None
-    lo, hi = (float(q) for q in np.quantile(_sample(vals), HOT_QUANTILES))
+    step = max(1, vals.size // _HOT_SAMPLE)
+    lo, hi = (float(q) for q in np.quantile(vals[::step], HOT_QUANTILES))
     span = hi - lo
     if not span > 0:
         return None
