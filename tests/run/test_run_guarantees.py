@@ -385,3 +385,14 @@ def test_old_checkpoint_without_checksum_still_loads(tmp_path):
     assert load_checkpoint(path)["step"] == 1
     assert save_checkpoint(tmp_path / "new.pt", {"step": 1})  # and new ones carry it
     assert "checksum" in torch.load(tmp_path / "new.pt", weights_only=True)
+
+
+def test_a_run_in_process_under_a_file_names_the_file(tmp_path):
+    """The library path (no command line): the folder's own check says what is in the way."""
+    from fasttomo.cli.reconstruct import compose_config, run
+    from fasttomo.run.folder import OutputFolderError
+
+    (tmp_path / "afile").write_text("x")
+    with pytest.raises(OutputFolderError, match=r"lies under .*afile, which is a file, not a folder; choose a folder"):
+        run(compose_config([*TINY, "optim.steps=2", f"output.dir={tmp_path / 'afile' / 'run'}"]))
+    assert (tmp_path / "afile").read_text() == "x"

@@ -281,15 +281,15 @@ def program():
 def folder_problem(argv: list[str]) -> str | None:
     """A ``hydra.run.dir=`` or ``output.dir=`` on the command line that names a file, or lies
     under one (Hydra would stop with a traceback, the run after reading the data), in words."""
+    from fasttomo.run.folder import not_a_folder
+
     for arg in argv:
         key, _, value = arg.partition("=")
         if key not in ("hydra.run.dir", "output.dir") or not value or "${" in value:
             continue
-        p = Path(value).expanduser()
-        for q in (p, *p.parents):
-            if q.exists() and not q.is_dir():
-                what = "is a file" if q == p else f"lies under {q}, which is a file"
-                return f"{key}={value} {what}, not a folder; give a folder (new or existing) for the run."
+        why = not_a_folder(value)
+        if why:
+            return f"{key}={value} {why}; give a folder (new or existing) for the run."
     return None
 
 

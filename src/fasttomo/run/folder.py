@@ -247,8 +247,9 @@ class RunFolder:
         try:
             self.path.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
+            why = not_a_folder(self.path) or f"cannot be created ({exc.strerror or exc})"
             raise OutputFolderError(
-                f"cannot create output folder {self.path} ({exc.strerror or exc}); choose a folder you can write to "
+                f"output folder {self.path} {why}; choose a folder you can write to "
                 "(hydra.run.dir=<folder> or output.dir=<folder>).") from None
         try:
             stale = self.lock.acquire()
@@ -415,6 +416,16 @@ class RunFolder:
             log.warning("could not update %s (%s)", self.path / MANIFEST, exc)
         finally:
             self.lock.release()
+
+
+def not_a_folder(path: str | os.PathLike) -> str | None:
+    """Why ``path`` cannot be a run's folder because a file stands in its way ("is a file, not a
+    folder" or "lies under <file>, which is a file, not a folder"), or None."""
+    p = Path(path).expanduser()
+    for q in (p, *p.parents):
+        if q.exists() and not q.is_dir():
+            return ("is a file" if q == p else f"lies under {q}, which is a file") + ", not a folder"
+    return None
 
 
 def _last_error(log_path: Path) -> str | None:
