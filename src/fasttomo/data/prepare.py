@@ -77,8 +77,8 @@ class RawSeries:
     metadata: dict[str, Any] = field(default_factory=dict)
 
 
-def _sample(values: np.ndarray) -> np.ndarray:
-    step = max(1, values.size // _MAX_STAT_VALUES)
+def _sample(values: np.ndarray, cap: int = _MAX_STAT_VALUES) -> np.ndarray:
+    step = max(1, values.size // cap)
     return values[::step]
 
 
@@ -162,8 +162,7 @@ def _hot_pixels(img: np.ndarray, ok: np.ndarray | None) -> tuple | None:
     vals = img.reshape(-1) if ok is None else img[ok]
     if vals.size < 9 or min(img.shape) < 3:
         return None
-    step = max(1, vals.size // _HOT_SAMPLE)
-    lo, hi = (float(q) for q in np.quantile(vals[::step], HOT_QUANTILES))
+    lo, hi = (float(q) for q in np.quantile(_sample(vals, _HOT_SAMPLE), HOT_QUANTILES))
     span = hi - lo
     if not span > 0:
         return None

@@ -35,7 +35,7 @@ log = logging.getLogger("fasttomo.kernels")
 MAX_THREADS = 8
 """Compile threads at most (also at most the CPUs this process may use, less one)."""
 
-_pending: dict = {"pool": None, "futures": [], "t0": 0.0, "done_s": None, "waited_s": None, "jobs": 0}
+_pending: dict = {"pool": None, "futures": [], "t0": 0.0, "done_s": None, "waited_s": None, "kernels": 0}
 _lock = threading.Lock()
 
 
@@ -126,7 +126,7 @@ def start(device: torch.device, jobs: list, kernels=()) -> int:
             return 0
         _touch(kernels, device)
         pool = ThreadPoolExecutor(_threads(len(calls)), thread_name_prefix="fasttomo-compile")
-        _pending.update(pool=pool, t0=t0, done_s=None, waited_s=None, jobs=len(calls))
+        _pending.update(pool=pool, t0=t0, done_s=None, waited_s=None, kernels=len(calls))
         _pending["futures"] = [pool.submit(_compile, device, call) for call in calls]
     return len(calls)
 
@@ -152,7 +152,7 @@ def summary() -> dict | None:
     thread waited for it (for the run's timeline), or None when no pool ran."""
     if _pending["done_s"] is None:
         return None
-    return {"kernels": _pending["jobs"], "seconds": round(_pending["done_s"], 3),
+    return {"kernels": _pending["kernels"], "seconds": round(_pending["done_s"], 3),
             "waited_s": round(_pending["waited_s"], 3)}
 
 
