@@ -627,7 +627,7 @@ class SamplerConfig(GroupOption):
     batch_size: Optional[int] = None
     """Rays per step (per rank under torchrun). None: 1024 x 2^round(log2(pixels / 2^18)) within
     [1024, 8192], so every step sees about 1/256 of the series (1024 for the embedded 61 x 64 x 64
-    phantom, 4096 for 61 x 128 x 128)."""
+    phantom, 4096 for 61 x 128 x 128), and at most one rank's training pixels (a tiny series)."""
     val_fraction: float = 0.02
     """Fraction of pixels held out for validation (fixed-seed split, identical on all ranks)."""
     split_seed: int = 12345

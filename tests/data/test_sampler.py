@@ -358,8 +358,22 @@ def test_patch_config_errors_name_the_fix():
     from fasttomo.run.build import auto_batch_size
 
     big = make_ts(n=61, h=64, w=64)
-    assert auto_batch_size(big) == 1024 and auto_batch_size(big, 8) == 1024
-    assert auto_batch_size(big, 3) == 1026 and auto_batch_size(big, 64) == 4096
+    auto = SamplerConfig()
+    assert auto_batch_size(big, auto) == 1024 and auto_batch_size(big, SamplerConfig(patch_size=8)) == 1024
+    assert auto_batch_size(big, SamplerConfig(patch_size=3)) == 1026 and auto_batch_size(big, SamplerConfig(patch_size=64)) == 4096
+
+
+def test_automatic_batch_of_a_tiny_series_is_its_training_pixels():
+    """A series smaller than one automatic batch (11 views of 3 x 3: 99 pixels, 2 held out) trains
+    on all its training pixels a step (per rank; whole patches) instead of being refused."""
+    from fasttomo.run.build import auto_batch_size
+
+    tiny = make_ts(n=11, h=3, w=3)
+    assert auto_batch_size(tiny, SamplerConfig()) == 97
+    assert auto_batch_size(tiny, SamplerConfig(), world_size=2) == 48
+    assert auto_batch_size(tiny, SamplerConfig(patch_size=2)) == 96
+    s = build_sampler(tiny, SamplerConfig(batch_size=auto_batch_size(tiny, SamplerConfig())), seed=0, device=CPU)
+    assert s.next_batch().tilt.numel() == 97
 
 
 @pytest.mark.parametrize("kind", ["device", "dataloader"])

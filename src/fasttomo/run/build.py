@@ -72,20 +72,29 @@ class Components:
     """Why optim.steps has its value, when the build chose it (:func:`from_data`)."""
 
 
-def auto_batch_size(ts: TiltSeries, patch_size: int = 1) -> int:
+def auto_batch_size(ts: TiltSeries, sampler_cfg, world_size: int = 1) -> int:
     """sampler.batch_size=None: 1024 x 2^round(log2(pixels / 2^18)), within [1024, 8192], rounded
-    to the nearest whole number of patch_size x patch_size patches (at least one)."""
-    return batch_for_pixels(int(ts.stack.size), patch_size)
+    to the nearest whole number of patch_size x patch_size patches (at least one), and no more
+    than the training pixels of one rank (a series of a few hundred pixels, a test's)."""
+    from fasttomo.data.sampler import split_size
+
+    pixels = int(ts.stack.size)
+    train = (pixels - split_size(pixels, float(sampler_cfg.val_fraction))) // max(1, int(world_size))
+    return batch_for_pixels(pixels, sampler_cfg.patch_size, train)
 
 
-def batch_for_pixels(pixels: int, patch_size: int = 1) -> int:
-    """:func:`auto_batch_size` of a series of ``pixels`` pixels (all views together)."""
+def batch_for_pixels(pixels: int, patch_size: int = 1, train_pixels: int | None = None) -> int:
+    """:func:`auto_batch_size` of a series of ``pixels`` pixels (all views together) of which
+    ``train_pixels`` (None: all) are one rank's training pixels."""
     import math
 
     k = round(math.log2(max(pixels, 1) / 2 ** 18))
     b = int(min(8192, max(1024, 1024 * 2 ** k)))
     p2 = int(patch_size) ** 2
-    return max(p2, int(round(b / p2)) * p2)
+    b = max(p2, int(round(b / p2)) * p2)
+    if train_pixels is not None and b > train_pixels:
+        b = max(p2, train_pixels // p2 * p2)
+    return b
 
 
 AUTO_STEPS = 1500
@@ -174,11 +183,13 @@ class AutoSizes:
     optim.steps)."""
 
 
-def auto_sizes(box: Box, image_hw: tuple[int, int], angles_deg, patch_size: int = 1) -> AutoSizes:
+def auto_sizes(box: Box, image_hw: tuple[int, int], angles_deg, patch_size: int = 1,
+               val_fraction: float = 0.02) -> AutoSizes:
     """The automatic sizes of a reconstruction of ``box`` from ``len(angles_deg)`` views of
     ``image_hw`` pixels: plane resolutions (``models.auto_resolutions``), samples per ray
     (``geometry.rays.auto_samples_per_ray``), rays per step (:func:`batch_for_pixels`) and steps
     (:func:`auto_steps`). A pure function of the shapes (the table test pins it)."""
+    from fasttomo.data.sampler import split_size
     from fasttomo.geometry.rays import auto_samples_per_ray
     from fasttomo.models import auto_finest, auto_resolutions
 
@@ -186,11 +197,12 @@ def auto_sizes(box: Box, image_hw: tuple[int, int], angles_deg, patch_size: int 
     pixels = n_views * int(h) * int(w)
     res = auto_resolutions(box)
     spr = auto_samples_per_ray(box, angles_deg)
-    batch = batch_for_pixels(pixels, patch_size)
+    batch = batch_for_pixels(pixels, patch_size, pixels - split_size(pixels, val_fraction))
     steps = auto_steps(image_hw)
     why = {"model.resolutions": auto_finest(max(box.shape_zyx))[1] + ", halved down to >= 32 texels, at most 3 scales",
            "projector.samples_per_ray": "one per 4/3 voxel of the longest chord through the box",
-           "sampler.batch_size": f"1024 x 2^round(log2({pixels} pixels / 2^18)) within [1024, 8192]",
+           "sampler.batch_size": f"1024 x 2^round(log2({pixels} pixels / 2^18)) within [1024, 8192]"
+                                 + ("" if batch >= 1024 else ", at most the training pixels"),
            "optim.steps": (f"the images' largest side {max(h, w)} <= {AUTO_STEPS_FROM}" if max(h, w) <= AUTO_STEPS_FROM
                            else f"{AUTO_STEPS} + {AUTO_STEPS_PER_DOUBLING} per doubling of the images' largest side "
                                 f"{max(h, w)} above {AUTO_STEPS_FROM} (measured at 2048, provisional elsewhere)")}
@@ -200,7 +212,8 @@ def auto_sizes(box: Box, image_hw: tuple[int, int], angles_deg, patch_size: int 
 def sizing_lines(cfg: Config, comps: Components) -> list[str]:
     """One line per automatic size of the run ``comps`` was built for: the value chosen and why,
     or that ``cfg`` (the config as given) set it."""
-    sizes = auto_sizes(comps.box, (comps.ts.height, comps.ts.width), comps.ts.angles, cfg.sampler.patch_size)
+    sizes = auto_sizes(comps.box, (comps.ts.height, comps.ts.width), comps.ts.angles, cfg.sampler.patch_size,
+                       cfg.sampler.val_fraction)
     given = {"model.resolutions": getattr(cfg.model, "resolutions", None),
              "projector.samples_per_ray": cfg.projector.samples_per_ray,
              "sampler.batch_size": cfg.sampler.batch_size, "optim.steps": cfg.optim.steps}
@@ -317,10 +330,11 @@ def build(cfg: Config, ts: TiltSeries, *, rank: int = 0, world_size: int = 1, lo
                   free_reference_shift=refine and cfg.pose.free_reference_shift,
                   learn_tilt_axis=refine and cfg.pose.learn_tilt_axis, initial=view_poses(ts.metadata))
     if cfg.sampler.batch_size is None:
-        batch = auto_batch_size(ts, cfg.sampler.patch_size)
+        batch = auto_batch_size(ts, cfg.sampler, world_size)
         cfg = dataclasses.replace(cfg, sampler=dataclasses.replace(cfg.sampler, batch_size=batch))
-        log.info("sampler: %d rays per step (about 1/256 of the series' %d pixels; set sampler.batch_size to "
-                 "choose)", cfg.sampler.batch_size, ts.stack.size)
+        share = (f"about 1/256 of the series' {ts.stack.size} pixels" if batch >= 1024 else
+                 f"all training pixels of this small series of {ts.stack.size}")
+        log.info("sampler: %d rays per step (%s; set sampler.batch_size to choose)", batch, share)
     cfg, why, steps_why = from_data(cfg, ts)
     start, est = background_start(cfg.intensity, ts)
     sampler = build_sampler(ts, cfg.sampler, seed=cfg.runtime.seed, device=device, rank=rank, world_size=world_size,

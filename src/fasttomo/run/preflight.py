@@ -194,7 +194,7 @@ def planned_shape(cfg: Config, ts, local_rank: int = 0) -> RunShape:
     params, feats = _planned_field(cfg, box)
     pixels = ts.n_tilts * ts.height * ts.width
     return RunShape(resolve_device(cfg.runtime.device, local_rank),
-                    int(cfg.sampler.batch_size or auto_batch_size(ts, cfg.sampler.patch_size)), int(spr), feats,
+                    int(cfg.sampler.batch_size or auto_batch_size(ts, cfg.sampler)), int(spr), feats,
                     cfg.model.hidden if cfg.model.kind != "voxel" else 0, split_size(pixels, cfg.sampler.val_fraction),
                     pixels, int(ts.stack.nbytes * (2 if ts.valid is not None else 1)), params, _voxels(cfg, box),
                     plane_voxels=math.prod(_volume_shape(cfg, box)[1:]))
