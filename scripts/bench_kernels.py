@@ -77,6 +77,34 @@ def rotations(T, device, gen):
     return q.float().contiguous()
 
 
+def bf16_planes_rows(row, pts, M, x, lay, gout, b_fwd, b_bwd_all, twin_fwd, twin_fb_ms, reps) -> None:
+    """The kernels sampling a bf16 copy of the planes (8-byte gathers of a 16-channel chunk instead
+    of 16-byte ones; widened to fp32 on load, gradients fp32), with the default tuning. The copy is
+    made inside each timed call, as a step would make it once. Not used by runs: these rows decide."""
+    from fasttomo.kernels.triton import kplanes as kp
+
+    with torch.no_grad():
+        ref = kp.kplanes_forward(pts, M, x, lay, False)
+        err = float((kp.kplanes_forward(pts, M, x.to(torch.bfloat16), lay, False) - ref).double().norm()
+                    / ref.double().norm())
+        del ref
+    print(f"  bf16 planes: features' relative difference to fp32 planes {err:.2e}", flush=True)
+    for out_bf16 in (False, True):
+        m = time_ms(lambda: kp.kplanes_forward(pts, M, x.to(torch.bfloat16), lay, out_bf16), reps=reps)
+        row(f"fused {'bf16' if out_bf16 else 'fp32'} out, bf16 planes", "tilted_kplanes", "fwd", *m, b_fwd,
+            speedup_vs_twin=twin_fwd / m[0], rel_diff_to_fp32_planes=err)
+
+    def fb():
+        xb = x.to(torch.bfloat16)
+        f = kp.kplanes_forward(pts, M, xb, lay, False)
+        gp, dq, gm = kp.kplanes_backward(gout, pts, M, xb, lay, True, need_gm=True)
+        torch.einsum("itn,tij->nj", dq, M)
+        return f, gp
+    m = time_ms(fb, reps=reps)
+    row("fused default, bf16 planes (grads: all)", "tilted_kplanes", "fwd+bwd", *m, b_fwd + b_bwd_all,
+        speedup_vs_twin=twin_fb_ms / m[0])
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--case", default="flagship", choices=sorted(CASES))
@@ -228,6 +256,7 @@ def main() -> int:
         except Exception as e:  # noqa: BLE001 - record a variant that fails to compile
             print(f"  variant {tag} failed: {type(e).__name__}: {str(e)[:300]}", flush=True)
             rows.append({"variant": f"fused {tag}", "op": "tilted_kplanes", "error": str(e)[:500]})
+    bf16_planes_rows(row, pts, M, x, lay, gout, b_fwd, b_bwd_all, twin_fwd, twin_fb_ms, args.reps)
     del gout
     torch.cuda.empty_cache()
 

@@ -133,6 +133,26 @@ def _checks():
     out["kplanes[bf16_out]"] = {"ok": bool(got.dtype == torch.bfloat16 and _rel(got.float(), ref) < 1e-2),
                                 "errors": {"out": _rel(got.float(), ref)}}
 
+    # bf16 planes (a bench variant): sampled from the bf16 copy, everything after the load in fp32,
+    # so the fp32 twin on the rounded planes is the oracle; plane gradients come back fp32
+    lay_b = PlaneLayout(2, 16, ((5, 4, 6), (9, 7, 8)))
+    pts_b = rays(4, 12, spread=0.7)
+    M_b = torch.linalg.qr(torch.randn(2, 3, 3))[0]
+    xb = torch.randn(lay_b.numel).to(torch.bfloat16)
+    xr = xb.float().requires_grad_()
+    pr, Mr = pts_b.clone().requires_grad_(), M_b.clone().requires_grad_()
+    ref = reference.tilted_kplanes(pr, Mr, xr, lay_b)
+    g = torch.randn_like(ref)
+    gr = torch.autograd.grad(ref, [pr, Mr, xr], g)
+    errs = {"out": _rel(kp.kplanes_forward(pts_b, M_b, xb, lay_b, False), ref)}
+    for tag, tuning in (("pairs", kp.KPlanesTuning(backward="pairs", pairs_block_n=16)),
+                        ("runs", kp.KPlanesTuning(backward="runs", run_rows=4, run_len=8))):
+        gp, dq, gm = kp.kplanes_backward(g, pts_b, M_b, xb, lay_b, True, tuning, need_gm=True)
+        errs[f"d_planes_{tag}"] = _rel(gp, gr[2]) + float(gp.dtype != torch.float32)
+        errs[f"d_points_{tag}"] = _rel(torch.einsum("itn,tij->nj", dq, M_b), gr[0])
+        errs[f"d_matrices_{tag}"] = _rel(gm, gr[1])
+    record("kplanes[bf16_planes]", errs)
+
     # create_graph: the backward routes to the twin's formula; double backward is exact
     dispatch.reset_counters()
     pts = (torch.rand(11, 3) * 2 - 1).requires_grad_()
@@ -201,7 +221,7 @@ NAMES = (
     [f"kplanes[{l}-{p}]" for l in ("T2_C5_two_scales_aniso", "T1_C3_one_scale", "T3_C16_rect")
      for p in ("random_outside", "rays")]
     + ["kplanes[texel_runs_dense_rays]", "kplanes[stride0_grad]", "kplanes[bf16_out]",
-       "kplanes[create_graph]"]
+       "kplanes[bf16_planes]", "kplanes[create_graph]"]
     + [f"plane_tv[{l}]" for l in ("T2_C5_two_scales_aniso", "T1_C3_one_scale", "T3_C16_rect")]
     + [f"volume_tv[{s}-{k}]" for s in ("5x6x7", "2x3x2x5", "2x2x2") for k in ("squared", "l1")]
     + ["tomo[int64=False]", "tomo[int64=True]"]

@@ -68,11 +68,13 @@ def _rotate(pts_ptr, mat_ptr, n, nmask, t):
 
 @triton.jit
 def _tap4(base, p00, row_stride, C, c, m2):
+    """The 4 corner texels of a cell, C-channel chunk ``c``, in fp32 (bf16 planes are widened on
+    load, so every sum and difference after it is fp32; a no-op for fp32 planes)."""
     p = base + p00[:, None] + c[None, :]
-    v00 = tl.load(p, mask=m2, other=0.0)
-    v01 = tl.load(p + C, mask=m2, other=0.0)
-    v10 = tl.load(p + row_stride, mask=m2, other=0.0)
-    v11 = tl.load(p + row_stride + C, mask=m2, other=0.0)
+    v00 = tl.load(p, mask=m2, other=0.0).to(tl.float32)
+    v01 = tl.load(p + C, mask=m2, other=0.0).to(tl.float32)
+    v10 = tl.load(p + row_stride, mask=m2, other=0.0).to(tl.float32)
+    v11 = tl.load(p + row_stride + C, mask=m2, other=0.0).to(tl.float32)
     return v00, v01, v10, v11
 
 
@@ -472,6 +474,8 @@ DEFAULT_TUNING = KPlanesTuning()
 def kplanes_forward(points: torch.Tensor, matrices: torch.Tensor, plane_data: torch.Tensor,
                     layout: PlaneLayout, out_bf16: bool,
                     tuning: KPlanesTuning = DEFAULT_TUNING) -> torch.Tensor:
+    """Features (N, L*T*C), fp32 or (``out_bf16``) bf16. ``plane_data`` is fp32 or a bf16 copy of
+    the planes (half the gathered bytes; widened to fp32 on load)."""
     points, matrices, plane_data = points.contiguous(), matrices.contiguous(), plane_data.contiguous()
     N = points.shape[0]
     T, C = layout.n_rot, layout.channels
@@ -508,14 +512,15 @@ def kplanes_backward(grad: torch.Tensor, points: torch.Tensor, matrices: torch.T
     """Plane gradients, dL/dq laid out (3, T, N) (N = 0 unless need_dq) and, with need_gm, the
     frame matrices' gradient dL/dM (T, 3, 3) from per-program partial sums added up here in a fixed
     order, so it is deterministic ((0, 3, 3) without need_gm); the strategy from
-    ``backward_strategy``."""
+    ``backward_strategy``. ``plane_data`` may be a bf16 copy (sampled from, as in
+    :func:`kplanes_forward`); the plane gradients are fp32."""
     points, matrices, plane_data = points.contiguous(), matrices.contiguous(), plane_data.contiguous()
     N = points.shape[0]
     T, C = layout.n_rot, layout.channels
     F = layout.n_features
     strategy = backward_strategy(N, T, device_of(points), tuning)
     bc = _block_c(C)
-    gplanes = torch.zeros_like(plane_data)
+    gplanes = torch.zeros(plane_data.shape, device=plane_data.device, dtype=torch.float32)
     dq = torch.empty((3, T, N if need_dq else 0), device=points.device, dtype=torch.float32)
     per_program = tuning.run_rows * tuning.run_len if strategy == "runs" else tuning.pairs_block_n
     n_prog = triton.cdiv(N, per_program)
