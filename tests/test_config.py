@@ -70,11 +70,20 @@ def test_unknown_key_is_rejected_with_valid_keys():
     ("data.tilt_min=-95", "data.tilt_min"),
     ("model.resolutions=[1]", "model.resolutions"),
     ("precision.dtype=fp8", "precision.dtype"),
+    ("precision.planes=fp16", "precision.planes"),
 ])
 def test_bad_values_name_the_field(override, field):
     with pytest.raises(ConfigError) as info:
         compose_config([override])
     assert field in str(info.value)
+
+
+def test_bf16_planes_need_a_kplanes_model():
+    assert compose_config(["precision.planes=bf16"]).precision.planes == "bf16"
+    assert compose_config(["model=kplanes", "precision.planes=bf16"]).model.n_rotations == 1
+    for model in ("voxel", "sirt"):
+        with pytest.raises(ConfigError, match=rf"precision.planes=bf16: model.kind={model} has no planes to sample"):
+            compose_config([f"model={model}", "precision.planes=bf16"])
 
 
 def test_missing_path_for_file_data():

@@ -868,9 +868,16 @@ class PrecisionConfig:
     fp32. bench_quality measured no quality difference between fp32 and bf16 fields (128^3,
     clean and 5 % noise) and bf16 steps are faster on the GPU; on a CPU bf16 speeds up the
     decoder's matrix products only (docs/quality.md)."""
+    planes: str = "fp32"
+    """What the interpolation samples the K-Planes from: fp32 (the parameters themselves) or bf16 (a
+    copy rounded to bf16 each step: half the bytes the fused GPU kernels gather; the parameters,
+    their gradients and Adam stay fp32, and every sum after the read is fp32). The CPU paths sample
+    the same rounded values. Quality at 64^2 on four specimens: no consistent cost; GPU speed: not
+    yet measured (docs/kernels.md, "bf16 planes")."""
 
     def __post_init__(self) -> None:
         _choice(self.dtype, ("auto", "fp32", "bf16", "fp16"), "precision.dtype")
+        _choice(self.planes, ("fp32", "bf16"), "precision.planes")
 
 
 # --------------------------------------------------------------------------------------- kernels
@@ -1090,6 +1097,11 @@ class Config:
     whether the run folder can be used, then exit without training or writing anything."""
     name: str = "fasttomo"
     """Run name (written in the MRC label and metadata)."""
+
+    def __post_init__(self) -> None:
+        if self.precision.planes != "fp32" and self.model.kind != "kplanes_tilted":
+            raise ConfigError(f"precision.planes={self.precision.planes}: model.kind={self.model.kind} has no planes to "
+                              "sample; remove precision.planes or use model=kplanes_tilted (or model=kplanes).")
 
 
 # --------------------------------------------------------------------------------------- dict -> dataclass

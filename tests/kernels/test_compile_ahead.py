@@ -56,8 +56,9 @@ def _run(tmp_path, name: str, ahead: bool, *overrides: str) -> tuple[list, np.nd
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not HAS_GPU, reason="needs a CUDA GPU and triton")
-@pytest.mark.parametrize("overrides", [(), ("precision.dtype=fp32", "loss=tv", "pose=refine")],
-                         ids=["default", "fp32-volume-tv-poses"])
+@pytest.mark.parametrize("overrides", [(), ("precision.dtype=fp32", "loss=tv", "pose=refine"),
+                                       ("precision.planes=bf16",)],
+                         ids=["default", "fp32-volume-tv-poses", "bf16-planes"])
 def test_every_kernel_of_a_run_is_compiled_ahead_and_the_volume_agrees(tmp_path, overrides):
     on, vol_on = _run(tmp_path, "on", True, *overrides)
     off, vol_off = _run(tmp_path, "off", False, *overrides)

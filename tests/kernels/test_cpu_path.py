@@ -161,6 +161,27 @@ def test_the_door_routes_cpu_inputs_to_the_cpu_path(dtype):
     torch.testing.assert_close(x.grad, gref, **TOL[dtype])
 
 
+@pytest.mark.parametrize("backend", ["auto", "torch"], ids=["cpu-path", "twin"])
+def test_bf16_planes_sample_the_rounded_values_and_pass_gradients_through(backend):
+    """precision.planes=bf16 on the CPU: the features and every gradient are those of the same path
+    evaluated on the planes rounded to bf16 (bit for bit), the plane gradient reaches the fp32
+    parameters unrounded, and the rounding is real (the features differ from fp32 planes')."""
+    dispatch.configure(backend)
+    lay = LAYOUTS["T3_C8_4_345"]
+    pts, M, x = _inputs(lay, 60, torch.float32, seed=11)
+    gout = torch.randn(60, lay.n_features, generator=torch.Generator().manual_seed(3))
+    leaves = [t.clone().requires_grad_() for t in (pts, M, x)]
+    out = dispatch.tilted_kplanes(*leaves, lay, planes_bf16=True)
+    got = torch.autograd.grad(out, leaves, gout)
+    rounded = x.to(torch.bfloat16).float()
+    ref_leaves = [t.clone().requires_grad_() for t in (pts, M, rounded)]
+    ref = dispatch.tilted_kplanes(*ref_leaves, lay)
+    want = torch.autograd.grad(ref, ref_leaves, gout)
+    assert torch.equal(out, ref) and all(torch.equal(a, b) for a, b in zip(got, want))
+    assert got[2].dtype == torch.float32 and not torch.equal(got[2], got[2].to(torch.bfloat16).float())
+    assert not torch.equal(out, dispatch.tilted_kplanes(pts, M, x, lay))
+
+
 def test_backend_torch_keeps_the_twin():
     dispatch.configure("torch")
     lay = LAYOUTS["T3_C8_4_345"]

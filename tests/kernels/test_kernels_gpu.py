@@ -177,6 +177,26 @@ def test_kplanes_bf16_autocast():
     assert gx.dtype == torch.float32 and rel(gx, rx) < 1e-5
 
 
+def test_kplanes_bf16_planes_through_the_door():
+    """precision.planes=bf16 on the GPU: the fused path (fp32 and bf16 features) matches the twin on
+    the rounded planes, the plane gradient is fp32, and the door counts the fused path."""
+    lay = LAYOUTS["T3_C20"]
+    pts = (torch.rand(3000, 3, device="cuda") * 2 - 1).requires_grad_()
+    M, x = _rot(3, "cuda").requires_grad_(), torch.randn(lay.numel, device="cuda", requires_grad=True)
+    ref = reference.tilted_kplanes(pts, M, reference.bf16_planes(x), lay)
+    g = _off_edge(torch.randn_like(ref), pts, M, lay)
+    want = torch.autograd.grad(ref, [pts, M, x], g)
+    dispatch.reset_counters()
+    out = dispatch.tilted_kplanes(pts, M, x, lay, planes_bf16=True)
+    got = torch.autograd.grad(out, [pts, M, x], g)
+    assert dispatch.counters["tilted_kplanes"] == {"triton": 1} and got[2].dtype == torch.float32
+    errs = {"out": rel(out, ref), **{k: rel(a, b) for k, a, b in zip(("points", "matrices", "planes"), got, want)}}
+    assert max(errs.values()) < 2e-5, errs
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        out16 = dispatch.tilted_kplanes(pts, M, x, lay, planes_bf16=True)
+    assert out16.dtype == torch.bfloat16 and rel(out16.float(), ref) < 1e-2
+
+
 def test_plane_tv_parity():
     for lay in LAYOUTS.values():
         x = torch.randn(lay.numel, device="cuda", requires_grad=True)
@@ -253,11 +273,14 @@ def test_opcheck_tilted_kplanes():
     M, x = _rot(2, "cuda").requires_grad_(), torch.randn(lay.numel, device="cuda", requires_grad=True)
     _opcheck(torch.ops.fasttomo.tilted_kplanes.default, (pts, M, x, 2, 5, res, False))
     _opcheck(torch.ops.fasttomo.tilted_kplanes.default, (pts.detach(), M.detach(), x, 2, 5, res, True))
+    _opcheck(torch.ops.fasttomo.tilted_kplanes.default, (pts, M, x, 2, 5, res, False, True))  # bf16 planes
     g = torch.randn(50, lay.n_features, device="cuda")
     _opcheck(torch.ops.fasttomo.tilted_kplanes_bwd.default, (g, pts.detach(), M.detach(), x.detach(), 2, 5, res, True,
                                                              True))
     _opcheck(torch.ops.fasttomo.tilted_kplanes_bwd.default, (g, pts.detach(), M.detach(), x.detach(), 2, 5, res, False,
                                                              True))
+    _opcheck(torch.ops.fasttomo.tilted_kplanes_bwd.default, (g, pts.detach(), M.detach(),
+                                                             x.detach().to(torch.bfloat16), 2, 5, res, True, True))
 
 
 def test_opcheck_tv():

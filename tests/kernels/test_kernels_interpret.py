@@ -151,6 +151,14 @@ def _checks():
         errs[f"d_planes_{tag}"] = _rel(gp, gr[2]) + float(gp.dtype != torch.float32)
         errs[f"d_points_{tag}"] = _rel(torch.einsum("itn,tij->nj", dq, M_b), gr[0])
         errs[f"d_matrices_{tag}"] = _rel(gm, gr[1])
+    # precision.planes=bf16 through the custom op: fp32 planes in, the copy made inside, the plane
+    # gradient fp32 and unrounded
+    leaves = [t.clone().requires_grad_() for t in (pts_b, M_b, xb.float())]
+    got = torch.ops.fasttomo.tilted_kplanes(*leaves, 2, 16, [v for r in lay_b.resolutions for v in r], False, True)
+    gg = torch.autograd.grad(got, leaves, g)
+    errs["op_out"] = _rel(got, ref)
+    for name, a, b in zip(("points", "matrices", "planes"), gg, gr):
+        errs[f"op_d_{name}"] = _rel(a, b) + float(a.dtype != torch.float32)
     record("kplanes[bf16_planes]", errs)
 
     # create_graph: the backward routes to the twin's formula; double backward is exact

@@ -178,18 +178,23 @@ def _why_not_cpu_kplanes(points, matrices, plane_data, layout: PlaneLayout) -> O
 
 
 def tilted_kplanes(points: torch.Tensor, matrices: torch.Tensor, plane_data: torch.Tensor,
-                   layout: PlaneLayout) -> torch.Tensor:
+                   layout: PlaneLayout, planes_bf16: bool = False) -> torch.Tensor:
+    """Features of ``points`` (op 1). ``planes_bf16`` (precision.planes=bf16): sample the planes'
+    values rounded to bf16 (the fused kernels read a bf16 copy; the CPU path and the twin the
+    rounded values, ``reference.bf16_planes``); gradients reach ``plane_data`` in its dtype."""
     reason = _why_not_kplanes(points, matrices, plane_data, layout)
     if reason is not None and _why_not_cpu_kplanes(points, matrices, plane_data, layout) is None:
         _note("tilted_kplanes", "cpu", None)
-        return _cpu.tilted_kplanes(points, matrices, plane_data, layout)
+        return _cpu.tilted_kplanes(points, matrices, reference.bf16_planes(plane_data) if planes_bf16 else plane_data,
+                                   layout)
     if _route("tilted_kplanes", reason):
         out_bf16 = (torch.is_autocast_enabled("cuda")
                     and torch.get_autocast_dtype("cuda") == torch.bfloat16)
         return torch.ops.fasttomo.tilted_kplanes(points.contiguous(), matrices.contiguous(),
                                                  plane_data, layout.n_rot, layout.channels,
-                                                 layout.flat_resolutions, out_bf16)
-    return reference.tilted_kplanes(points, matrices, plane_data, layout)
+                                                 layout.flat_resolutions, out_bf16, planes_bf16)
+    return reference.tilted_kplanes(points, matrices, reference.bf16_planes(plane_data) if planes_bf16 else plane_data,
+                                    layout)
 
 
 def _why_not_cpu_plane_tv(plane_data: torch.Tensor, layout: PlaneLayout) -> Optional[str]:
@@ -300,7 +305,8 @@ def compile_ahead(field, points_per_step: int, *, out_bf16: bool, need_dq: bool,
 
     rot = getattr(field, "rot_params", None)
     jobs = ahead.plan_jobs(layout, int(points_per_step), train_out_bf16=out_bf16, need_dq=need_dq,
-                           need_gm=rot is not None and rot.requires_grad, plane_tv=plane_tv, volume_tv=volume_tv)
+                           need_gm=rot is not None and rot.requires_grad, plane_tv=plane_tv, volume_tv=volume_tv,
+                           planes_bf16=bool(getattr(field, "planes_bf16", False)))
     started = ahead.start(planes.device, jobs, ahead.kernels())
     _ahead["started"] = _ahead["started"] or started > 0
     return started

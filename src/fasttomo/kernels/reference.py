@@ -51,6 +51,14 @@ def tilted_kplanes(points: torch.Tensor, matrices: torch.Tensor, plane_data: tor
     return torch.cat(feats, dim=1)
 
 
+def bf16_planes(plane_data: torch.Tensor) -> torch.Tensor:
+    """The planes as ``precision.planes=bf16`` samples them: the values of their bf16 copy, the
+    gradient passed through to ``plane_data`` unchanged (what the fused kernels do when they read a
+    bf16 copy and write fp32 plane gradients)."""
+    p = plane_data.detach()
+    return plane_data + (p.to(torch.bfloat16).to(p.dtype) - p)
+
+
 def decoder_mlp(x: torch.Tensor, w1: torch.Tensor, b1: torch.Tensor, w2: torch.Tensor, b2: torch.Tensor,
                 w3: torch.Tensor, b3: torch.Tensor) -> torch.Tensor:
     """The hybrid decoder, Linear-ReLU-Linear-ReLU-Linear, on (N, F) features with ``nn.Linear``'s

@@ -69,6 +69,8 @@ class KPlanesTILTED(nn.Module):
         self.rot_params = nn.Parameter(init, requires_grad=self.learn_frames)
 
         self.decoder = Decoder(self.layout.n_features, cfg.decoder, cfg.hidden, generator=generator)
+        self.planes_bf16 = False
+        """Sample the planes' values rounded to bf16 (precision.planes=bf16, set by the run's build)."""
 
     @property
     def n_features(self) -> int:
@@ -94,7 +96,7 @@ class KPlanesTILTED(nn.Module):
     def features(self, points: torch.Tensor) -> torch.Tensor:
         """(N, 3) normalized xyz -> (N, L*T*C) plane features."""
         m = self.sampling_matrices()
-        return dispatch.tilted_kplanes(points.to(m.dtype), m, self.plane_data, self.layout)
+        return dispatch.tilted_kplanes(points.to(m.dtype), m, self.plane_data, self.layout, self.planes_bf16)
 
     def forward(self, points: torch.Tensor) -> torch.Tensor:
         """Density at normalized points (..., 3) -> (...)."""

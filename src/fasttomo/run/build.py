@@ -395,8 +395,12 @@ def compile_ahead(loss: LossConfig, projector: Projector, batch_size: int, preci
 
 
 def field_precision(cfg: Config, device: torch.device, field) -> Precision:
-    """The run's Precision; bf16 on a CPU sets the field's decoder to train in it (its layers alone)."""
+    """The run's Precision; bf16 on a CPU sets the field's decoder to train in it (its layers alone);
+    precision.planes=bf16 sets the field to sample its planes rounded to bf16."""
     precision = Precision(cfg.precision.dtype, device)
+    if cfg.precision.planes == "bf16":  # a K-Planes field (Config refuses the key for other models)
+        field.planes_bf16 = True
+        log.info("precision: the interpolation samples the planes rounded to bf16 (precision.planes=bf16)")
     decoder = getattr(field, "decoder", None)
     if precision.decoder_only and decoder is not None:
         decoder.train_dtype = precision.dtype

@@ -154,6 +154,8 @@ class RunShape:
     """The model exists already (its parameters are part of what the process holds)."""
     plane_voxels: int = 0
     """Voxels of one Z plane of the exported volume (its export slabs are whole planes)."""
+    planes_bf16: bool = False
+    """precision.planes=bf16: every pass that evaluates the field holds a bf16 copy of the planes."""
 
 
 def _voxels(cfg: Config, box) -> int:
@@ -197,7 +199,7 @@ def planned_shape(cfg: Config, ts, local_rank: int = 0) -> RunShape:
                     int(cfg.sampler.batch_size or auto_batch_size(ts, cfg.sampler)), int(spr), feats,
                     cfg.model.hidden if cfg.model.kind != "voxel" else 0, split_size(pixels, cfg.sampler.val_fraction),
                     pixels, int(ts.stack.nbytes * (2 if ts.valid is not None else 1)), params, _voxels(cfg, box),
-                    plane_voxels=math.prod(_volume_shape(cfg, box)[1:]))
+                    plane_voxels=math.prod(_volume_shape(cfg, box)[1:]), planes_bf16=cfg.precision.planes == "bf16")
 
 
 def built_shape(cfg: Config, comps) -> RunShape:
@@ -208,13 +210,14 @@ def built_shape(cfg: Config, comps) -> RunShape:
                     cfg.model.hidden if cfg.model.kind != "voxel" else 0, int(comps.sampler.n_val),
                     ts.n_tilts * ts.height * ts.width, int(ts.stack.nbytes * (2 if ts.valid is not None else 1)),
                     _counts(comps)[1], _voxels(cfg, comps.box), built=True,
-                    plane_voxels=math.prod(_volume_shape(cfg, comps.box)[1:]))
+                    plane_voxels=math.prod(_volume_shape(cfg, comps.box)[1:]), planes_bf16=cfg.precision.planes == "bf16")
 
 
 def pass_bytes(shape: RunShape) -> dict[str, int]:
     """Bytes of the largest chunk of each pass that evaluates the field: a training step (on the
     CPU's native kernels with its backward's per-thread plane gradients), a validation chunk, a
-    rendering chunk (per-view residuals, held-out views), an export chunk."""
+    rendering chunk (per-view residuals, held-out views), an export chunk; each with the planes'
+    bf16 copy under precision.planes=bf16."""
     from fasttomo.quality.scoring import (VIEW_RESIDUAL_RAYS, free_memory_bytes, nograd_point_bytes,
                                           render_chunk_rays)
     from fasttomo.methods.field.projector import volume_chunk
@@ -231,9 +234,12 @@ def pass_bytes(shape: RunShape) -> dict[str, int]:
 
         plane_bytes = 4 * shape.parameters  # the planes and the few other parameters
         step += (backward_threads(plane_bytes) - 1) * plane_bytes
-    return {"training step": step,
-            "validation": val_rays * spr * nograd, "rendering views": view_rays * spr * nograd,
-            "export": volume_chunk(shape.device) * nograd}
+    # the planes' bf16 copy (on the CPU their rounded values in fp32; the few other parameters
+    # counted with them)
+    copy = (4 if shape.device.type == "cpu" else 2) * shape.parameters if shape.planes_bf16 else 0
+    return {"training step": step + copy,
+            "validation": val_rays * spr * nograd + copy, "rendering views": view_rays * spr * nograd + copy,
+            "export": volume_chunk(shape.device) * nograd + copy}
 
 
 def rss_bytes() -> int | None:

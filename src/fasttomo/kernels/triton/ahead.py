@@ -157,23 +157,25 @@ def summary() -> dict | None:
 
 
 def plan_jobs(layout, n_points: int, *, train_out_bf16: bool, need_dq: bool, need_gm: bool,
-              plane_tv: bool, volume_tv: tuple | None) -> list:
+              plane_tv: bool, volume_tv: tuple | None, planes_bf16: bool = False) -> list:
     """The compile jobs of a field run whose training batch has ``n_points`` points: the
     interpolation's forward as training calls it (bf16 features under bf16 autocast) and its
     backward (the gradient in the features' dtype; dL/dq when the points need a gradient, dL/dM
     when the frames do), the forward in fp32 for both integer classes of the no-grad callers
     (validation chunks, export slabs, renders: a point count divisible by 16 or not), the plane
-    TV's pair when ``plane_tv`` and the volume TV's when ``volume_tv`` = (shape, l1)."""
+    TV's pair when ``plane_tv`` and the volume TV's when ``volume_tv`` = (shape, l1); with
+    ``planes_bf16`` the interpolation reads a bf16 copy of the planes (the plane TV the planes)."""
     T, numel, F = layout.n_rot, layout.numel, layout.n_features
     planes, mats = meta(numel), meta(T, 3, 3)
+    sampled = meta(numel, dtype=torch.bfloat16) if planes_bf16 else planes
     jobs = []
 
     def forward(n: int, bf16: bool):
-        return lambda: kp.kplanes_forward(meta(n, 3), mats, planes, layout, bf16)
+        return lambda: kp.kplanes_forward(meta(n, 3), mats, sampled, layout, bf16)
 
     def backward():
         gdt = torch.bfloat16 if train_out_bf16 else torch.float32
-        kp.kplanes_backward(meta(n_points, F, dtype=gdt), meta(n_points, 3), mats, planes, layout,
+        kp.kplanes_backward(meta(n_points, F, dtype=gdt), meta(n_points, 3), mats, sampled, layout,
                             need_dq, need_gm=need_gm)
 
     other = n_points + 1 if n_points % 16 == 0 else (n_points // 16 + 1) * 16

@@ -61,16 +61,24 @@ def _fake(name: str):
 
 
 # ------------------------------------------------------------------------- op 1: tilted k-planes
+def _sampled(plane_data: torch.Tensor, planes_bf16: bool) -> torch.Tensor:
+    """What the kernels read: the planes, or (precision.planes=bf16) their bf16 copy, made in the
+    forward and again in the backward (0.1 ms at the flagship; nothing extra is kept)."""
+    return plane_data.to(torch.bfloat16) if planes_bf16 else plane_data
+
+
 @_op("tilted_kplanes(Tensor points, Tensor matrices, Tensor plane_data, int n_rot, int channels, "
-     "int[] resolutions, bool out_bf16) -> Tensor")
+     "int[] resolutions, bool out_bf16, bool planes_bf16=False) -> Tensor")
 def tilted_kplanes(points: torch.Tensor, matrices: torch.Tensor, plane_data: torch.Tensor,
-                   n_rot: int, channels: int, resolutions: list[int], out_bf16: bool) -> torch.Tensor:
-    return _kp.kplanes_forward(points.contiguous(), matrices.contiguous(), plane_data.contiguous(),
+                   n_rot: int, channels: int, resolutions: list[int], out_bf16: bool,
+                   planes_bf16: bool = False) -> torch.Tensor:
+    return _kp.kplanes_forward(points.contiguous(), matrices.contiguous(),
+                               _sampled(plane_data.contiguous(), planes_bf16),
                                _layout(n_rot, channels, resolutions), out_bf16)
 
 
 @_fake("tilted_kplanes")
-def _(points, matrices, plane_data, n_rot, channels, resolutions, out_bf16):
+def _(points, matrices, plane_data, n_rot, channels, resolutions, out_bf16, planes_bf16=False):
     return points.new_empty((points.shape[0], _layout(n_rot, channels, resolutions).n_features),
                             dtype=torch.bfloat16 if out_bf16 else torch.float32)
 
@@ -90,43 +98,46 @@ def tilted_kplanes_bwd(grad: torch.Tensor, points: torch.Tensor, matrices: torch
 @_fake("tilted_kplanes_bwd")
 def _(grad, points, matrices, plane_data, n_rot, channels, resolutions, need_dq, need_gm):
     n = points.shape[0] if need_dq else 0
-    return (torch.empty_like(plane_data),
+    return (plane_data.new_empty(plane_data.shape, dtype=torch.float32),  # a bf16 copy's gradient too
             points.new_empty((3, n_rot, n), dtype=torch.float32),
             points.new_empty((n_rot if need_gm else 0, 3, 3), dtype=torch.float32))
 
 
 def _kp_setup(ctx, inputs, output):
-    points, matrices, plane_data, n_rot, channels, resolutions, _ = inputs
+    points, matrices, plane_data, n_rot, channels, resolutions = inputs[:6]
     ctx.save_for_backward(points, matrices, plane_data)
-    ctx.cfg = (n_rot, channels, list(resolutions))
+    ctx.cfg = (n_rot, channels, list(resolutions), bool(inputs[7]) if len(inputs) > 7 else False)
+    ctx.n_inputs = len(inputs)
 
 
 def _kp_backward(ctx, grad):
     points, matrices, plane_data = ctx.saved_tensors
-    n_rot, channels, resolutions = ctx.cfg
+    n_rot, channels, resolutions, planes_bf16 = ctx.cfg
     need_p, need_m, need_x = ctx.needs_input_grad[:3]
+    rest = (None,) * (ctx.n_inputs - 3)
     if torch.is_grad_enabled():
         # create_graph backward: exact higher-order autograd through the twin
         _count("tilted_kplanes_bwd", "torch")
         wrt = [(i, t) for i, (t, need) in enumerate(((points, need_p), (matrices, need_m),
                                                      (plane_data, need_x))) if need]
-        out = reference.tilted_kplanes(points, matrices, plane_data,
+        out = reference.tilted_kplanes(points, matrices,
+                                       reference.bf16_planes(plane_data) if planes_bf16 else plane_data,
                                        _layout(n_rot, channels, resolutions))
         got = torch.autograd.grad(out, [t for _, t in wrt], grad.to(out.dtype), create_graph=True,
                                   allow_unused=True)
         res = [None, None, None]
         for (i, t), g in zip(wrt, got):
             res[i] = torch.zeros_like(t) if g is None else g
-        return res[0], res[1], res[2], None, None, None, None
+        return (res[0], res[1], res[2], *rest)
     _count("tilted_kplanes_bwd", "triton")
     # dq (3, T, N) only for the points' gradient; the matrices' gradient (sum over N of dq p^T)
     # comes from per-program partial sums of the kernel (an N-long einsum over dq ran on a single
     # GEMM tile: 0.105 ms of a 1.57 ms small128 step)
-    gplanes, dq, gm = torch.ops.fasttomo.tilted_kplanes_bwd(grad, points, matrices, plane_data, n_rot,
-                                                            channels, resolutions, bool(need_p), bool(need_m))
+    gplanes, dq, gm = torch.ops.fasttomo.tilted_kplanes_bwd(grad, points, matrices, _sampled(plane_data, planes_bf16),
+                                                            n_rot, channels, resolutions, bool(need_p), bool(need_m))
     gp = torch.einsum("itn,tij->nj", dq, matrices) if need_p else None
     gm = gm.to(matrices.dtype) if need_m else None
-    return gp, gm, (gplanes if need_x else None), None, None, None, None
+    return (gp, gm, (gplanes.to(plane_data.dtype) if need_x else None), *rest)
 
 
 torch.library.register_autograd("fasttomo::tilted_kplanes", _kp_backward, setup_context=_kp_setup, lib=_LIB)
