@@ -12,6 +12,10 @@ chunk) covers depends on the kernel:
                 and only the others are flushed (a move of one cell flushes 2, a diagonal 3, a jump 4)
     interleaved the same texel-run backward with each program's rays stored depth-major (sample s
                 of every ray of the group, then s + 1: neighbouring rays at one depth in a row)
+    sorted      the same texel-run backward walking the points in the order of a sort by cell
+                (--sorted): by each frame's 3-D cell (one walk for the three planes), or by each
+                frame's and plane kind's 2-D cell (a walk per plane kind); the sort's own cost and
+                the extra gathers of a walk per plane kind are not counted
     tile        a kernel that accumulates one program's whole share in shared memory and flushes
                 each distinct texel it touched once: the program owns GROUP rays (P x P patches of
                 one view with sampler.patch_size=P, or GROUP consecutive rays of a pixel batch)
@@ -26,6 +30,7 @@ benchmarks/results/.
 
     python scripts/count_locality.py                                   # flagship shape
     python scripts/count_locality.py --case small128 --patches 1 4 8 16
+    python scripts/count_locality.py --sorted --rays 8192 --run-lens 16 64
 """
 
 from __future__ import annotations
@@ -57,11 +62,11 @@ def cells(q: np.ndarray, a: int, b: int, ra: int, rb: int) -> tuple[np.ndarray, 
     return np.minimum(np.floor(x), ra - 2).astype(np.int64), np.minimum(np.floor(y), rb - 2).astype(np.int64)
 
 
-def run_flushes(ci: np.ndarray, cj: np.ndarray) -> int:
-    """Flushes of the texel-run backward for points (rays, samples) in memory order, rows of RUN."""
+def run_flushes(ci: np.ndarray, cj: np.ndarray, run: int = RUN) -> int:
+    """Flushes of the texel-run backward for points (rays, samples) in memory order, rows of ``run``."""
     ci, cj = ci.reshape(-1), cj.reshape(-1)
     n = ci.size
-    start = (np.arange(n) % RUN) == 0
+    start = (np.arange(n) % run) == 0
     di = np.abs(np.diff(ci, prepend=ci[0]))
     dj = np.abs(np.diff(cj, prepend=cj[0]))
     same = (di == 0) & (dj == 0)
@@ -75,6 +80,53 @@ def interleave(c: np.ndarray, group_rays: int) -> np.ndarray:
     b, s = c.shape
     g = b // group_rays
     return c[:g * group_rays].reshape(g, group_rays, s).transpose(0, 2, 1).reshape(-1, s)
+
+
+def spread_bits(v: np.ndarray, dims: int) -> np.ndarray:
+    """The bits of ``v`` (< 2^10) spaced ``dims`` apart, for a Morton key of ``dims`` axes."""
+    v = v.astype(np.int64)
+    out = np.zeros_like(v)
+    for bit in range(10):
+        out |= ((v >> bit) & 1) << (dims * bit)
+    return out
+
+
+def sorted_rows(q: np.ndarray, resolutions: list, plane_axes, runs: list[int]) -> list[dict]:
+    """Texel-run flushes per tap for rows of each length in ``runs`` when the points are walked in
+    sorted order, two ways, each scale (one launch each) with its own sort, in Morton order of
+    the cell at that scale: "3d", each frame's points by their 3-D cell (one walk serves the three
+    planes, as the shipped kernel's does); "2d", each frame and plane kind by the plane's 2-D cell
+    (a walk per plane kind). q is (T, rays, S, 3)."""
+
+    def morton(t: int, axes: tuple[int, ...], res) -> np.ndarray:
+        key = np.zeros(q[t, ..., 0].size, dtype=np.int64)
+        for k, a in enumerate(axes):
+            key |= spread_bits(cells(q[t], a, a, res[a], res[a])[0].reshape(-1), len(axes)) << k
+        return np.argsort(key, kind="stable")
+
+    rows = []
+    for res in resolutions:
+        taps = memory = 0
+        flushed = {(how, run): 0 for how in ("3d", "2d") for run in runs}
+        for t in range(q.shape[0]):
+            order3 = morton(t, (0, 1, 2), res)
+            for a, b in plane_axes:
+                ci, cj = cells(q[t], a, b, res[a], res[b])
+                ci, cj = ci.reshape(-1), cj.reshape(-1)
+                taps += 4 * ci.size
+                memory += run_flushes(ci, cj)
+                for how, order in (("3d", order3), ("2d", morton(t, (a, b), res))):
+                    for run in runs:
+                        flushed[how, run] += run_flushes(ci[order], cj[order], run)
+        row = {"variant": "sorted", "resolution_xyz": list(res), "points": int(q[0, ..., 0].size),
+               "frames": int(q.shape[0]), "taps": taps, "runs_flushes": memory,
+               "runs_per_tap": round(memory / taps, 4),
+               "sort_keys_per_step_3d": int(q[..., 0].size) * len(resolutions),
+               "sort_keys_per_step_2d": int(q[..., 0].size) * len(resolutions) * len(plane_axes)}
+        for (how, run), f in flushed.items():
+            row[f"sorted{how}_run{run}_per_tap"] = round(f / taps, 4)
+        rows.append(row)
+    return rows
 
 
 def tile_stats(ci: np.ndarray, cj: np.ndarray, group_rays: int, ra: int, rb: int) -> tuple[int, np.ndarray]:
@@ -104,12 +156,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--patches", type=int, nargs="+", default=[1, 4, 8, 16],
                    help="sampler.patch_size values (1: a pixel batch, programs of GROUP consecutive rays)")
     p.add_argument("--rays", type=int, default=2048, help="rays of the batch that are counted")
+    p.add_argument("--sorted", action="store_true",
+                   help="count only the texel runs over sorted points (a pixel batch; rows of each --run-lens)")
+    p.add_argument("--run-lens", type=int, nargs="+", default=[16, 64], help="row lengths for --sorted")
     p.add_argument("--no-write", action="store_true")
     args = p.parse_args(argv)
 
-    rows = []
     ts = None
-    for patch in args.patches:
+
+    def batch_points(patch: int):
+        """(the field's layout, sampling coordinates (T, rays, S, 3)) of a real batch."""
+        nonlocal ts
         cfg = compose_config([*CASES[args.case], "logging=quiet", "output.dir=/tmp/count_locality",
                               "runtime=cpu", f"sampler.patch_size={patch}"])
         ts = ts if ts is not None else load_tiltseries(cfg.data)
@@ -122,11 +179,34 @@ def main(argv: list[str] | None = None) -> int:
             pts = ray_samples(batch.row[:n], batch.col[:n], rot, shift, proj.image_hw, proj.box,
                               proj.samples_per_ray).points  # (n, S, 3)
             m = proj.field.sampling_matrices().double()
-            q = torch.einsum("tij,bsj->tbsi", m, pts.double()).numpy()  # (T, n, S, 3)
+            return proj.field.layout, torch.einsum("tij,bsj->tbsi", m, pts.double()).numpy()
+
+    if args.sorted:
+        layout, q = batch_points(1)
+        rows = sorted_rows(q, layout.resolutions, PLANE_AXES, args.run_lens)
+        print(f"count_locality case={args.case}: texel-run flushes per tap, memory order (rows of {RUN}) "
+              f"and sorted (3d: each frame's points, 2d: each frame's and plane kind's); {q.shape[1]} rays counted")
+        cols = [(how, n) for how in ("3d", "2d") for n in args.run_lens]
+        print(f"{'res':>5}{'memory':>9}" + "".join(f"{f'{how}/{n}':>9}" for how, n in cols))
+        for r in rows:
+            print(f"{max(r['resolution_xyz']):>5}{r['runs_per_tap']:>9.3f}"
+                  + "".join(f"{r[f'sorted{how}_run{n}_per_tap']:>9.3f}" for how, n in cols))
+        print(f"sum  {sum(r['runs_per_tap'] for r in rows):>9.3f}"
+              + "".join(f"{sum(r[f'sorted{how}_run{n}_per_tap'] for r in rows):>9.3f}" for how, n in cols))
+        print(f"keys to sort a step: 3d {rows[0]['sort_keys_per_step_3d']}, 2d {rows[0]['sort_keys_per_step_2d']}")
+        if not args.no_write:
+            path = write_result("count_locality", f"{args.case}-sorted", "cpu", rows, run=RUN,
+                                rays_counted=args.rays, note="counts, not timings: the device is where they were computed")
+            print(f"wrote {path}")
+        return 0
+
+    rows = []
+    for patch in args.patches:
+        layout, q = batch_points(patch)
         # a patch batch: programs of one patch; a pixel batch: programs of as many consecutive rays
         groups = [patch * patch] if patch > 1 else sorted({x * x for x in args.patches if x > 1} or {64})
         mine = []
-        for res in proj.field.layout.resolutions:  # (rx, ry, rz) of each scale
+        for res in layout.resolutions:  # (rx, ry, rz) of each scale
             planes = [(cells(q[t], a, b, res[a], res[b]), res[a], res[b])
                       for t in range(q.shape[0]) for a, b in PLANE_AXES]
             taps = sum(4 * ci.size for (ci, _), _, _ in planes)
@@ -154,7 +234,6 @@ def main(argv: list[str] | None = None) -> int:
                     "footprint_KiB_per_16ch_p95": round(float(np.percentile(boxes, 95)) * 64 / 1024, 1),
                 })
         rows += sorted(mine, key=lambda r: r["group_rays"])  # by group, each group's scales in order
-        del comps
     print(f"count_locality case={args.case}: flushes per tap (4 per point, frame and plane), {args.rays} rays counted")
     print(f"{'variant':<11}{'group':>6}{'res':>5}{'runs/tap':>10}{'inter/tap':>10}{'tile/tap':>10}{'tile/runs':>11}"
           f"{'box med':>9}{'box p95':>9}{'KiB p95':>9}")
