@@ -107,7 +107,7 @@ def sorted_rows(q: np.ndarray, resolutions: list, plane_axes, runs: list[int]) -
     rows = []
     for res in resolutions:
         taps = memory = 0
-        flushed = {(how, run): 0 for how in ("3d", "2d") for run in runs}
+        flushed = {(how, run): 0 for how in ("memory", "3d", "2d") for run in runs}
         for t in range(q.shape[0]):
             order3 = morton(t, (0, 1, 2), res)
             for a, b in plane_axes:
@@ -115,7 +115,7 @@ def sorted_rows(q: np.ndarray, resolutions: list, plane_axes, runs: list[int]) -
                 ci, cj = ci.reshape(-1), cj.reshape(-1)
                 taps += 4 * ci.size
                 memory += run_flushes(ci, cj)
-                for how, order in (("3d", order3), ("2d", morton(t, (a, b), res))):
+                for how, order in (("memory", slice(None)), ("3d", order3), ("2d", morton(t, (a, b), res))):
                     for run in runs:
                         flushed[how, run] += run_flushes(ci[order], cj[order], run)
         row = {"variant": "sorted", "resolution_xyz": list(res), "points": int(q[0, ..., 0].size),
@@ -124,7 +124,7 @@ def sorted_rows(q: np.ndarray, resolutions: list, plane_axes, runs: list[int]) -
                "sort_keys_per_step_3d": int(q[..., 0].size) * len(resolutions),
                "sort_keys_per_step_2d": int(q[..., 0].size) * len(resolutions) * len(plane_axes)}
         for (how, run), f in flushed.items():
-            row[f"sorted{how}_run{run}_per_tap"] = round(f / taps, 4)
+            row[f"{how}_run{run}_per_tap" if how == "memory" else f"sorted{how}_run{run}_per_tap"] = round(f / taps, 4)
         rows.append(row)
     return rows
 
@@ -184,15 +184,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.sorted:
         layout, q = batch_points(1)
         rows = sorted_rows(q, layout.resolutions, PLANE_AXES, args.run_lens)
-        print(f"count_locality case={args.case}: texel-run flushes per tap, memory order (rows of {RUN}) "
-              f"and sorted (3d: each frame's points, 2d: each frame's and plane kind's); {q.shape[1]} rays counted")
-        cols = [(how, n) for how in ("3d", "2d") for n in args.run_lens]
-        print(f"{'res':>5}{'memory':>9}" + "".join(f"{f'{how}/{n}':>9}" for how, n in cols))
+        print(f"count_locality case={args.case}: texel-run flushes per tap, rows of each length, points in "
+              f"memory order or sorted (3d: each frame's, 2d: each frame's and plane kind's); {q.shape[1]} rays counted")
+        cols = [(how, n) for how in ("memory", "3d", "2d") for n in args.run_lens]
+        key = {c: (f"{c[0]}_run{c[1]}_per_tap" if c[0] == "memory" else f"sorted{c[0]}_run{c[1]}_per_tap") for c in cols}
+        print(f"{'res':>5}" + "".join(f"{f'{how[:3]}/{n}':>9}" for how, n in cols))
         for r in rows:
-            print(f"{max(r['resolution_xyz']):>5}{r['runs_per_tap']:>9.3f}"
-                  + "".join(f"{r[f'sorted{how}_run{n}_per_tap']:>9.3f}" for how, n in cols))
-        print(f"sum  {sum(r['runs_per_tap'] for r in rows):>9.3f}"
-              + "".join(f"{sum(r[f'sorted{how}_run{n}_per_tap'] for r in rows):>9.3f}" for how, n in cols))
+            print(f"{max(r['resolution_xyz']):>5}" + "".join(f"{r[key[c]]:>9.3f}" for c in cols))
+        print("sum  " + "".join(f"{sum(r[key[c]] for r in rows):>9.3f}" for c in cols))
         print(f"keys to sort a step: 3d {rows[0]['sort_keys_per_step_3d']}, 2d {rows[0]['sort_keys_per_step_2d']}")
         if not args.no_write:
             path = write_result("count_locality", f"{args.case}-sorted", "cpu", rows, run=RUN,
