@@ -1,0 +1,113 @@
+#!/usr/bin/env bash
+# gpu_batch: the GPU measurements still owed (benchmarks/README.md, docs/kernels.md), as one job
+# that outlives a 10-minute command: start it, then poll it until it ends.
+#
+#   FASTTOMO_COMMIT=<hash> bash scripts/gpu_batch.sh start [STEP ...]  # in the background; returns
+#   bash scripts/gpu_batch.sh poll SECONDS   # wait for the end (or SECONDS), copy the folder to $OUT
+#   FASTTOMO_COMMIT=<hash> bash scripts/gpu_batch.sh run [STEP ...]    # in the foreground
+#
+# Steps, in this order unless named: kernels (bench_kernels, flagship: the bf16-plane rows among
+# them), step (bench_step, flagship and small128, triton bf16 and fp32, fp32 planes then
+# precision.planes=bf16), run (bench_default_run --repeat 2: empty and warm Triton cache),
+# quality (bench_quality, fp32 planes against bf16 planes on three specimens), suite (the
+# GPU-marked tests, recorded as gpu_tests-all-gpu-marked-<device>-<commit>.json).
+#
+# Everything goes to $GPU_BATCH_DIR (default /root/gpu_batch): the records, a log per step and
+# batch.log, one line per step ("STEP name rc=N Ss") and "DONE" at the end. Where the tree has no
+# .git (a copy on a lent machine) FASTTOMO_COMMIT names the commit the records carry. Where a .whl
+# folder is present (hydra-core, omegaconf, antlr4, mrcfile wheels for an image without them) they
+# are installed into /tmp/site first.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+DIR=${GPU_BATCH_DIR:-/root/gpu_batch}
+mode=${1:-run}
+[ $# -gt 0 ] && shift
+
+case $mode in
+  poll)
+    limit=${1:-540}
+    waited=0
+    while [ $waited -lt "$limit" ] && ! grep -qx DONE "$DIR/batch.log" 2>/dev/null; do
+      sleep 10
+      waited=$((waited + 10))
+    done
+    cat "$DIR/batch.log" 2>/dev/null
+    if [ -n "${OUT:-}" ] && [ -d "$DIR" ]; then
+      cp -r "$DIR/." "$OUT/"
+    fi
+    exit 0 ;;
+  start)
+    mkdir -p "$DIR"
+    [ -f "$DIR/batch.log" ] && mv "$DIR/batch.log" "$DIR/batch-$(date +%s).log"  # poll waits for this one
+    setsid nohup bash "$0" run "$@" > "$DIR/launch.log" 2>&1 < /dev/null &
+    echo "started: $DIR/batch.log"
+    exit 0 ;;
+  run) ;;
+  *) echo "gpu_batch: unknown mode '$mode' (start, poll or run)" >&2; exit 2 ;;
+esac
+
+mkdir -p "$DIR"
+if [ -d .whl ] && ls .whl/*.whl > /dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    || { echo "gpu_batch: installing the wheels in .whl failed" >> "$DIR/batch.log"; exit 1; }
+  export PYTHONPATH=/tmp/site:src
+else
+  export PYTHONPATH=src${PYTHONPATH:+:$PYTHONPATH}
+fi
+if [ -z "${FASTTOMO_COMMIT:-}" ] && ! git rev-parse --short HEAD > /dev/null 2>&1; then
+  echo "gpu_batch: no .git here; set FASTTOMO_COMMIT to the commit this tree is" >> "$DIR/batch.log"
+  exit 2
+fi
+export OUT=$DIR  # the bench scripts copy their records here
+
+step() {  # step NAME COMMAND...: run it, log it, one line in batch.log
+  local name=$1 t0=$SECONDS rc
+  shift
+  "$@" > "$DIR/$name.log" 2>&1
+  rc=$?
+  echo "STEP $name rc=$rc $((SECONDS - t0))s" >> "$DIR/batch.log"
+}
+
+suite() {  # the GPU-marked tests and their record
+  local t0=$SECONDS rc
+  python3 -m pytest -q -m gpu -p no:cacheprovider -o addopts='' tests > "$DIR/suite.log" 2>&1
+  rc=$?
+  python3 - "$DIR/suite.log" "$((SECONDS - t0))" "$rc" <<'EOF'
+import json, re, sys
+sys.path.insert(0, "scripts")
+import torch
+from benchlib import commit, write_result
+log, seconds, rc = open(sys.argv[1]).read(), float(sys.argv[2]), int(sys.argv[3])
+counts = {k: int(n) for n, k in re.findall(r"(\d+) (passed|failed|skipped|errors?)", log.splitlines()[-1] if log else "")}
+device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
+write_result("gpu_tests", "all-gpu-marked", device,
+             [{"variant": f"all -m gpu ({commit()})", "passed": counts.get("passed", 0),
+               "failed": counts.get("failed", 0), "skipped": counts.get("skipped", 0),
+               "errors": counts.get("error", 0) + counts.get("errors", 0), "pytest_rc": rc, "seconds": seconds}],
+             command="python3 -m pytest -q -m gpu -p no:cacheprovider -o addopts='' tests",
+             note="scripts/gpu_batch.sh suite", out_dir=__import__("pathlib").Path(sys.argv[1]).parent)
+EOF
+  echo "STEP suite rc=$rc $((SECONDS - t0))s" >> "$DIR/batch.log"
+}
+
+steps=("$@")
+[ ${#steps[@]} -eq 0 ] && steps=(kernels step run quality suite)
+echo "BEGIN $(date -u +%FT%TZ) commit=${FASTTOMO_COMMIT:-$(git rev-parse --short HEAD)} steps=${steps[*]}" >> "$DIR/batch.log"
+for s in "${steps[@]}"; do
+  case $s in
+    kernels) step kernels python3 scripts/bench_kernels.py --case flagship ;;
+    step)
+      for case in flagship small128; do
+        step "step-$case-fp32planes" python3 scripts/bench_step.py --case "$case" \
+          --variants triton-bf16 triton-fp32 --label fp32planes
+        step "step-$case-bf16planes" python3 scripts/bench_step.py --case "$case" \
+          --variants triton-bf16 triton-fp32 --extra precision.planes=bf16 --label bf16planes
+      done ;;
+    run) step default-run python3 scripts/bench_default_run.py --repeat 2 --out-dir "$DIR" ;;
+    quality) step quality python3 scripts/bench_quality.py --cases clean128 cell128_d20 catalyst128_d200 \
+               --methods field-default --variant planes16="precision.planes=bf16" --out-dir "$DIR" ;;
+    suite) suite ;;
+    *) echo "STEP $s unknown (kernels, step, run, quality, suite)" >> "$DIR/batch.log" ;;
+  esac
+done
+echo DONE >> "$DIR/batch.log"

@@ -1,0 +1,63 @@
+"""scripts/gpu_batch.sh: the device session's job. Its suite step runs the GPU-marked tests (here,
+on a CPU, every one of them skips) and writes their record; start returns at once and poll waits
+for the batch's end and copies its folder to $OUT; a tree without .git needs FASTTOMO_COMMIT."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from cli_helpers import _env
+
+REPO = Path(__file__).resolve().parents[1]
+SCRIPT = REPO / "scripts" / "gpu_batch.sh"
+
+
+def _batch(args: list[str], batch_dir: Path, timeout: int = 300, **env) -> subprocess.CompletedProcess:
+    e = {**_env(), "GPU_BATCH_DIR": str(batch_dir), **env}
+    e["PATH"] = os.path.dirname(sys.executable) + os.pathsep + e["PATH"]  # python3 is this interpreter
+    return subprocess.run(["bash", str(SCRIPT), *args], env=e, capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.mark.slow
+def test_suite_step_records_the_gpu_tests(tmp_path):
+    res = _batch(["run", "suite"], tmp_path / "b", FASTTOMO_COMMIT="abc1234")
+    assert res.returncode == 0, res.stderr
+    log = (tmp_path / "b" / "batch.log").read_text().splitlines()
+    assert log[0].startswith("BEGIN") and "commit=abc1234 steps=suite" in log[0]
+    assert log[1].startswith("STEP suite rc=0 ") and log[-1] == "DONE"
+    record = json.loads((tmp_path / "b" / "gpu_tests-all-gpu-marked-cpu-abc1234.json").read_text())
+    row = record["results"][0]
+    assert record["commit"] == "abc1234" and row["pytest_rc"] == 0
+    assert row["passed"] == 0 and row["failed"] == 0 and row["skipped"] >= 60  # no GPU here: all skip
+
+
+def test_start_returns_and_poll_copies_the_folder(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    for _ in range(2):  # a second start puts the first batch's log aside, so poll waits for its own
+        assert _batch(["start", "nosuchstep"], tmp_path / "b").returncode == 0
+        res = _batch(["poll", "60"], tmp_path / "b", OUT=str(out))
+        assert res.returncode == 0 and res.stdout.splitlines()[-1] == "DONE"
+        assert "STEP nosuchstep unknown (kernels, step, run, quality, suite)" in res.stdout
+    assert (out / "batch.log").read_text().count("BEGIN") == 1
+    assert len(list((tmp_path / "b").glob("batch-*.log"))) == 1
+
+
+def test_refuses_an_unknown_mode_and_a_tree_without_a_commit(tmp_path):
+    res = _batch(["bench"], tmp_path / "b")
+    assert res.returncode == 2 and "unknown mode 'bench' (start, poll or run)" in res.stderr
+    tree = tmp_path / "copy"  # a copy without .git, as on a lent machine
+    (tree / "scripts").mkdir(parents=True)
+    shutil.copy(SCRIPT, tree / "scripts")
+    e = {**_env(), "GPU_BATCH_DIR": str(tmp_path / "c"), "GIT_CEILING_DIRECTORIES": str(tmp_path)}
+    e.pop("FASTTOMO_COMMIT", None)
+    res = subprocess.run(["bash", str(tree / "scripts" / "gpu_batch.sh"), "run", "suite"], env=e,
+                         capture_output=True, text=True, timeout=60)
+    assert res.returncode == 2
+    assert "no .git here; set FASTTOMO_COMMIT" in (tmp_path / "c" / "batch.log").read_text()
