@@ -33,6 +33,8 @@ fraction of the clean projections' maximum):
                   2.5 A/px, 128^3, 20 e/px/view
     catalyst128_d200  the same at 200 e/px/view
     cell256_d20   the cell at 256 x 256 x 128, 20 e/px/view
+    cellpose128_d200      cell128_d200 with pose128's misalignment (+-3 px, +-1 degree in plane)
+    catalystpose128_d200  catalyst128_d200 with the same misalignment
 
 The specimen cases (a dose) always add the half-set run (``--eval``) and are scored by the FSC
 to the truth (0.5 and 0.143 crossings in A and ``fsc_mean``, the mean FSC to Nyquist), the
@@ -43,7 +45,7 @@ physical size) for a quick end-to-end check; ``--overrides`` adds overrides to e
 Methods (``--methods``):
 
     field-default   fasttomo-reconstruct with nothing but the data (the defaults)
-    field-best      the best documented recipe (experiment=quality; pose128 and axis128 add pose=refine)
+    field-best      the best documented recipe (experiment=quality; the misaligned cases add pose=refine)
     sirt            model=sirt, SIRT_ITERATIONS iterations, scored every iteration: the row is
                     the best iteration count (by Pearson to the truth), the curve has them all
 
@@ -102,6 +104,10 @@ CASES = {
                              dose=200.0, pixel_size=2.5),
     "cell256_d20": dict(phantom="cell", width=256, height=256, thickness=128, tilt=60.0, noise=0.0, dose=20.0,
                         pixel_size=10.0),
+    "cellpose128_d200": dict(phantom="cell", width=128, height=128, thickness=64, tilt=60.0, noise=0.0, dose=200.0,
+                             pixel_size=10.0, shift=3.0, rotation=1.0),
+    "catalystpose128_d200": dict(phantom="catalyst", width=128, height=128, thickness=128, tilt=60.0, noise=0.0,
+                                 dose=200.0, pixel_size=2.5, shift=3.0, rotation=1.0),
 }
 N_TILTS = 61
 SEED = 0
