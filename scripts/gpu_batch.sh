@@ -19,7 +19,8 @@
 # folder is present (hydra-core, omegaconf, antlr4, mrcfile wheels for an image without them) they
 # are installed into /tmp/site first.
 set -uo pipefail
-cd "$(dirname "$0")/.."
+SELF=$(cd "$(dirname "$0")" && pwd)/$(basename "$0")
+cd "$(dirname "$SELF")/.."
 DIR=${GPU_BATCH_DIR:-/root/gpu_batch}
 mode=${1:-run}
 [ $# -gt 0 ] && shift
@@ -40,7 +41,7 @@ case $mode in
   start)
     mkdir -p "$DIR"
     [ -f "$DIR/batch.log" ] && mv "$DIR/batch.log" "$DIR/batch-$(date +%s).log"  # poll waits for this one
-    setsid nohup bash "$0" run "$@" > "$DIR/launch.log" 2>&1 < /dev/null &
+    setsid nohup bash "$SELF" run "$@" > "$DIR/launch.log" 2>&1 < /dev/null &
     echo "started: $DIR/batch.log"
     exit 0 ;;
   run) ;;
