@@ -52,9 +52,9 @@ mkdir -p "$DIR"
 if [ -d .whl ] && ls .whl/*.whl > /dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
     || { echo "gpu_batch: installing the wheels in .whl failed" >> "$DIR/batch.log"; exit 1; }
-  export PYTHONPATH=/tmp/site:src
+  export PYTHONPATH=/tmp/site:$PWD/src
 else
-  export PYTHONPATH=src${PYTHONPATH:+:$PYTHONPATH}
+  export PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH}  # absolute: the benches run children elsewhere
 fi
 if [ -z "${FASTTOMO_COMMIT:-}" ] && ! git rev-parse --short HEAD > /dev/null 2>&1; then
   echo "gpu_batch: no .git here; set FASTTOMO_COMMIT to the commit this tree is" >> "$DIR/batch.log"
