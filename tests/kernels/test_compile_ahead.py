@@ -54,6 +54,10 @@ def _run(tmp_path, name: str, ahead: bool, *overrides: str) -> tuple[list, np.nd
         return compiled, np.array(m.data)
 
 
+def _timeline(tmp_path, name: str) -> dict:
+    return json.loads((tmp_path / name / "metrics.json").read_text())["timeline"]
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not HAS_GPU, reason="needs a CUDA GPU and triton")
 @pytest.mark.parametrize("overrides", [(), ("precision.dtype=fp32", "loss=tv", "pose=refine"),
@@ -72,6 +76,41 @@ def test_every_kernel_of_a_run_is_compiled_ahead_and_the_volume_agrees(tmp_path,
     assert all(made[n] >= k for n, k in need.items()), (need, made)  # at least what the run compiled itself
     # the same kernels; not bit for bit on a GPU (the backward's fp32 atomics add in any order)
     assert np.corrcoef(vol_on.ravel(), vol_off.ravel())[0, 1] > 0.9999
+    assert _timeline(tmp_path, "on")["compile_ahead"]["cached"] is False
+    # a second run on the cache the first filled: its marker says every kernel is there, so no pool
+    (tmp_path / "cache-again").symlink_to(tmp_path / "cache-on")
+    again, _ = _run(tmp_path, "again", True, *overrides)
+    assert not any(thread.startswith("fasttomo-compile") for _, thread in again), again
+    summary = _timeline(tmp_path, "again")["compile_ahead"]
+    assert summary["cached"] is True and summary["kernels"] > 0 and summary["waited_s"] == 0.0, summary
+    assert list((tmp_path / "cache-on").glob("fasttomo-ahead-*.done"))
+
+
+def test_the_marker_names_the_plan(monkeypatch, tmp_path):
+    """The marker of a complete pool: one path per plan (the launches' kernels and specialization
+    classes, the device, Triton's version) in Triton's cache folder, whatever the launches' order;
+    another plan (bf16 planes) has another. Without CUDA the device's name stands in."""
+    pytest.importorskip("triton")
+    from fasttomo.kernels.layout import PlaneLayout
+    from fasttomo.kernels.triton import ahead
+
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))
+    if not torch.cuda.is_available():
+        monkeypatch.setattr(torch.cuda, "get_device_name", lambda d=None: "a GPU")
+        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda d=None: (9, 0))
+    lay = PlaneLayout(2, 16, ((8, 8, 8), (16, 16, 16)))
+
+    def marker(**kw):
+        classes = []
+        ahead._collect(torch.device("cpu"), ahead.plan_jobs(lay, 4096, train_out_bf16=True, need_dq=False, need_gm=False,
+                                                            plane_tv=True, volume_tv=None, **kw), classes)
+        assert classes
+        return ahead.plan_marker(torch.device("cuda"), classes), classes
+
+    path, classes = marker()
+    assert path is not None and path.startswith(str(tmp_path)) and path.endswith(".done")
+    assert ahead.plan_marker(torch.device("cuda"), list(reversed(classes))) == path
+    assert marker(planes_bf16=True)[0] != path
 
 
 def test_a_cpu_field_compiles_nothing_ahead_and_imports_no_triton():
