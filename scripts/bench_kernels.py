@@ -80,7 +80,7 @@ def rotations(T, device, gen):
 def bf16_planes_rows(row, pts, M, x, lay, gout, b_fwd, b_bwd_all, twin_fwd, twin_fb_ms, reps) -> None:
     """The kernels sampling a bf16 copy of the planes (8-byte gathers of a 16-channel chunk instead
     of 16-byte ones; widened to fp32 on load, gradients fp32), with the default tuning. The copy is
-    made inside each timed call, as a step would make it once. Not used by runs: these rows decide."""
+    made inside each timed call, as a step with precision.planes=bf16 makes it."""
     from fasttomo.kernels.triton import kplanes as kp
 
     with torch.no_grad():

@@ -106,25 +106,27 @@ def sorted_rows(q: np.ndarray, resolutions: list, plane_axes, runs: list[int]) -
 
     rows = []
     for res in resolutions:
-        taps = memory = 0
-        flushed = {(how, run): 0 for how in ("memory", "3d", "2d") for run in runs}
+        taps = 0
+        lens = sorted(set(runs) | {RUN})  # memory order at the shipped row length gives runs_per_tap
+        flushed = {(how, run): 0 for how in ("memory", "3d", "2d") for run in lens}
         for t in range(q.shape[0]):
             order3 = morton(t, (0, 1, 2), res)
             for a, b in plane_axes:
                 ci, cj = cells(q[t], a, b, res[a], res[b])
                 ci, cj = ci.reshape(-1), cj.reshape(-1)
                 taps += 4 * ci.size
-                memory += run_flushes(ci, cj)
                 for how, order in (("memory", slice(None)), ("3d", order3), ("2d", morton(t, (a, b), res))):
-                    for run in runs:
+                    for run in (lens if how == "memory" else runs):
                         flushed[how, run] += run_flushes(ci[order], cj[order], run)
+        memory = flushed["memory", RUN]
         row = {"variant": "sorted", "resolution_xyz": list(res), "points": int(q[0, ..., 0].size),
                "frames": int(q.shape[0]), "taps": taps, "runs_flushes": memory,
                "runs_per_tap": round(memory / taps, 4),
                "sort_keys_per_step_3d": int(q[..., 0].size) * len(resolutions),
                "sort_keys_per_step_2d": int(q[..., 0].size) * len(resolutions) * len(plane_axes)}
         for (how, run), f in flushed.items():
-            row[f"{how}_run{run}_per_tap" if how == "memory" else f"sorted{how}_run{run}_per_tap"] = round(f / taps, 4)
+            if run in runs:
+                row[f"{how}_run{run}_per_tap" if how == "memory" else f"sorted{how}_run{run}_per_tap"] = round(f / taps, 4)
         rows.append(row)
     return rows
 

@@ -78,10 +78,10 @@ suite() {  # the GPU-marked tests and their record
 import json, re, sys
 sys.path.insert(0, "scripts")
 import torch
-from benchlib import commit, write_result
+from benchlib import commit, device_name, write_result
 log, seconds, rc = open(sys.argv[1]).read(), float(sys.argv[2]), int(sys.argv[3])
 counts = {k: int(n) for n, k in re.findall(r"(\d+) (passed|failed|skipped|errors?)", log.splitlines()[-1] if log else "")}
-device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
+device = device_name(torch.device("cuda" if torch.cuda.is_available() else "cpu"))
 write_result("gpu_tests", "all-gpu-marked", device,
              [{"variant": f"all -m gpu ({commit()})", "passed": counts.get("passed", 0),
                "failed": counts.get("failed", 0), "skipped": counts.get("skipped", 0),
