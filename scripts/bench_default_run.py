@@ -15,6 +15,12 @@ Pearson to the phantom and its timeline (metrics.json), and the process's peak r
 
     python scripts/bench_default_run.py                 # CPU: one run; GPU: empty + one warm
     python scripts/bench_default_run.py --repeat 3
+    python scripts/bench_default_run.py --repeat 2 --profile   # and one more warm run under cProfile
+
+``--profile`` adds a run under cProfile (the main thread; on a GPU with the cache warm) after the
+timed ones: the record's ``profile`` lists the functions with the most cumulative and the most
+own time, and the pstats file is kept in ``--out-dir`` when one is given, to see
+where the seconds beyond ``import torch`` go on a machine this one cannot reach.
 
 Prints a table, writes benchmarks/results/default_run-phantom-<device>-<commit>.json.
 """
@@ -54,10 +60,38 @@ def torch_import_seconds(env: dict, cwd: Path) -> float:
     return float(out.strip().splitlines()[-1])
 
 
+PROFILED = """import cProfile, sys
+sys.argv = ["fasttomo-reconstruct", *sys.argv[1:]]
+from fasttomo.cli.reconstruct import main
+prof = cProfile.Profile()
+prof.enable()
+try:
+    main()
+except SystemExit:
+    pass
+prof.disable()
+prof.dump_stats(STATS)
+"""
+
+
+def profile_rows(stats_path: Path, top: int = 40) -> dict:
+    """The ``top`` functions by cumulative and by own seconds of a pstats file, as
+    [file:line(function), cumulative s, own s, calls] rows."""
+    import pstats
+
+    st = pstats.Stats(str(stats_path))
+    rows = [(f"{Path(f).name}:{ln}({fn})", round(ct, 4), round(tt, 4), nc)
+            for (f, ln, fn), (_, nc, tt, ct, _) in st.stats.items()]
+    return {"total_s": round(st.total_tt, 3),
+            "by_cumulative": sorted(rows, key=lambda r: -r[1])[:top],
+            "by_own": sorted(rows, key=lambda r: -r[2])[:top]}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--repeat", type=int, default=1, help="warm-cache runs on a GPU, runs on a CPU")
     ap.add_argument("--out-dir", default=None)
+    ap.add_argument("--profile", action="store_true", help="one more run under cProfile (not timed)")
     args = ap.parse_args()
 
     import torch
@@ -81,6 +115,16 @@ def main() -> None:
                      "steps": m.get("steps"), "pearson": m.get("pearson_global"),
                      "peak_host_GB": round(((m.get("timeline") or {}).get("peak_host_bytes") or peak) / 1e9, 3),
                      "timeline": m.get("timeline")})  # the run's own peak (VmHWM): wait4's carries this script's over
+    profile = None
+    if args.profile:
+        if args.out_dir:
+            Path(args.out_dir).mkdir(parents=True, exist_ok=True)
+        stats = (Path(args.out_dir) if args.out_dir else work) / f"default_run_profile-{device.replace(' ', '-')}.pstats"
+        out = work / "profiled"
+        timed([sys.executable, "-c", PROFILED.replace("STATS", repr(str(stats))), *COMMAND[3:], f"hydra.run.dir={out}"], env, work)
+        profile = {"cache": "warm" if gpu else "n/a", "pstats": stats.name, **profile_rows(stats)}
+        m = json.loads((out / "metrics.json").read_text())
+        profile["timeline"] = m.get("timeline")
     t_import = statistics.median(imports)
     for r in rows:
         r["torch_import_s"] = round(t_import, 2)
@@ -94,6 +138,7 @@ def main() -> None:
     path = write_result("default_run", "phantom", device, rows, out_dir=Path(args.out_dir) if args.out_dir else None,
                         command=f"python scripts/bench_default_run.py {' '.join(sys.argv[1:])}".strip(),
                         torch_import_s_all=[round(t, 3) for t in imports],
+                        **({"profile": profile} if profile else {}),
                         run_command=" ".join(["python -m fasttomo.cli.reconstruct", *COMMAND[3:],
                                               "hydra.run.dir=<tmp>"]))
     print(f"wrote {path}")

@@ -8,8 +8,8 @@
 #
 # Steps, in this order unless named: kernels (bench_kernels, flagship: the bf16-plane rows among
 # them), step (bench_step, flagship and small128, triton bf16 and fp32, fp32 planes then
-# precision.planes=bf16), run (bench_default_run --repeat 2: empty and warm Triton cache), camera
-# (bench_scale camera2k, field-default, the kernels loaded from the cache: its step time),
+# precision.planes=bf16), run (bench_default_run --repeat 2 --profile: empty and warm Triton
+# cache, then one more warm run under cProfile), camera (bench_scale camera2k, field-default, the kernels loaded from the cache: its step time),
 # quality (bench_quality, fp32 planes against bf16 planes on three specimens), suite (the
 # GPU-marked tests, recorded as gpu_tests-all-gpu-marked-<device>-<commit>.json).
 #
@@ -105,7 +105,7 @@ for s in "${steps[@]}"; do
         step "step-$case-bf16planes" python3 scripts/bench_step.py --case "$case" \
           --variants triton-bf16 triton-fp32 --extra precision.planes=bf16 --label bf16planes
       done ;;
-    run) step default-run python3 scripts/bench_default_run.py --repeat 2 --out-dir "$DIR" ;;
+    run) step default-run python3 scripts/bench_default_run.py --repeat 2 --profile --out-dir "$DIR" ;;
     camera) step camera python3 scripts/bench_scale.py --cases camera2k --methods field-default --warmup \
               --out-dir "$DIR" ;;
     quality) step quality python3 scripts/bench_quality.py --cases clean128 cell128_d20 catalyst128_d200 \
