@@ -9,9 +9,10 @@
 # Steps, in this order unless named: kernels (bench_kernels, flagship: the bf16-plane rows among
 # them), step (bench_step, flagship and small128, triton bf16 and fp32, fp32 planes then
 # precision.planes=bf16), run (bench_default_run --repeat 2 --profile: empty and warm Triton
-# cache, then one more warm run under cProfile), camera (bench_scale camera2k, field-default, the kernels loaded from the cache: its step time),
-# quality (bench_quality, fp32 planes against bf16 planes on three specimens), suite (the
-# GPU-marked tests, recorded as gpu_tests-all-gpu-marked-<device>-<commit>.json).
+# cache, then one more warm run under cProfile), camera (bench_scale camera2k, field-default,
+# the kernels loaded from the cache: its step time), quality (bench_quality, fp32 planes against
+# bf16 planes on three specimens), suite (the GPU-marked tests, recorded as
+# gpu_tests-all-gpu-marked-<device>-<commit>.json).
 #
 # Everything goes to $GPU_BATCH_DIR (default /root/gpu_batch): the records, a log per step and
 # batch.log, one line per step ("STEP name rc=N Ss") and "DONE" at the end. Where the tree has no
