@@ -12,7 +12,8 @@
 # cache, then one more warm run under cProfile), camera (bench_scale camera2k, field-default,
 # the kernels loaded from the cache: its step time), quality (bench_quality, fp32 planes against
 # bf16 planes on three specimens), suite (the GPU-marked tests, recorded as
-# gpu_tests-all-gpu-marked-<device>-<commit>.json).
+# gpu_tests-all-gpu-marked-<device>-<commit>.json). Named only: camera16 (camera2k as camera does,
+# and again with precision.planes=bf16: the bf16 planes at camera scale, time and quality).
 #
 # Everything goes to $GPU_BATCH_DIR (default /root/gpu_batch): the records, a log per step and
 # batch.log, one line per step ("STEP name rc=N Ss") and "DONE" at the end. Where the tree has no
@@ -109,10 +110,12 @@ for s in "${steps[@]}"; do
     run) step default-run python3 scripts/bench_default_run.py --repeat 2 --profile --out-dir "$DIR" ;;
     camera) step camera python3 scripts/bench_scale.py --cases camera2k --methods field-default --warmup \
               --out-dir "$DIR" ;;
+    camera16) step camera16 python3 scripts/bench_scale.py --cases camera2k --methods field-default --warmup \
+                --variant planes16="precision.planes=bf16" --out-dir "$DIR" ;;
     quality) step quality python3 scripts/bench_quality.py --cases clean128 cell128_d20 catalyst128_d200 \
                --methods field-default --variant planes16="precision.planes=bf16" --out-dir "$DIR" ;;
     suite) suite ;;
-    *) echo "STEP $s unknown (kernels, step, run, camera, quality, suite)" >> "$DIR/batch.log" ;;
+    *) echo "STEP $s unknown (kernels, step, run, camera, camera16, quality, suite)" >> "$DIR/batch.log" ;;
   esac
 done
 echo DONE >> "$DIR/batch.log"
