@@ -251,11 +251,13 @@ def headline(metrics: dict) -> str:
 
 
 def report_image(volume: np.ndarray, pixel_size: float, metrics: dict, title: str, truth: np.ndarray | None = None,
-                 truth_curves: dict | None = None, half_curves: dict | None = None, tilt_range=None):
-    """The whole report (a PIL image): title, the slice panel, the plots two per row."""
+                 truth_curves: dict | None = None, half_curves: dict | None = None, tilt_range=None, panel=None):
+    """The whole report (a PIL image): title, the slice panel (``panel``: ``slice_panel(volume,
+    pixel_size, truth)`` when already drawn), the plots two per row."""
     from PIL import Image, ImageDraw
 
-    panel = slice_panel(volume, pixel_size, truth)
+    if panel is None:
+        panel = slice_panel(volume, pixel_size, truth)
     plots = _plots(metrics, truth_curves, half_curves, tilt_range)
     cols = 2
     plot_rows = [plots[i:i + cols] for i in range(0, len(plots), cols)]

@@ -11,6 +11,7 @@ import gc
 import logging
 import math
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -21,7 +22,7 @@ from fasttomo.config import Config, ConfigError
 from fasttomo.data.io.atomic import atomic_write
 from fasttomo.data.tiltseries import TiltSeries
 from fasttomo.data.views import permute_views
-from fasttomo.quality.plots import fsc_plot, line_plot
+from fasttomo.quality.plots import fsc_plot, render_fsc, render_line_plot
 from fasttomo.quality.report import (add_to_tensorboard, loss_series, number_text, png_bytes, report_image, save_png,
                                      slice_panel, summary_lines)
 from fasttomo.quality.scoring import pair_fsc, truth_scores
@@ -360,28 +361,38 @@ def _pictures(run) -> None:
     if getattr(run.method, "volume_on_device", None) is not None:
         run.method.volume_on_device = None  # its GPU memory back
     truth = ts.ground_truth if metrics.get("pearson_global") else None
-    jobs = [("slices.png", lambda: slices_png(out_dir / "slices.png", volume, ts.pixel_size, truth, True)),
-            ("loss.png", lambda: _loss_plot(out_dir / "loss.png", metrics, True))]
+    # drawn here, one after another (text goes through one FreeType library); encoded and written
+    # beside report.png in threads (zlib releases the GIL while it compresses)
+    panel = slice_panel(volume, ts.pixel_size, truth)  # slices.png, and the top of report.png
+    pictures = [("slices.png", panel)]
+    series = loss_series(metrics)
+    if series:
+        pictures.append(("loss.png", render_line_plot(series, "Loss curves", "step", "loss", log_y=True,
+                                                      legend="below")[0]))
     if curves is not None:
-        jobs.append(("fsc_truth.png", lambda: fsc_plot(out_dir / "fsc_truth.png", curves, "FSC of the reconstruction "
-                                                       "against the ground truth", tilt_range(ts), overwrite=True)))
-    for name, job in jobs:
-        try:
-            job()
-        except OSError as exc:
-            run.failed[name] = exc.strerror or str(exc)
+        pictures.append(("fsc_truth.png", render_fsc(curves, "FSC of the reconstruction against the ground truth",
+                                                     tilt_range(ts))))
     label = run.method.label
     title = (f"fasttomo{'' if cfg.name == 'fasttomo' else ' ' + cfg.name}: {_shown_path(out_dir)}"
              + (f" ({label})" if label else ""))
-    _report_png(run, title, truth, curves)
+    with ThreadPoolExecutor(max_workers=len(pictures), thread_name_prefix="fasttomo-picture") as pool:
+        futures = [(name, pool.submit(save_png, out_dir / name, img)) for name, img in pictures]
+        _report_png(run, title, truth, curves, panel)
+        for name, fut in futures:
+            try:
+                fut.result()
+            except OSError as exc:
+                run.failed[name] = exc.strerror or str(exc)
 
 
-def _report_png(run, title: str, truth, curves) -> None:
-    """report.png, and the same picture into TensorBoard."""
+def _report_png(run, title: str, truth, curves, panel=None) -> None:
+    """report.png (``panel``: its slice panel when already drawn), and the same picture into
+    TensorBoard."""
 
     ts, metrics = run.ts, run.metrics
     try:
-        img = report_image(run.volume, ts.pixel_size, metrics, title, truth, curves, run.half_curves, tilt_range(ts))
+        img = report_image(run.volume, ts.pixel_size, metrics, title, truth, curves, run.half_curves, tilt_range(ts),
+                           panel=panel)
     except Exception as exc:  # noqa: BLE001 - a picture must never cost the run its results
         log.warning("could not draw report.png (%s: %s); the other results are written", type(exc).__name__, exc)
         return
@@ -404,14 +415,6 @@ def _shown_path(path: Path) -> str:
         return str(path.resolve().relative_to(Path.cwd().resolve()))
     except ValueError:
         return str(path)
-
-
-def _loss_plot(path: Path, metrics: dict, overwrite: bool) -> None:
-    """loss.png: the training loss and the validation loss (held-out pixels) against the step."""
-
-    series = loss_series(metrics)
-    if series:
-        line_plot(path, series, "Loss curves", "step", "loss", log_y=True, legend="below", overwrite=overwrite)
 
 
 FLAT_FRACTION = 1e-4
