@@ -47,3 +47,47 @@ def test_a_value_the_schema_refuses_does_not_import_torch(tmp_path):
     assert res.returncode == 2 and "optim.steps: must be an integer >= 1" in res.stderr, res.stderr[-2000:]
     assert not names & set(HEAVY), sorted(names & set(HEAVY))
     assert not (tmp_path / "run").exists()
+
+
+def test_a_run_composes_its_config_once(tmp_path, monkeypatch):
+    """Hydra (1.3) composes a run's config twice, the first time only to read hydra.mode; the
+    entry point answers that question itself unless a sweep is asked for. A real dry run in
+    this process, Hydra's compositions counted (each one still composes)."""
+    from hydra._internal.hydra import Hydra
+    from hydra.types import RunMode
+
+    from fasttomo.cli.reconstruct import main, sweep_requested
+
+    calls = []
+    compose = Hydra.compose_config
+
+    def counted(self, *args, **kwargs):
+        calls.append(kwargs.get("run_mode"))
+        return compose(self, *args, **kwargs)
+
+    monkeypatch.setattr(Hydra, "compose_config", counted)
+    get_mode = Hydra.get_mode
+    monkeypatch.setattr(sys, "argv", ["fasttomo-reconstruct", "dry_run=true", f"hydra.run.dir={tmp_path / 'run'}"])
+    monkeypatch.chdir(tmp_path)
+    main()
+    assert calls == [RunMode.RUN], calls  # the run's own composition, not get_mode's (MULTIRUN)
+    assert Hydra.get_mode is get_mode  # Hydra's own again after the run
+    assert sweep_requested(["-m", "optim.steps=3,4"]) and sweep_requested(["--multirun"])
+    assert sweep_requested(["hydra.mode=MULTIRUN"]) and not sweep_requested(["optim.steps=3", "hydra.run.dir=x"])
+
+
+@pytest.mark.parametrize("experiment", [None, "flagship", "quality", "quick"])
+def test_no_config_sets_hydra_mode(experiment):
+    """What the entry point's single composition assumes: Hydra's own first composition finds
+    hydra.mode unset for the default config and every experiment."""
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    from fasttomo.cli.reconstruct import config_dir, register_schema
+
+    register_schema()
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=config_dir(), version_base="1.3"):
+        hydra = GlobalHydra.instance().hydra
+        overrides = [f"experiment={experiment}"] if experiment else []
+        assert hydra.compose_config("reconstruct", overrides, run_mode=None).hydra.mode is None

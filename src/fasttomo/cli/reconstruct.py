@@ -18,6 +18,7 @@ run that wrote nothing (a config error, a dry run, output.dir elsewhere) is remo
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import functools
 import logging
@@ -300,7 +301,37 @@ def _start(argv: list[str]) -> None:
     if problem:
         report(problem, "fasttomo-reconstruct")
         sys.exit(EXIT_USER_ERROR)
-    _hydra_app()()
+    app = _hydra_app()
+    with _one_composition(argv):
+        app()
+
+
+def sweep_requested(argv: list[str]) -> bool:
+    """Whether the command line asks Hydra for a multirun (-m/--multirun, or hydra.mode set)."""
+    return any(a in ("-m", "--multirun") or a.lstrip("+~").startswith("hydra.mode") for a in argv)
+
+
+@contextlib.contextmanager
+def _one_composition(argv: list[str]):
+    """Hydra composes the whole config twice for a run: once to read ``hydra.mode``
+    (``Hydra.get_mode``, hydra-core 1.3) and once to run. fasttomo's configs never set the mode
+    (a test checks it), so unless the command line asks for a sweep the first composition can
+    only answer "not set", which is what this gives Hydra without composing (then Hydra runs
+    the job as it does for "not set"). A sweep takes Hydra's own path."""
+    try:
+        from hydra._internal.hydra import Hydra
+    except ImportError:  # another Hydra layout: its own two compositions
+        yield
+        return
+    original = getattr(Hydra, "get_mode", None)
+    if original is None or sweep_requested(argv):
+        yield
+        return
+    Hydra.get_mode = lambda self, config_name, overrides: None
+    try:
+        yield
+    finally:
+        Hydra.get_mode = original
 
 
 def main() -> None:
