@@ -376,6 +376,19 @@ def test_automatic_batch_of_a_tiny_series_is_its_training_pixels():
     assert s.next_batch().tilt.numel() == 97
 
 
+def test_the_dry_runs_batch_of_a_tiny_series_is_one_ranks_under_torchrun(monkeypatch):
+    """The plan (dry run, memory check) sizes the batch of a tiny series as the run does: one
+    rank's training pixels, the ranks read from torchrun's WORLD_SIZE before any process group."""
+    from fasttomo.cli.reconstruct import compose_config
+    from fasttomo.run.preflight import planned_shape
+
+    tiny = make_ts(n=11, h=3, w=3)
+    cfg = compose_config(["runtime=cpu"])
+    assert planned_shape(cfg, tiny).batch == 97
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert planned_shape(cfg, tiny).batch == 48
+
+
 @pytest.mark.parametrize("kind", ["device", "dataloader"])
 def test_validation_sample_is_even_bounded_and_whole_when_small(kind):
     """A validation set larger than the budget is evaluated on every k-th id (the smallest k that

@@ -185,6 +185,20 @@ def _planned_field(cfg: Config, box) -> tuple[int, int]:
     return layout.numel + decoder + 16 * m.n_rotations, f
 
 
+def planned_world_size() -> int:
+    """The ranks the run will have: the process group's size, else torchrun's WORLD_SIZE (a dry
+    run under torchrun plans before any group exists), else 1."""
+    import os
+
+    from fasttomo.train.distributed import dist_info
+
+    try:
+        env = int(os.environ.get("WORLD_SIZE", "1") or 1)
+    except ValueError:
+        env = 1
+    return max(1, dist_info()[1], env)
+
+
 def planned_shape(cfg: Config, ts, local_rank: int = 0) -> RunShape:
     """The :class:`RunShape` of the run ``cfg`` would build on ``ts`` (nothing is allocated)."""
     from fasttomo.data.sampler import split_size
@@ -195,8 +209,8 @@ def planned_shape(cfg: Config, ts, local_rank: int = 0) -> RunShape:
     spr = cfg.projector.samples_per_ray or auto_samples_per_ray(box, ts.angles)
     params, feats = _planned_field(cfg, box)
     pixels = ts.n_tilts * ts.height * ts.width
-    return RunShape(resolve_device(cfg.runtime.device, local_rank),
-                    int(cfg.sampler.batch_size or auto_batch_size(ts, cfg.sampler)), int(spr), feats,
+    batch = cfg.sampler.batch_size or auto_batch_size(ts, cfg.sampler, planned_world_size())
+    return RunShape(resolve_device(cfg.runtime.device, local_rank), int(batch), int(spr), feats,
                     cfg.model.hidden if cfg.model.kind != "voxel" else 0, split_size(pixels, cfg.sampler.val_fraction),
                     pixels, int(ts.stack.nbytes * (2 if ts.valid is not None else 1)), params, _voxels(cfg, box),
                     plane_voxels=math.prod(_volume_shape(cfg, box)[1:]), planes_bf16=cfg.precision.planes == "bf16")
