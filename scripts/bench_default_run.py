@@ -119,9 +119,11 @@ def main() -> None:
     if args.profile:
         if args.out_dir:
             Path(args.out_dir).mkdir(parents=True, exist_ok=True)
-        stats = (Path(args.out_dir) if args.out_dir else work) / f"default_run_profile-{device.replace(' ', '-')}.pstats"
+        folder = Path(args.out_dir) if args.out_dir else work
+        stats = folder / f"default_run_profile-{device.replace(' ', '-')}.pstats"
         out = work / "profiled"
-        timed([sys.executable, "-c", PROFILED.replace("STATS", repr(str(stats))), *COMMAND[3:], f"hydra.run.dir={out}"], env, work)
+        code = PROFILED.replace("STATS", repr(str(stats)))
+        timed([sys.executable, "-c", code, *COMMAND[3:], f"hydra.run.dir={out}"], env, work)
         profile = {"cache": "warm" if gpu else "n/a", "pstats": stats.name, **profile_rows(stats)}
         m = json.loads((out / "metrics.json").read_text())
         profile["timeline"] = m.get("timeline")
