@@ -12,7 +12,8 @@
 # cache, then one more warm run under cProfile), camera (bench_scale camera2k, field-default,
 # the kernels loaded from the cache: its step time), quality (bench_quality, fp32 planes against
 # bf16 planes on three specimens), suite (the GPU-marked tests, recorded as
-# gpu_tests-all-gpu-marked-<device>-<commit>.json). Named only: camera16 (camera2k as camera does,
+# gpu_tests-all-gpu-marked-<device>-<commit>.json), imports (bench_import_overlap: import torch
+# in a thread beside the config's composition, against one after the other). Named only: camera16 (camera2k as camera does,
 # and again with precision.planes=bf16: the bf16 planes at camera scale, time and quality).
 #
 # Everything goes to $GPU_BATCH_DIR (default /root/gpu_batch): the records, a log per step and
@@ -95,7 +96,7 @@ EOF
 }
 
 steps=("$@")
-[ ${#steps[@]} -eq 0 ] && steps=(kernels step run camera quality suite)
+[ ${#steps[@]} -eq 0 ] && steps=(kernels step run camera quality suite imports)
 echo "BEGIN $(date -u +%FT%TZ) commit=${FASTTOMO_COMMIT:-$(git rev-parse --short HEAD)} steps=${steps[*]}" >> "$DIR/batch.log"
 for s in "${steps[@]}"; do
   case $s in
@@ -115,7 +116,8 @@ for s in "${steps[@]}"; do
     quality) step quality python3 scripts/bench_quality.py --cases clean128 cell128_d20 catalyst128_d200 \
                --methods field-default --variant planes16="precision.planes=bf16" --out-dir "$DIR" ;;
     suite) suite ;;
-    *) echo "STEP $s unknown (kernels, step, run, camera, camera16, quality, suite)" >> "$DIR/batch.log" ;;
+    imports) step imports python3 scripts/bench_import_overlap.py --repeat 5 --out-dir "$DIR" ;;
+    *) echo "STEP $s unknown (kernels, step, run, camera, camera16, quality, suite, imports)" >> "$DIR/batch.log" ;;
   esac
 done
 echo DONE >> "$DIR/batch.log"
