@@ -524,7 +524,8 @@ class PoseConfig(GroupOption):
     pose=refine (``learn: true``, :class:`PoseRefineConfig`)."""
 
     learn: bool = False
-    """Refine per-tilt poses (in-plane rotations z1, z3 and 2-D shifts; the tilt angle is fixed)."""
+    """Refine per-tilt poses (the in-plane rotation z3, z1 too with pose.learn_z1=true, and 2-D
+    shifts; the tilt angle is fixed)."""
 
     def __post_init__(self) -> None:
         _require(self.learn is False, "pose.learn", f"is false for fixed poses, got {self.learn!r}.")
@@ -576,7 +577,7 @@ PoseConfig._options = {False: PoseConfig, True: PoseRefineConfig}
 @dataclasses.dataclass
 class ProjectorConfig:
     """The ``projector`` section: how the line integrals of a fitted field are sampled
-    (src/fasttomo/projector.py; model=sirt has its own projectors and reads none of it, like the
+    (src/fasttomo/methods/field/projector.py; model=sirt has its own projectors and reads none of it, like the
     optim and loss groups)."""
 
     samples_per_ray: Optional[int] = None
@@ -600,7 +601,7 @@ class IntensityConfig:
     density in the box (the two explain nearly the same data), and early in a fit it drifts: on a
     short 32^2 run with a 500-count camera pedestal it fell by 8 counts and cost 0.1 in Pearson,
     while at 128^3 (bench_quality) fixed and learn scored alike. Use learn for data whose field of
-    view holds no vacuum (the estimate is then the thinnest specimen). See src/fasttomo/intensity.py."""
+    view holds no vacuum (the estimate is then the thinnest specimen). See src/fasttomo/methods/field/intensity.py."""
     background_value: Optional[float] = None
     """Starting (or, with background=fixed, the) background in the stack's units; None: the robust
     vacuum estimate of src/fasttomo/data/background.py (logged at the start of the run)."""
@@ -711,9 +712,9 @@ class OptimConfig:
     field times 2 on a dose-limited series (estimated per-pixel signal-to-noise at most 0.6, 1 at
     1.3 or more, linear in the log of the estimate between: ``models.regularizers.steps_factor_for``)."""
     lr_grids: float = 3e-2
-    """Adam learning rate of the plane / voxel parameters (3e-2 with plane TV 1e-2: bench_quality
-    found the pair better than 2e-2 and 3e-3 on every case it ran, at the same fit time;
-    benchmarks/README.md)."""
+    """Adam learning rate of the plane / voxel parameters (3e-2, with the plane TV weight loss.plane_tv chooses from the
+    data: bench_quality found it better than 2e-2 and 3e-3 on every case it ran, at the same fit
+    time; benchmarks/README.md)."""
     lr_decoder: float = 5e-3
     """Adam learning rate of the decoder MLP."""
     lr_rotations: float = 1e-3
@@ -819,7 +820,7 @@ ScheduleConfig._options = {"constant": ScheduleConfig, "cosine": DecayScheduleCo
 @dataclasses.dataclass
 class LossConfig:
     kind: str = "mse"
-    """Data term: mse, l1 or huber (see src/fasttomo/losses.py)."""
+    """Data term: mse, l1 or huber (see src/fasttomo/methods/field/losses.py)."""
     huber_delta: float = 0.05
     """huber: the error (in units of the normalized targets, whose 99.9 % quantile is 1) where the
     loss turns from quadratic to linear."""
@@ -889,7 +890,8 @@ class PrecisionConfig:
 @dataclasses.dataclass
 class KernelsConfig:
     backend: str = "auto"
-    """auto (fused Triton kernels where valid, else pure torch), triton (require them) or torch."""
+    """auto (fused Triton kernels on CUDA, native C kernels on a CPU, where valid; else pure torch),
+    triton (require them) or torch."""
 
     def __post_init__(self) -> None:
         _choice(self.backend, ("auto", "triton", "torch"), "kernels.backend")

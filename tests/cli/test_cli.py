@@ -65,6 +65,9 @@ def test_help_of_one_key_and_one_group(tmp_path):
         assert option in group.stdout, option
     assert "IMOD-style stack" in group.stdout                               # an option's comment, in full
     assert "Keys and defaults" not in group.stdout                          # the YAML's key list is not prose
+    optim = cli(["--help", "optim"], tmp_path)                              # ... even where it starts mid-line
+    assert optim.returncode == 0 and "Keys and defaults" not in optim.stdout
+    assert "Adam with one learning rate per parameter group.\n" in optim.stdout
     section = cli(["--help=output"], tmp_path)                              # a section without options
     assert section.returncode == 0 and "output.overwrite: bool, default false" in section.stdout
     bad = cli(["--help", "optim.stepz"], tmp_path)

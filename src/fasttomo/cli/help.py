@@ -168,7 +168,10 @@ def _first_comment(path: Path) -> str:
         s = s.lstrip("#").strip()
         if s.startswith("@package"):
             continue
-        if s.startswith("Keys and defaults"):  # the key list that follows is shown from the schema
+        cut = s.find("Keys and defaults")  # the key list that follows is shown from the schema
+        if cut >= 0:
+            if s[:cut].strip():
+                lines.append(s[:cut].strip())
             break
         if not s or raw.lstrip("#").startswith("   "):  # an indented example ends the prose
             if lines:

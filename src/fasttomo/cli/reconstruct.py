@@ -258,7 +258,7 @@ arguments it reconstructs the built-in synthetic phantom (61 tilts over +-60 deg
 
 Settings are composed from config groups (choose one option each, e.g. data=mrc) and single keys
 (key=value). A run writes its folder (outputs/<date>/<time>/ unless hydra.run.dir=... is given):
-the volume (MRC with the voxel size, HDF5), report.png, metrics.json, the loss curves, a
+the volume (MRC with the voxel size; HDF5, TIFF with output.formats), report.png, metrics.json, the loss curves, a
 checkpoint, the log and TensorBoard events."""
 
 COMMON_KEYS = ("data.path", "data.angles", "data.pixel_size", "data.thickness", "data.exclude_views", "data.binning",
