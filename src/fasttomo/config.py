@@ -312,9 +312,13 @@ class FileDataConfig(DataConfig):
     nonfinite: str = "reject"
     """NaN/Inf pixels: reject (error) or mask (ignored in the loss)."""
     hot_pixels: str = "mask"
-    """Hot pixels (a detector defect or an X-ray hit: a pixel brighter than the second-brightest of
-    its 8 neighbours by more than its view's whole 0.1-99.9 % intensity range): mask (ignored in the
-    loss, counted in the log) or keep."""
+    """Hot pixels and X-ray hits: mask (ignored in the loss, counted in the log) or keep. Masked: a
+    pixel brighter than the second-brightest of its 8 neighbours by more than its view's whole
+    0.1-99.9 % intensity range, or a cluster of up to 6 pixels whose brightest exceeds the
+    6th-brightest of its 24 neighbours by that much, when the views of the next tilt angles do not
+    show it where structure would have moved across the tilt axis (data.tilt_axis_angle), or when it
+    is hot in a quarter of the views or more (a camera defect). Small bright particles are in every
+    view and stay."""
     check_angle_units: bool = True
     """Refuse a file series whose largest |tilt angle| is below 2 degrees: such angles are almost
     certainly radians (fasttomo reads degrees). Set false for a series that really spans less

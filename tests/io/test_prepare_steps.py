@@ -210,6 +210,70 @@ def test_hot_pixels_are_masked_and_a_gold_bead_is_not(tmp_path, caplog):
     assert _load(tmp_path, st, hot_pixels="keep").valid is None
 
 
+def _dot_series(axis_deg=0.0, n=21, size=96, seed=0):
+    """Counts of a sparse specimen: 4 small bright particles (Gaussian, sigma 0.8 px, 10x the
+    background) projected at 21 tilts over +-60 degrees about a tilt axis at ``axis_deg`` (counter-
+    clockwise from +Y, as data.tilt_axis_angle), with Poisson noise. Each particle is far brighter
+    than its 24 neighbours' 6th-brightest, so only the views beside tell it from an X-ray hit."""
+    rng = np.random.default_rng(seed)
+    angles = np.linspace(-60.0, 60.0, n)
+    pts = rng.uniform(-30, 30, (4, 3))  # x, y, z in pixels from the centre
+    yy, xx = np.mgrid[:size, :size] - (size - 1) / 2
+    c, s = np.cos(np.deg2rad(axis_deg)), np.sin(np.deg2rad(axis_deg))
+    stack = np.empty((n, size, size), np.float32)
+    for i, a in enumerate(np.deg2rad(angles)):
+        img = np.full((size, size), 20.0)
+        for x, y, z in pts:
+            u = x * np.cos(a) + z * np.sin(a)  # across the axis
+            img += 200 * np.exp(-((xx - (u * c - y * s)) ** 2 + (yy - (u * s + y * c)) ** 2) / (2 * 0.8 ** 2))
+        stack[i] = rng.poisson(img)
+    return stack, angles
+
+
+X_RAY_HITS = [(3, 10, 70, [(0, 0), (0, 1), (1, 0)]), (8, 60, 12, [(0, 0), (0, 1), (1, 0), (1, 1)]),
+              (15, 80, 80, [(0, 0), (1, 0), (2, 0), (0, 1), (1, 1), (2, 1)])]
+
+
+def test_x_ray_clusters_of_one_view_are_masked_and_small_particles_are_not(tmp_path, caplog):
+    """Clusters of 3 to 6 pixels far above their surroundings in one view only (X-ray hits) are
+    masked; small bright particles, as compact but in every view (moving across the tilt axis), are
+    not."""
+    caplog.set_level(logging.WARNING, logger="fasttomo.data")
+    stack, angles = _dot_series()
+    assert _load(tmp_path, stack, angles).valid is None  # every particle pixel kept
+    assert "hot pixels" not in caplog.text
+    planted = []
+    for view, r0, c0, shape in X_RAY_HITS:
+        for dr, dc in shape:
+            stack[view, r0 + dr, c0 + dc] = 5000.0
+            planted.append((view, r0 + dr, c0 + dc))
+    ts = _load(tmp_path, stack, angles)
+    assert ts.valid is not None
+    assert sorted(map(tuple, np.argwhere(~ts.valid))) == sorted(planted)
+    assert "0 hot pixels" in caplog.text and "13 pixels in 3 bright clusters (up to 6 pixels) in 3 views (4, 9, 16" in caplog.text
+
+
+@pytest.mark.parametrize("axis, masked", [(30.0, False), (-30.0, True)])
+def test_the_views_beside_are_searched_across_the_tilt_axis(tmp_path, caplog, axis, masked):
+    """Particles move across the tilt axis data.tilt_axis_angle gives (here 30 degrees from +Y):
+    searched there, none is taken for an X-ray hit; searched across an axis of the wrong sign, some
+    are."""
+    caplog.set_level(logging.WARNING, logger="fasttomo.data")
+    stack, angles = _dot_series(axis_deg=30.0)
+    _load(tmp_path, stack, angles, tilt_axis_angle=axis)
+    assert ("bright clusters" in caplog.text) == masked
+
+
+def test_a_detector_defect_is_masked_in_every_view(tmp_path):
+    """A hot pixel at one place in every view is in the views beside too, like structure, but in a
+    quarter of the views or more it is a defect of the camera: masked wherever it is hot."""
+    stack, angles = _dot_series()
+    stack[:, 40, 50] = 5000.0
+    ts = _load(tmp_path, stack, angles)
+    assert ts.valid is not None
+    assert sorted(map(tuple, np.argwhere(~ts.valid))) == [(v, 40, 50) for v in range(len(stack))]
+
+
 def test_a_noisy_series_without_defects_keeps_every_pixel(tmp_path):
     assert _load(tmp_path, _specimen_views(dose=5.0)).valid is None
     assert _load(tmp_path, make_stack(n=5, h=32, w=32)).valid is None

@@ -5,11 +5,14 @@ The order is fixed (:func:`prepare` runs it and records every step in ``metadata
  1. ``nonfinite``      NaN/Inf pixels: ``reject`` (error naming view/row/col) or ``mask`` (pixels
                        marked invalid in ``TiltSeries.valid``, value filled).
  1b. ``hot_pixels``    ``mask`` (default): a pixel brighter than its second-brightest of 8 neighbours
-                       by more than its view's whole 0.1-99.9 % intensity range (a detector defect
-                       or an X-ray hit, alone or in a pair: no imaged structure is one pixel that
-                       bright, the microscope spreads every feature over several) is marked
-                       invalid, value filled; the log says how many in how many views. ``keep``
-                       leaves them.
+                       by more than its view's whole 0.1-99.9 % intensity range (alone or in a
+                       pair), or a cluster of up to 6 pixels whose brightest exceeds the
+                       6th-brightest of its 24 neighbours by that much, is marked invalid, value
+                       filled, when it is in one view only (the views of the next tilt angles do
+                       not show it where structure would have moved: an X-ray hit) or hot in a
+                       quarter of the views (a camera defect); small bright particles are in every
+                       view and stay. The log says how many in how many views. ``keep`` leaves
+                       them.
  2. ``exclude_views``  1-based section numbers of the file (IMOD's -EXCLUDELIST), dropped first so
                        every later number refers to the file; angles are checked after this step
                        (duplicates can be excluded).
@@ -157,8 +160,19 @@ HOT_QUANTILES = (0.001, 0.999)
 """The per-view intensity range by which a hot pixel exceeds its second-brightest neighbour (data.hot_pixels)."""
 
 
-def _hot_pixels(img: np.ndarray, ok: np.ndarray | None) -> tuple | None:
-    """(rows, cols) of the hot pixels of one view (see ``hot_pixel_mask``), or None when there are none."""
+CLUSTER_NEIGHBOUR = 6
+"""A cluster candidate exceeds the 6th-brightest of its 24 neighbours (5 x 5): up to 6 pixels."""
+DEFECT_VIEWS = 0.25
+"""A pixel hot in at least this fraction of the views (and 3) is a detector defect: masked in every
+view where it is hot, whatever the views beside show."""
+
+
+def _hot_pixels(img: np.ndarray, ok: np.ndarray | None) -> dict | None:
+    """The hot pixels of one view (see ``hot_pixel_mask``): ``hot`` (rows, cols, excess) of the
+    single pixels and pairs, each above its second-brightest of 8 neighbours by ``excess``;
+    ``cluster`` (rows, cols, background, excess) of the brightest pixels of clusters of up to 6,
+    each above the 6th-brightest of its 24 neighbours (``background``) by ``excess``; None when
+    there are none."""
     vals = img.reshape(-1) if ok is None else img[ok]
     if vals.size < 9 or min(img.shape) < 3:
         return None
@@ -176,33 +190,122 @@ def _hot_pixels(img: np.ndarray, ok: np.ndarray | None) -> tuple | None:
         i = np.abs(i)
         return np.minimum(i, 2 * (n - 1) - i)
 
-    nbrs = np.stack([img[mirror(rows + dr, h), mirror(cols + dc, w)]
-                     for dr in (-1, 0, 1) for dc in (-1, 0, 1) if dr or dc])
-    hot = img[rows, cols] - np.sort(nbrs, axis=0)[-2] > span  # above its 2nd-brightest neighbour: a pair counts
-    return (rows[hot], cols[hot]) if hot.any() else None
+    reach = (-2, -1, 0, 1, 2) if min(h, w) >= 5 else (-1, 0, 1)  # clusters need 5 x 5 (mirrored, never itself)
+    offsets = [(dr, dc) for dr in reach for dc in reach if dr or dc]
+    nbrs = np.stack([img[mirror(rows + dr, h), mirror(cols + dc, w)] for dr, dc in offsets])
+    inner = np.array([max(abs(dr), abs(dc)) == 1 for dr, dc in offsets])
+    value = img[rows, cols]
+    excess = value - np.sort(nbrs[inner], axis=0)[-2]
+    hot = excess > span  # above its 2nd-brightest neighbour: a pair counts
+    background = np.sort(nbrs, axis=0)[-CLUSTER_NEIGHBOUR] if len(offsets) == 24 else value
+    cluster = ~hot & (value - background > span)
+    if not (hot.any() or cluster.any()):
+        return None
+    return {"hot": (rows[hot], cols[hot], excess[hot]),
+            "cluster": (rows[cluster], cols[cluster], background[cluster], (value - background)[cluster])}
 
 
-def hot_pixel_mask(stack: np.ndarray, valid: np.ndarray | None, mode: str, where: str) -> np.ndarray | None:
-    """data.hot_pixels=mask: pixels brighter than the second-brightest of their 8 neighbours by
-    more than their view's 0.1-99.9 % range become invalid (ignored in the loss; the value is
-    filled later with the view's median); the validity mask, None while every pixel is valid."""
+def _seen_beside(stack: np.ndarray, i: int, beside: list[int], angles: np.ndarray, axis_deg: float,
+                 row: int, col: int, excess: float) -> bool:
+    """Whether a bright spot at (row, col) of view ``i`` is in a view of the next tilt angles too:
+    a window there, long across the tilt axis (as far as a point within 0.71 x the image's larger
+    side of the axis (a box as thick as it is wide) moves between the two angles, plus 2 pixels)
+    and 3 pixels wide, holds a pixel at least half the spot's excess above the window's median.
+    Imaged structure passes; an X-ray hit is in one view."""
+    h, w = stack.shape[1:]
+    cos_a, sin_a = math.cos(math.radians(axis_deg)), math.sin(math.radians(axis_deg))
+    for j in beside:
+        move = max(h, w) / math.sqrt(2) * abs(math.radians(angles[j] - angles[i]))
+        t = np.arange(-(math.ceil(move) + 2), math.ceil(move) + 3)[:, None]
+        across = np.array([-1, 0, 1])[None, :]
+        r = np.rint(row + t * sin_a + across * cos_a).astype(np.int64)  # across the axis: (col, row) = (cos, sin)
+        c = np.rint(col + t * cos_a - across * sin_a).astype(np.int64)
+        inside = (r >= 0) & (r < h) & (c >= 0) & (c < w)
+        win = stack[j][r[inside], c[inside]]
+        if win.size and win.max() - np.median(win) >= 0.5 * excess:
+            return True
+    return False
+
+
+def _one_view_only(stack: np.ndarray, found: list, angles: np.ndarray | None, axis_deg: float):
+    """Per view, which of its hot pixels and cluster peaks to mask: (mask_hot, mask_cluster) boolean
+    arrays, or None for a view without any. Without usable angles (one per view, finite, two views
+    or more) every hot pixel is masked and no cluster."""
+    n = len(stack)
+    per_view = None
+    if angles is not None and len(angles) == n and n > 1:
+        per_view = np.asarray(angles, dtype=np.float64).reshape(n, -1).mean(axis=1)
+        per_view = per_view if np.isfinite(per_view).all() else None
+    if per_view is None:
+        return [None if f is None else (np.ones(f["hot"][0].size, bool), np.zeros(f["cluster"][0].size, bool))
+                for f in found]
+    order = np.argsort(per_view, kind="stable")
+    rank = np.argsort(order)
+    times: dict[tuple[int, int], int] = {}
+    for f in found:
+        if f is not None:
+            for key in zip(f["hot"][0].tolist(), f["hot"][1].tolist()):
+                times[key] = times.get(key, 0) + 1
+    defect = max(3, DEFECT_VIEWS * n)
+    out = []
+    for i, f in enumerate(found):
+        if f is None:
+            out.append(None)
+            continue
+        beside = [int(order[q]) for q in (rank[i] - 1, rank[i] + 1) if 0 <= q < n]
+        seen = lambda r, c, e: _seen_beside(stack, i, beside, per_view, axis_deg, int(r), int(c), float(e))  # noqa: E731,B023
+        hot = np.array([times[(int(r), int(c))] >= defect or not seen(r, c, e) for r, c, e in zip(*f["hot"])], bool)
+        cl = np.array([not seen(r, c, e) for r, c, _, e in zip(*f["cluster"])], bool)
+        out.append((hot, cl))
+    return out
+
+
+def hot_pixel_mask(stack: np.ndarray, valid: np.ndarray | None, mode: str, where: str,
+                   angles: np.ndarray | None = None, axis_deg: float = 0.0) -> np.ndarray | None:
+    """data.hot_pixels=mask: bright pixels that no imaged structure explains become invalid
+    (ignored in the loss; the value is filled later with the view's median): a pixel brighter than
+    the second-brightest of its 8 neighbours by more than its view's 0.1-99.9 % range (alone or in
+    a pair), and a cluster of up to 6 pixels whose brightest exceeds the 6th-brightest of its 24
+    neighbours by that much, each unless it is in a view of the next tilt angle too (structure
+    moves between views, an X-ray hit is in one; a pixel hot in a quarter of the views is a detector
+    defect and masked all the same). ``angles`` (one per view, or per image line) order the views
+    and ``axis_deg`` (data.tilt_axis_angle) gives the direction structure moves in; without them
+    every hot pixel is masked and no cluster. Returns the validity mask, None while every pixel is
+    valid."""
     if mode == "keep":
         return valid
     found = map_views(lambda i: _hot_pixels(stack[i], None if valid is None else valid[i]), len(stack), stack.size)
-    views = [i for i, f in enumerate(found) if f is not None]
+    chosen = _one_view_only(stack, found, angles, axis_deg)
+    new = valid
+    views, n_hot, n_clusters, n_cluster_px = [], 0, 0, 0
+    for i, (f, pick) in enumerate(zip(found, chosen)):
+        if pick is None or not (pick[0].any() or pick[1].any()):
+            continue
+        if new is valid:
+            new = np.ones(stack.shape, dtype=bool) if valid is None else valid.copy()
+        hot, cl = pick
+        new[i, f["hot"][0][hot], f["hot"][1][hot]] = False
+        n_hot += int(hot.sum())
+        rows, cols, bgs, excs = (a[cl] for a in f["cluster"])
+        for k in np.argsort(-excs, kind="stable"):  # brightest first: a cluster's other pixels are then masked
+            row, col, bg, exc = int(rows[k]), int(cols[k]), bgs[k], excs[k]
+            if not new[i, row, col]:
+                continue
+            r0, c0 = max(row - 2, 0), max(col - 2, 0)
+            win = new[i, r0:row + 3, c0:col + 3]
+            part = (stack[i, r0:row + 3, c0:col + 3] > bg + 0.1 * exc) & win  # its pixels above the background
+            n_cluster_px += int(part.sum())
+            n_clusters += 1
+            win[part] = False
+        views.append(i)
     if not views:
         return valid
-    valid = np.ones(stack.shape, dtype=bool) if valid is None else valid.copy()
-    count = 0
-    for i in views:
-        rows, cols = found[i]
-        valid[i, rows, cols] = False
-        count += rows.size
     shown = ", ".join(str(i + 1) for i in views[:8]) + (" ..." if len(views) > 8 else "")
-    log.warning("%s: %d hot pixels (each brighter than its neighbours by more than its view's 0.1-99.9 %% range) "
-                "in %d views (%s, in file order) are masked; data.hot_pixels=keep keeps them.", where, count,
-                len(views), shown)
-    return valid
+    clusters = (f" and {n_cluster_px} pixels in {n_clusters} bright clusters (up to 6 pixels)" if n_clusters else "")
+    log.warning("%s: %d hot pixels (each brighter than its neighbours by more than its view's 0.1-99.9 %% range)%s "
+                "in %d views (%s, in file order), each in one view only or a detector defect, are masked; "
+                "data.hot_pixels=keep keeps them.", where, n_hot, clusters, len(views), shown)
+    return new
 
 
 def _bilinear(img: np.ndarray, ok: np.ndarray | None, row: np.ndarray, col: np.ndarray):
@@ -389,10 +492,12 @@ def _dark_views(parts: tuple, cfg, where: str):
     return stack, valid, angles, views, None
 
 
-def _pixel_masks(stack: np.ndarray, valid: np.ndarray | None, cfg, where: str) -> np.ndarray | None:
+def _pixel_masks(stack: np.ndarray, valid: np.ndarray | None, cfg, where: str,
+                 angles: np.ndarray | None = None) -> np.ndarray | None:
     """Steps 1 and 1b (non-finite and hot pixels), then the refusal of a constant stack."""
     valid = handle_nonfinite(stack, valid, cfg.nonfinite, where)
-    valid = hot_pixel_mask(stack, valid, getattr(cfg, "hot_pixels", "mask"), where)
+    valid = hot_pixel_mask(stack, valid, getattr(cfg, "hot_pixels", "mask"), where, angles,
+                           getattr(cfg, "tilt_axis_angle", 0.0) or 0.0)
     refuse_constant(stack, valid, where)
     return valid
 
@@ -408,7 +513,7 @@ def prepare(raw: RawSeries, cfg) -> TiltSeries:
     pixel = float(raw.pixel_size)
     gt = raw.ground_truth
 
-    valid = _pixel_masks(stack, valid, cfg, where)
+    valid = _pixel_masks(stack, valid, cfg, where, angles)
     if cfg.exclude_views:
         stack, valid, angles, views, step = _exclude((stack, valid, angles, views), cfg, where)
         steps.append(step)
