@@ -87,3 +87,25 @@ def test_a_checkpoint_of_an_older_fasttomo_resumes(mrc_run):
     assert cfg.projector.samples_per_ray == 16 and cfg.data.source == "mrc" and cfg.data.thickness == 8
     metrics = run(cfg)
     assert metrics["steps"] == 6 and metrics["resumed_from"]["step"] == 4
+
+
+def test_a_run_started_with_relative_file_names_resumes_from_another_folder(tmp_path, monkeypatch):
+    """A run keeps its file settings absolute (config.yaml and the checkpoint), so the resume
+    command it prints works from any working directory; a relative name on the resume command
+    line is read against the directory it is given in, and names the same file."""
+    paths = write_tiltseries(tmp_path / "data" / "ph.mrc", make_tiltseries(DataConfig(width=16, height=16, n_tilts=9)),
+                             "mrc")
+    monkeypatch.chdir(tmp_path / "data")
+    first = compose_config([*TINY, "data=mrc", "data.path=ph.mrc", "data.angles=ph.rawtlt", "data.thickness=8",
+                            "optim.steps=4", f"output.dir={tmp_path / 'first'}"])
+    assert first.data.path == str(tmp_path / "data" / "ph.mrc") and first.data.angles == str(paths[1])
+    run(first)
+    assert f"path: {tmp_path / 'data' / 'ph.mrc'}" in (tmp_path / "first" / "config.yaml").read_text()
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    cfg = compose_config([f"resume={tmp_path / 'first'}", "optim.steps=6", f"output.dir={tmp_path / 'more'}"])
+    assert cfg.data.path == str(paths[0])
+    assert run(cfg)["steps"] == 6
+    monkeypatch.chdir(tmp_path / "data")  # the same file named relatively again: not a change
+    again = compose_config([f"resume={tmp_path / 'first'}", "data.path=ph.mrc", f"output.dir={tmp_path / 'again'}"])
+    assert again.data.path == str(paths[0])

@@ -96,7 +96,7 @@ def _resumed(data: dict, overrides: list[str]) -> dict:
     saved = read_config(path)
     if saved is None:  # a checkpoint without its config: the command line is the config
         return {**data, "resume": str(path)}
-    saved = upgrade(saved)  # a checkpoint of an older fasttomo: moved keys renamed, unread keys dropped
+    saved = rs.absolute_paths(upgrade(saved))  # an older fasttomo's keys renamed; file names as the run reads them
     named = rs.named_keys(overrides, saved, _option_values)
     merged = rs.merge(saved, data, named)
     merged["resume"] = str(path)
@@ -121,6 +121,9 @@ def to_config(cfg, overrides: list[str] | None = None) -> Config:
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         raise ConfigError(f"{key}: {first}" if key else first) from None
     data.pop("hydra", None)
+    from fasttomo.run.resume import absolute_paths
+
+    absolute_paths(data)  # config.yaml and the checkpoints name the files from any working directory
     if data.get("resume") not in (None, "???"):
         data = _resumed(data, list(overrides or []))
     return from_dict(Config, strip_unset(data))

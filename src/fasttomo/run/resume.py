@@ -33,6 +33,25 @@ IMMUTABLE = ("data", "model", "sampler.batch_size", "sampler.val_fraction", "sam
 MUTABLE_EXCEPTIONS = ("data.path", "data.angles")
 
 
+PATH_KEYS = ("data.path", "data.angles", "data.xf", "data.aln", "data.xtilt", "evaluation.truth",
+             "evaluation.true_poses")
+"""Settings that name a file: a run keeps them absolute (``~`` expanded), so its config.yaml and
+checkpoints name the same files from any working directory (``resume=`` from another folder)."""
+
+
+def absolute_paths(config: dict) -> dict:
+    """``config`` (a nested config dict) with the relative file names of :data:`PATH_KEYS` made
+    absolute against the working directory, ``~`` expanded; in place, and returned."""
+    import os
+
+    for key in PATH_KEYS:
+        group, name = key.split(".")
+        value = (config.get(group) or {}).get(name) if isinstance(config.get(group), dict) else None
+        if isinstance(value, str) and value and value != "???":
+            config[group][name] = os.path.abspath(os.path.expanduser(value))
+    return config
+
+
 def _under(key: str, prefixes: Iterable[str]) -> bool:
     return any(key == p or key.startswith(p + ".") for p in prefixes)
 

@@ -33,7 +33,7 @@ from fasttomo.run.folder import OutputExistsError, OutputFolderError, RunFolder
 from fasttomo.run.methods import make_method
 from fasttomo.run.outputs import VolumeFiles, export_slabs, slab_planes_of, volume_names
 from fasttomo.run.place import Place
-from fasttomo.run.resume import refuse_immutable, warn_changes
+from fasttomo.run.resume import absolute_paths, refuse_immutable, warn_changes
 from fasttomo.run.stop import RunInterrupted, StopRequests, signal_name
 from fasttomo.train.checkpoint import find_checkpoint, load_checkpoint
 from fasttomo.train.distributed import (broadcast_object, destroy_distributed, dist_info, init_distributed,
@@ -334,7 +334,7 @@ def _read_resume(cfg: Config):
     path = find_checkpoint(cfg.resume)
     state = load_checkpoint(path, map_location="cpu")
     if isinstance(state.get("config"), dict):
-        state["config"] = upgrade(state["config"])  # an older fasttomo's keys, today's names
+        state["config"] = absolute_paths(upgrade(state["config"]))  # an older fasttomo's keys, today's names
         refuse_immutable(state["config"], to_dict(cfg), str(path))
         warn_changes(state["config"], to_dict(cfg), str(path))
     return path, state
