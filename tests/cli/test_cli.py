@@ -167,6 +167,21 @@ def test_closing_summary_names_folder_files_speed_quality_and_tensorboard(redire
     assert not any(ln.rstrip().endswith(":") for ln in text.splitlines())  # no dangling colon
 
 
+def test_closing_summary_says_an_fsc_that_never_falls_below_its_threshold(tmp_path):
+    """An FSC above its threshold up to Nyquist is the best outcome, not a missing score: the
+    summary says so instead of 'no ground truth'."""
+    from fasttomo.quality.report import summary_lines
+
+    never = {"fsc0143_A": None, "fsc0143_status": "never", "fsc05_A": None, "fsc05_status": "never", "nyquist_A": 20.0}
+    half = summary_lines(tmp_path, {"half_sets": {"fsc": never}}, tensorboard=False)
+    assert "quality: half-set FSC above 0.143 up to Nyquist (20 A)" in half
+    truth = summary_lines(tmp_path, {"pearson_global": 0.99, "fsc": never}, tensorboard=False)
+    assert "quality: Pearson to the ground truth 0.9900; FSC to the truth above 0.5 up to Nyquist (20 A)" in truth
+    crossed = summary_lines(tmp_path, {"half_sets": {"fsc0143_A": 31.25, "fsc": {**never, "fsc0143_status": "crossed"}}},
+                            tensorboard=False)
+    assert "quality: half-set FSC 0.143 at 31.2 A" in crossed
+
+
 def test_closing_summary_names_the_refined_poses(tmp_path):
     """With pose=refine the summary says how far the poses moved and the tilt-axis correction."""
     from fasttomo.geometry.poses import Poses

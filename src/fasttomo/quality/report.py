@@ -323,6 +323,17 @@ def add_to_tensorboard(tb_dir: Path, tag: str, img, step: int, encoded: bytes | 
 
 
 # --------------------------------------------------------------------------------------- closing summary
+def _crossing_text(m: dict, key: str, threshold: str, what: str) -> str | None:
+    """'<what> <threshold> at X A', or, where the curve never falls below the threshold, that it
+    stays above it up to Nyquist (the volume's finest detail); None without the FSC."""
+    if m.get(f"{key}_A") is not None:
+        return f"{what} {threshold} at {m[f'{key}_A']:.3g} A"
+    curve = m.get("fsc") or {}
+    if curve.get(f"{key}_status") == "never" and isinstance(curve.get("nyquist_A"), (int, float)):
+        return f"{what} above {threshold} up to Nyquist ({curve['nyquist_A']:.3g} A)"
+    return None
+
+
 def quality(m: dict) -> list[str]:
     """The quality numbers a run has, in words (empty when there are none)."""
     out = []
@@ -333,11 +344,12 @@ def quality(m: dict) -> list[str]:
         out.append(text)
     if isinstance(m.get("psnr_dB"), float) and math.isfinite(m["psnr_dB"]):
         out.append(f"PSNR {m['psnr_dB']:.2f} dB")
-    if m.get("fsc05_A") is not None:
-        out.append(f"FSC to the truth 0.5 at {m['fsc05_A']:.3g} A")
-    half = m.get("half_sets") or {}
-    if half.get("fsc0143_A") is not None:
-        out.append(f"half-set FSC 0.143 at {half['fsc0143_A']:.3g} A")
+    truth = _crossing_text(m, "fsc05", "0.5", "FSC to the truth")
+    if truth:
+        out.append(truth)
+    half = _crossing_text(m.get("half_sets") or {}, "fsc0143", "0.143", "half-set FSC")
+    if half:
+        out.append(half)
     hold = m.get("holdout") or {}
     if hold.get("pearson"):
         vals = [v for v in hold["pearson"] if isinstance(v, float)]
