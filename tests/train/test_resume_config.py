@@ -109,3 +109,27 @@ def test_a_run_started_with_relative_file_names_resumes_from_another_folder(tmp_
     monkeypatch.chdir(tmp_path / "data")  # the same file named relatively again: not a change
     again = compose_config([f"resume={tmp_path / 'first'}", "data.path=ph.mrc", f"output.dir={tmp_path / 'again'}"])
     assert again.data.path == str(paths[0])
+
+
+@pytest.mark.parametrize("change", ["flipped stack", "other angles"])
+def test_resume_on_other_data_is_refused(mrc_run, tmp_path, change):
+    """data.path and data.angles may move, but the series must be the saved run's: a stack flipped
+    left-right (same shape and intensity scale) or an angle file shifted by 0.5 degrees is refused."""
+    from fasttomo.data.io.mrc import read_mrc, write_mrc
+    from fasttomo.train.checkpoint import CheckpointError
+
+    tmp, ckpt, paths = mrc_run
+    stack, angles = paths
+    if change == "flipped stack":
+        raw = read_mrc(paths[0])
+        stack = write_mrc(tmp_path / "flipped.mrc", raw.data[:, :, ::-1].copy(), float(raw.voxel_size[0]),
+                          image_stack=True)
+    else:
+        values = [float(v) + 0.5 for v in open(paths[1]).read().split()]
+        angles = tmp_path / "shifted.rawtlt"
+        angles.write_text("\n".join(f"{v:.2f}" for v in values) + "\n")
+    cfg = compose_config([f"resume={ckpt}", f"data.path={stack}", f"data.angles={angles}", "optim.steps=6",
+                          f"output.dir={tmp_path / 'out'}"])
+    with pytest.raises(CheckpointError, match=r"the tilt series \(its pixels or its angles\) differs from the saved "
+                                              r"run's; resume on the same data"):
+        run(cfg)

@@ -208,6 +208,7 @@ class RaySampler:
 
         valid = _valid_mask(ts)
         self.scale = robust_scale(ts.stack, valid, offset)
+        self.data_digest = data_digest(ts)
         self._stack = ts.stack  # normalized by _host_stack (numpy) or on the device
         self._valid = None if valid is None else valid.reshape(-1)
         self.has_mask = valid is not None
@@ -446,6 +447,7 @@ class RaySampler:
             "epoch": int(self.epoch),
             "position": int(self.position),
             "scale": float(self.scale),
+            "data": self.data_digest,
             **self._fingerprint(),
         }
 
@@ -468,6 +470,11 @@ class RaySampler:
                 f"sampler state does not match this run ({details}); resume with the same seed, "
                 f"sampler settings{hint}, data and number of processes as the saved run."
             )
+        if state.get("data", self.data_digest) != self.data_digest:  # states before the digest: not checked
+            raise ValueError(
+                "the tilt series (its pixels or its angles) differs from the saved run's; resume on the same data "
+                "(a moved or converted copy of the file is fine), or start a new run without resume=."
+            )
         if abs(float(state["scale"]) - self.scale) > 1e-6 * max(1.0, abs(self.scale)):
             raise ValueError(
                 f"sampler state scale {state['scale']!r} != {self.scale!r}: the tilt-series values "
@@ -478,6 +485,26 @@ class RaySampler:
             raise ValueError(f"sampler state epoch/position {epoch}/{position} out of range.")
         self.epoch = epoch
         self.position = position
+
+
+DIGEST_SAMPLES = 4096
+"""Pixels of the stack (evenly spaced over it) that :func:`data_digest` hashes."""
+
+
+def data_digest(ts: TiltSeries) -> str:
+    """A short hash of the prepared tilt series: 4096 pixels evenly spaced over the stack, its
+    shape and its angles. A resume compares it with the saved run's, so a continuation is refused
+    on other data (a flipped stack, another angle file), not only on another shape or scale; a
+    mapped stack is read at those pixels only."""
+    import hashlib
+
+    flat = ts.stack.reshape(-1)
+    step = max(1, flat.size // DIGEST_SAMPLES)
+    h = hashlib.blake2b(digest_size=8)
+    h.update(repr(tuple(ts.stack.shape)).encode())
+    h.update(np.ascontiguousarray(flat[::step][:DIGEST_SAMPLES], dtype=np.float32).tobytes())
+    h.update(np.ascontiguousarray(ts.angles, dtype=np.float64).tobytes())
+    return h.hexdigest()
 
 
 # --------------------------------------------------------------------------------------- device
