@@ -1073,6 +1073,9 @@ class OutputConfig:
     its manifest.json) is removed before anything is written. Other files are kept."""
 
     def __post_init__(self) -> None:
+        _require(isinstance(self.formats, (list, tuple)) and len(self.formats) > 0, "output.formats",
+                 f"names no volume file ({self.formats!r}), so the run would write no reconstruction; give at least "
+                 "one of mrc, h5, tiff, e.g. output.formats=[mrc].")
         for f in self.formats:
             _choice(f, ("mrc", "h5", "tiff"), "output.formats[]")
         if self.slab_planes is not None and self.slab_planes < 1:
