@@ -107,6 +107,8 @@ def read_raw(cfg) -> RawSeries:
     path = os.fspath(cfg.path)
     if not os.path.exists(path):
         raise DataFileError(f"{path}: file not found; check data.path.")
+    if os.path.isdir(path):  # before the suffix check, which would call it a file of unknown type
+        raise DataFileError(f"{path}: is a directory; give the tilt-series file in it as data.path.")
     kind = source_from_suffix(path)
     if kind != cfg.source:
         raise DataFileError(f"{path}: data.source={cfg.source} but the suffix says {kind}; use data={kind} "

@@ -38,7 +38,8 @@ The order is fixed (:func:`prepare` runs it and records every step in ``metadata
                        view, which would break the intensity relation between tilts), or ``none``.
 
 A stack that is constant over all its valid pixels (all zeros, say) carries no signal and is
-refused before any step.
+refused before any step, as is one whose largest |value| is outside :data:`STAT_RANGE` (float32
+statistics would call every view blank).
 
 Statistics use valid pixels only (a strided subsample of at most 2 million values for quantiles).
 Invalid pixels end up holding their view's median valid value.
@@ -61,6 +62,11 @@ log = logging.getLogger("fasttomo.data")
 
 QUANTILES = (0.01, 0.999)
 _MAX_STAT_VALUES = 2_000_000
+STAT_RANGE = (1e-15, 1e15)
+"""Bounds on a stack's largest |value| for float32 statistics: a view's variance is a mean of float32
+squared deviations, which overflow beyond 1.8e19 (the square root of float32's largest number
+3.4e38) and lose their precision below 1e-19 (that of its smallest normal number 1.2e-38); the
+bounds keep a margin."""
 
 
 @dataclass
@@ -433,7 +439,8 @@ def _take(idx, stack, valid, angles, views):
 
 
 def refuse_constant(stack: np.ndarray, valid: np.ndarray | None, where: str) -> None:
-    """Refuse a stack whose valid pixels all hold one value (or that has no valid pixel)."""
+    """Refuse a stack whose valid pixels all hold one value (or that has no valid pixel), or whose
+    largest |value| is outside :data:`STAT_RANGE`."""
     values = stack if valid is None else stack[valid]
     if values.size == 0:
         raise TiltSeriesError(f"{where}: no pixel of the stack holds a finite value; nothing to reconstruct. Check "
@@ -446,6 +453,14 @@ def refuse_constant(stack: np.ndarray, valid: np.ndarray | None, where: str) -> 
     if hi == lo:
         raise TiltSeriesError(f"{where}: every pixel of the stack holds the value {lo:.6g}; a constant stack carries "
                               "no signal. Check data.path (the right file? exported empty?) and re-export the stack.")
+    top = max(abs(lo), abs(hi))
+    if not STAT_RANGE[0] <= top <= STAT_RANGE[1]:  # before the dark-view check, which would call every view blank
+        flow = "underflow to 0" if top < STAT_RANGE[0] else "overflow to inf"
+        raise TiltSeriesError(
+            f"{where}: the stack's largest |value| is {top:.3g}, outside the range float32 statistics can handle "
+            f"({STAT_RANGE[0]:.0e} to {STAT_RANGE[1]:.0e}: a view's variance would {flow}, and every view would look "
+            f"blank). Rescale the stack, e.g. with IMOD newstack -scale 0,1000, or multiply it by about "
+            f"{1e3 / top:.0e}.")
 
 
 def _exclude(parts: tuple, cfg, where: str):

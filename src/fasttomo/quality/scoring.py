@@ -37,7 +37,7 @@ def attach_truth(ts: TiltSeries, path: str, thickness: int | None) -> None:
 
     vol = map_volume(path)
     if vol is None:
-        vol, _, _ = read_volume(path)
+        vol, _, _ = read_volume(path, key="evaluation.truth")
     if vol.ndim != 3 or vol.shape[1:] != (ts.height, ts.width) or (thickness is not None and vol.shape[0] != thickness):
         want = f"({thickness if thickness is not None else 'Z'}, {ts.height}, {ts.width})"
         raise TiltSeriesError(f"{path}: evaluation.truth has shape {tuple(vol.shape)} but the reconstruction box "

@@ -121,7 +121,7 @@ def _check_shifts(shifts: np.ndarray, width: int, height: int, path: str) -> Non
 def _read_xtilt(path: str, n: int) -> float:
     from fasttomo.data.io.imod import read_tilt_file
 
-    values = np.asarray([v for row in read_tilt_file(path) for v in row], dtype=np.float64)
+    values = np.asarray([v for row in read_tilt_file(path, "data.xtilt") for v in row], dtype=np.float64)
     _check_count(values.size, n, path, "X-axis tilts")
     if np.ptp(values) > XTILT_TOLERANCE_DEG:
         raise DataFileError(f"{path}: the X-axis tilt differs between views ({values.min():.3f}..{values.max():.3f} "

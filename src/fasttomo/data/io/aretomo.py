@@ -52,12 +52,12 @@ def _header_value(line: str, path: str, lineno: int) -> list[float]:
                             "AreTomo .aln file; give the .aln that AreTomo wrote as data.aln.") from None
 
 
-def read_aln(path: str | os.PathLike) -> AlnFile:
-    """Parse an .aln file (format in the module docstring); an error names the bad line."""
+def read_aln(path: str | os.PathLike, key: str = "data.aln") -> AlnFile:
+    """Parse an .aln file given as ``key`` (format in the module docstring); an error names the bad line."""
     path = os.fspath(path)
     rows, darks, raw_size, alpha, beta, patches = [], [], None, 0.0, 0.0, 0
     in_global = False
-    for lineno, line in enumerate(read_text_lines(path, ".aln"), 1):
+    for lineno, line in enumerate(read_text_lines(path, ".aln", key), 1):
         text = line.strip()
         if not text:
             continue

@@ -3,7 +3,9 @@ from the package's __init__ so the modules import them without a cycle)."""
 
 from __future__ import annotations
 
+import io
 import os
+import unicodedata
 
 from fasttomo.data.tiltseries import TiltSeriesError
 
@@ -27,25 +29,56 @@ STACK_SUFFIXES = {
 }
 
 
-def file_size(path: str, what: str) -> int:
-    """Size in bytes of an input file; a clear error if it is missing, unreadable or empty."""
+def _cannot_open(path: str, what: str, key: str, err: OSError) -> DataFileError:
+    """The error for an input file that ``open`` refuses, naming ``key``, the setting that gave it."""
+    if isinstance(err, IsADirectoryError):
+        return DataFileError(f"{path}: is a directory; set {key} to the {what} file in it.")
+    if isinstance(err, PermissionError):
+        return DataFileError(f"{path}: the {what} file cannot be read (permission denied); fix its permissions "
+                             f"(e.g. chmod a+r) or give a readable copy as {key}.")
+    return DataFileError(f"{path}: cannot open the {what} file ({err.strerror}); check {key}.")
+
+
+def file_size(path: str, what: str, key: str) -> int:
+    """Size in bytes of an input file given as ``key``; a clear error if it is missing, a
+    directory, unreadable or empty."""
     try:
-        size = os.path.getsize(path)
+        with open(path, "rb") as f:  # opened, not just stat'ed: a directory or a chmod 000 file fails here
+            size = os.fstat(f.fileno()).st_size
     except OSError as err:
-        raise DataFileError(f"{path}: cannot open the {what} file ({err.strerror}); check data.path.") from None
+        raise _cannot_open(path, what, key, err) from None
     if size == 0:
         raise DataFileError(f"{path}: the file is empty (0 bytes; a {what} file cannot be empty). Re-export or "
                             "re-copy it.")
     return size
 
 
-def read_text_lines(path: str, what: str) -> list[str]:
-    """Lines of a text input file; a clear error naming the config key if it cannot be read."""
+def read_text_lines(path: str, what: str, key: str) -> list[str]:
+    """Lines of a text input file given as ``key``; a clear error if it cannot be read or is UTF-16."""
     try:
-        with open(path, encoding="utf-8-sig", errors="replace") as f:  # -sig: a BOM (Notepad, Excel) is no text
-            return f.readlines()
+        with open(path, "rb") as f:
+            raw = f.read()
     except OSError as err:
-        raise DataFileError(f"{path}: cannot read the {what} file ({err.strerror}); check data.angles.") from None
+        raise _cannot_open(path, what, key, err) from None
+    if raw.startswith((b"\xff\xfe", b"\xfe\xff")):  # its BOM; read as UTF-8 it would be NUL-riddled noise
+        raise DataFileError(f"{path}: the {what} file is UTF-16 text (Windows Notepad's 'Unicode'); save it as "
+                            f"UTF-8 or ASCII and give it again as {key}.")
+    # -sig: a UTF-8 BOM (Notepad, Excel) is no text; newline=None: CRLF and CR line ends as in text mode
+    return io.StringIO(raw.decode("utf-8-sig", errors="replace"), newline=None).readlines()
+
+
+def non_ascii_hint(text: str) -> str:
+    """"it holds '−' (U+2212 MINUS SIGN); use the ASCII '-'" for the first non-ASCII character of
+    ``text``, "" if there is none: a minus pasted from a PDF looks like '-' but is no number to Python."""
+    ch = next((c for c in text if ord(c) > 127), None)
+    if ch is None:
+        return ""
+    if ch == "\ufffd":  # what read_text_lines decodes a byte that is not UTF-8 to
+        return ("it holds a byte that is not UTF-8 text (shown as '\ufffd'; a Latin-1 '°'?); write plain ASCII "
+                "numbers (digits, '.', '-', 'e')")
+    dash = unicodedata.category(ch) == "Pd" or ch == "\u2212"
+    return (f"it holds {ch!r} (U+{ord(ch):04X} {unicodedata.name(ch, 'unnamed character')}); "
+            + ("use the ASCII '-'" if dash else "write plain ASCII numbers (digits, '.', '-', 'e')"))
 
 
 def source_from_suffix(path: str | os.PathLike) -> str:

@@ -40,12 +40,17 @@ FORMAT = "fasttomo-tiltseries"
 VOLUME_DATASET = "/volume"
 
 
-def _open(path: str) -> h5py.File:
-    size = file_size(path, "HDF5")
+def _open(path: str, key: str) -> h5py.File:
+    size = file_size(path, "HDF5", key)
     try:
         return h5py.File(path, "r")
     except OSError as err:
         msg = str(err)
+        if "unable to lock file" in msg:  # HDF5 locks a file open for writing (h5py mode 'a'/'w', a Jupyter kernel)
+            raise DataFileError(
+                f"{path}: the HDF5 file is open (locked) by another program, which may be writing it; close it there "
+                "(e.g. the notebook or viewer that holds it) and run again, or set the environment variable "
+                "HDF5_USE_FILE_LOCKING=FALSE to read it anyway.") from None
         m = re.search(r"eof = (\d+).*stored_eof = (\d+)", msg)
         if m:
             raise DataFileError(
@@ -105,11 +110,13 @@ class H5Stack:
 
 
 def read_stack_h5(path: str | os.PathLike, stack_path: str = "/tiltseries/stack",
-                  angles_path: str = "/tiltseries/angles", pixel_size_name: str = "pixel_size_A") -> H5Stack:
-    """Read a tilt stack and (if present) its angles, pixel size, validity mask and ground truth."""
+                  angles_path: str = "/tiltseries/angles", pixel_size_name: str = "pixel_size_A",
+                  key: str = "data.path") -> H5Stack:
+    """Read a tilt stack and (if present) its angles, pixel size, validity mask and ground truth
+    from the file ``key`` gives."""
     path = os.fspath(path)
     notes: list[str] = []
-    with _open(path) as f:
+    with _open(path, key) as f:
         if stack_path not in f or not isinstance(f[stack_path], h5py.Dataset):
             found: list[str] = []
             f.visititems(lambda n, o: found.append(f"/{n} {o.shape}") if isinstance(o, h5py.Dataset) else None)
@@ -213,11 +220,11 @@ def write_volume_h5(path: str | os.PathLike, volume: np.ndarray, voxel_size: flo
     return atomic_write(path, _write, overwrite=overwrite)
 
 
-def read_volume_h5(path: str | os.PathLike) -> tuple[np.ndarray, float | None, dict]:
+def read_volume_h5(path: str | os.PathLike, key: str = "the path") -> tuple[np.ndarray, float | None, dict]:
     """(volume_zyx, voxel_size_A or None, attrs) from an HDF5 volume (fasttomo's ``/volume`` or the
-    only 3-D dataset of the file)."""
+    only 3-D dataset of the file) that ``key`` gives."""
     path = os.fspath(path)
-    with _open(path) as f:
+    with _open(path, key) as f:
         if VOLUME_DATASET in f:
             ds = f[VOLUME_DATASET]
         else:

@@ -21,14 +21,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fasttomo.data.io.common import DataFileError, read_text_lines
+from fasttomo.data.io.common import DataFileError, non_ascii_hint, read_text_lines
 from fasttomo.data.io.atomic import atomic_write
 
 
-def read_tilt_file(path: str | os.PathLike) -> list[list[float]]:
-    """Rows of numbers (degrees) from a .rawtlt/.tlt file; an error names the bad line."""
+def read_tilt_file(path: str | os.PathLike, key: str = "data.angles") -> list[list[float]]:
+    """Rows of numbers (degrees) from a .rawtlt/.tlt file given as ``key``; an error names the bad
+    line (and a non-ASCII character in it)."""
     path = os.fspath(path)
-    lines = read_text_lines(path, "tilt-angle")
+    lines = read_text_lines(path, "tilt-angle", key)
     rows: list[list[float]] = []
     for lineno, line in enumerate(lines, 1):
         text = line.split("#", 1)[0].replace(",", " ").strip()
@@ -37,12 +38,14 @@ def read_tilt_file(path: str | os.PathLike) -> list[list[float]]:
         try:
             rows.append([float(tok) for tok in text.split()])
         except ValueError:
+            hint = non_ascii_hint(text)
             raise DataFileError(
-                f"{path}, line {lineno}: {line.strip()!r} is not a list of numbers; a tilt-angle file holds "
-                "angles in degrees, one or many per line. Fix the line or give the right file as data.angles."
+                f"{path}, line {lineno}: {line.strip()!r} is not a list of numbers; " + (
+                    f"{hint}." if hint else "a tilt-angle file holds angles in degrees, one or many per line. "
+                    f"Fix the line or give the right file as {key}.")
             ) from None
     if not rows:
-        raise DataFileError(f"{path}: the tilt-angle file holds no angles; give the angle list as data.angles.")
+        raise DataFileError(f"{path}: the tilt-angle file holds no angles; give the angle list as {key}.")
     return rows
 
 
@@ -53,6 +56,12 @@ def angles_for_stack(rows: list[list[float]], n_sections: int, height: int, wher
     if len(rows) == n_sections and all(c == height for c in counts) and height > 1:
         return np.asarray(rows, dtype=np.float64)
     flat = np.asarray([a for r in rows for a in r], dtype=np.float64)
+    if flat.size != n_sections and len(rows) == n_sections and len(set(counts)) == 1:
+        raise DataFileError(  # '-60,00' (a decimal comma) reads as two numbers, as does AreTomo's 'angle dose'
+            f"{where}: every line holds {counts[0]} numbers (line 1 reads as {', '.join(map(repr, rows[0]))}), but "
+            f"the stack {stack_path} has {n_sections} sections of {height} lines, so they are not per-line angles: "
+            "decimal commas ('-60,00'), or an extra column (e.g. AreTomo's dose)? Write one angle per line with a '.' "
+            "decimal point (or give the first column only).")
     if flat.size != n_sections:
         raise DataFileError(
             f"{where}: {flat.size} angles in {len(rows)} lines, but the stack {stack_path} has {n_sections} "
@@ -97,10 +106,10 @@ _SECTION = re.compile(r"^\s*\[\s*ZValue\s*=\s*(-?\d+)\s*\]")
 _AXIS = re.compile(r"Tilt\s*axis\s*angle\s*=\s*(-?[\d.]+(?:[eE][-+]?\d+)?)", re.IGNORECASE)
 
 
-def read_mdoc(path: str | os.PathLike) -> MdocInfo:
-    """Parse a SerialEM .mdoc (TiltAngle, PixelSpacing, tilt-axis angle)."""
+def read_mdoc(path: str | os.PathLike, key: str = "data.angles") -> MdocInfo:
+    """Parse a SerialEM .mdoc given as ``key`` (TiltAngle, PixelSpacing, tilt-axis angle)."""
     path = os.fspath(path)
-    lines = read_text_lines(path, ".mdoc")
+    lines = read_text_lines(path, ".mdoc", key)
     sections: dict[int, dict[str, str]] = {}
     header: dict[str, str] = {}
     current = header
@@ -148,7 +157,7 @@ def read_mdoc(path: str | os.PathLike) -> MdocInfo:
 
 
 # ----------------------------------------------------------------------------------- .xf, .xtilt
-def read_xf(path: str | os.PathLike) -> np.ndarray:
+def read_xf(path: str | os.PathLike, key: str = "data.xf") -> np.ndarray:
     """(n, 6) rows ``A11 A12 A21 A22 DX DY`` of an IMOD .xf file (one line per section of the
     stack it was made for). IMOD's definition: the transform maps a raw image onto the aligned one
     about the image centre, x' = A11 x + A12 y + DX, y' = A21 x + A22 y + DY with (x, y) and
@@ -156,7 +165,7 @@ def read_xf(path: str | os.PathLike) -> np.ndarray:
     y along the rows in file order; a pixel's centre at index + 0.5), DX and DY in pixels."""
     path = os.fspath(path)
     rows = []
-    for lineno, line in enumerate(read_text_lines(path, ".xf"), 1):
+    for lineno, line in enumerate(read_text_lines(path, ".xf", key), 1):
         text = line.split("#", 1)[0].strip()
         if not text:
             continue
@@ -166,10 +175,10 @@ def read_xf(path: str | os.PathLike) -> np.ndarray:
             vals = []
         if len(vals) != 6 or not np.all(np.isfinite(vals)):
             raise DataFileError(f"{path}, line {lineno}: {line.strip()!r} is not 6 numbers (A11 A12 A21 A22 DX DY); "
-                                "data.xf takes IMOD's .xf (or .prexg) transform file.")
+                                f"{key} takes IMOD's .xf (or .prexg) transform file.")
         rows.append(vals)
     if not rows:
-        raise DataFileError(f"{path}: the .xf file holds no transforms; give the .xf of the stack as data.xf.")
+        raise DataFileError(f"{path}: the .xf file holds no transforms; give the .xf of the stack as {key}.")
     return np.asarray(rows, dtype=np.float64)
 
 

@@ -93,9 +93,10 @@ def _looks_like(path: str) -> str:
     return "it looks like a text file" if head and text >= 0.95 * len(head) else "its first bytes are no MRC header"
 
 
-def _check_size(path: str) -> None:
-    """Empty/short/truncated/corrupt files: errors with expected and actual sizes."""
-    actual = file_size(path, "MRC")
+def _check_size(path: str, key: str) -> None:
+    """Empty/short/truncated/corrupt files: errors with expected and actual sizes (naming ``key``,
+    the setting that gave the file, where it cannot be opened)."""
+    actual = file_size(path, "MRC", key)
     if actual < HEADER_BYTES:
         raise DataFileError(f"{path}: truncated MRC file: {actual} bytes, less than the {HEADER_BYTES}-byte "
                             "header. Re-export or re-copy the stack.")
@@ -173,10 +174,10 @@ def _read_block(path: str, mapped: np.ndarray) -> np.ndarray:
     return out
 
 
-def read_mrc(path: str | os.PathLike) -> MrcData:
-    """Read an MRC file (stack or volume) with all checks; see the module docstring."""
+def read_mrc(path: str | os.PathLike, key: str = "data.path") -> MrcData:
+    """Read an MRC file (stack or volume) given as ``key`` with all checks; see the module docstring."""
     path = os.fspath(path)
-    _check_size(path)
+    _check_size(path, key)
     mrc, notes = _open(path)
     with mrc:
         h = mrc.header
@@ -212,12 +213,12 @@ def read_mrc(path: str | os.PathLike) -> MrcData:
     return out
 
 
-def mrc_memmap(path: str | os.PathLike) -> np.ndarray | None:
+def mrc_memmap(path: str | os.PathLike, key: str = "the path") -> np.ndarray | None:
     """The data of a float32 (mode 2) MRC file as a read-only memory map (nz, ny, nx), after the
     same size checks as :func:`read_mrc`: pages are read as they are used, nothing is copied.
-    None for any other mode (read those with :func:`read_mrc`)."""
+    None for any other mode (read those with :func:`read_mrc`). ``key`` names the file's setting in errors."""
     path = os.fspath(path)
-    _check_size(path)
+    _check_size(path, key)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         with mrcfile.open(path, header_only=True, permissive=True) as m:

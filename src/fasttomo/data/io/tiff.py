@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from typing import Any
 
 import numpy as np
@@ -24,10 +25,10 @@ _UNIT_TO_A = {"angstrom": 1.0, "a": 1.0, "\u00c5": 1.0, "\u212b": 1.0, "nm": 10.
               "micron": 1e4, "um": 1e4, "\u00b5m": 1e4, "microns": 1e4}
 
 
-def read_tiff(path: str | os.PathLike) -> tuple[np.ndarray, float | None, dict]:
-    """(array as stored, voxel/pixel size in Angstrom or None, fasttomo attrs or {})."""
+def read_tiff(path: str | os.PathLike, key: str = "data.path") -> tuple[np.ndarray, float | None, dict]:
+    """(array as stored, voxel/pixel size in Angstrom or None, fasttomo attrs or {}) of the file ``key`` gives."""
     path = os.fspath(path)
-    size = file_size(path, "TIFF")
+    size = file_size(path, "TIFF", key)
     try:
         with tifffile.TiffFile(path) as t:
             _check_page_sizes(path, t)
@@ -49,6 +50,11 @@ def read_tiff(path: str | os.PathLike) -> tuple[np.ndarray, float | None, dict]:
     except DataFileError:
         raise
     except (tifffile.TiffFileError, ValueError, OSError, IndexError) as err:
+        codec = re.match(r"<COMPRESSION\.(\w+): \d+> requires the 'imagecodecs' package", str(err))
+        if codec:  # tifffile decodes only uncompressed and a few schemes itself
+            raise DataFileError(f"{path}: its images are {codec.group(1)}-compressed, and reading that compression "
+                                "needs the imagecodecs package: pip install imagecodecs (in fasttomo's environment), "
+                                "or re-export the stack uncompressed.") from None
         raise DataFileError(f"{path}: not a readable TIFF file ({err}; file size {size} bytes); it is truncated, "
                             "corrupt or of another type. Re-export it.") from None
     return data, size_a, attrs

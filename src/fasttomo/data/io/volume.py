@@ -24,7 +24,7 @@ import os
 import numpy as np
 
 from fasttomo import __version__
-from fasttomo.data.io.common import DataFileError, _fmt, source_from_suffix
+from fasttomo.data.io.common import DataFileError, _fmt, file_size, source_from_suffix
 
 log = logging.getLogger("fasttomo.data")
 XZY_LABEL = "fasttomo orientation=XZY (IMOD un-rotated; trimvol -rx gives ZYX)"
@@ -111,21 +111,25 @@ def write_volume(path: str | os.PathLike, volume_zyx: np.ndarray, voxel_size_A: 
     return out
 
 
-def map_volume(path: str | os.PathLike) -> np.ndarray | None:
+def map_volume(path: str | os.PathLike, key: str = "evaluation.truth") -> np.ndarray | None:
     """A read-only memory map (Z, Y, X) of a float32 MRC volume, its pages read as they are used
     (a camera-sized truth is never held whole); None where the file cannot be mapped as it is (not
-    MRC, another mode, fasttomo's XZY orientation): :func:`read_volume` reads those."""
+    MRC, another mode, fasttomo's XZY orientation): :func:`read_volume` reads those. A file that
+    cannot be opened is an error naming ``key``, the setting that gave it (by default the one
+    volume a run maps: its ground truth)."""
     import warnings
 
     import mrcfile
     import mrcfile.utils
 
     path = os.fspath(path)
-    if source_from_suffix(path) != "mrc":
+    kind = source_from_suffix(path)
+    if kind != "mrc":
+        file_size(path, kind.upper(), key)  # missing or unreadable: said here, where the setting is known
         return None
     from fasttomo.data.io.mrc import mrc_memmap
 
-    vol = mrc_memmap(path)
+    vol = mrc_memmap(path, key)
     if vol is None or vol.ndim != 3 or vol.dtype != np.dtype(np.float32):  # a byte-swapped file is read
         return None
     with warnings.catch_warnings():
@@ -136,11 +140,12 @@ def map_volume(path: str | os.PathLike) -> np.ndarray | None:
     return None if any(lab.startswith("fasttomo orientation=XZY") for lab in labels) else vol
 
 
-def read_volume(path: str | os.PathLike) -> tuple[np.ndarray, float, dict]:
+def read_volume(path: str | os.PathLike, key: str = "the path") -> tuple[np.ndarray, float, dict]:
     """(volume_zyx float32, voxel_size_A, attrs) from an MRC, HDF5 or TIFF volume.
 
     A missing voxel size is a warning and 1.0 A is assumed (``attrs['voxel_size_assumed']`` is
     True); an anisotropic one is an error. fasttomo's XZY files are rotated back to (Z, Y, X).
+    ``key`` names the file's setting (e.g. evaluation.truth) in errors.
     """
     path = os.fspath(path)
     kind = source_from_suffix(path)
@@ -148,7 +153,7 @@ def read_volume(path: str | os.PathLike) -> tuple[np.ndarray, float, dict]:
     if kind == "mrc":
         from fasttomo.data.io.mrc import read_mrc
 
-        m = read_mrc(path)
+        m = read_mrc(path, key)
         vol = m.data
         if vol.ndim != 3:
             raise DataFileError(f"{path}: MRC data has shape {vol.shape}; a volume must be 3-D.")
@@ -166,11 +171,11 @@ def read_volume(path: str | os.PathLike) -> tuple[np.ndarray, float, dict]:
     elif kind == "hdf5":
         from fasttomo.data.io.hdf5 import read_volume_h5
 
-        vol, vx, attrs = read_volume_h5(path)
+        vol, vx, attrs = read_volume_h5(path, key)
     else:
         from fasttomo.data.io.tiff import read_tiff
 
-        vol, vx, attrs = read_tiff(path)
+        vol, vx, attrs = read_tiff(path, key)
         if vol.ndim != 3:
             raise DataFileError(f"{path}: TIFF data has shape {vol.shape}; a volume must be a 3-D stack.")
     if vx is None:
