@@ -8,6 +8,7 @@ import subprocess
 import sys
 import warnings
 
+import h5py
 import numpy as np
 import pytest
 from align_helpers import rot, write_xf
@@ -63,6 +64,11 @@ def test_an_hdf5_file_open_for_writing_elsewhere_is_named_locked(tmp_path, monke
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
     try:
         assert holder.stdout.readline().strip() == "open"
+        try:
+            h5py.File(p, "r").close()
+            pytest.skip("this filesystem does not enforce HDF5's file locks")
+        except OSError:
+            pass
         with pytest.raises(DataFileError, match=r"ts\.h5: the HDF5 file is open \(locked\) by another program.*close "
                                                 r"it there.*HDF5_USE_FILE_LOCKING=FALSE"):
             load_tiltseries(data_cfg(source="hdf5", path=str(p)))
@@ -146,6 +152,8 @@ def test_an_unreadable_stack_says_permission_denied(stack):
         cmd = ["setpriv", "--bounding-set", "-dac_override,-dac_read_search", *cmd]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.path.dirname(__file__), *sys.path])}
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=120)
+    if proc.stderr.startswith("setpriv:"):  # a container that may not drop capabilities
+        pytest.skip(f"setpriv cannot drop root's file capabilities here: {proc.stderr.strip()}")
     assert proc.stderr.rstrip().endswith(
         "s.mrc: the MRC file cannot be read (permission denied); fix its permissions (e.g. chmod a+r) or give a "
         "readable copy as data.path."), proc.stderr
