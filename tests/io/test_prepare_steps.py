@@ -37,6 +37,17 @@ def test_duplicate_angles_then_fixed_by_exclusion(tmp_path):
     assert ts.n_tilts == 4 and ts.metadata["view_numbers"] == [1, 2, 3, 5]
 
 
+def test_a_narrow_tilt_range_is_warned_about(tmp_path, caplog):
+    """Two views 6 degrees apart reconstruct, but the log says the volume will be smeared in Z; a
+    series over +-40 degrees is not warned about."""
+    caplog.set_level(logging.WARNING, logger="fasttomo.data")
+    _load(tmp_path, make_stack(n=2), angles=np.array([-6.0, 0.0]))
+    assert "the views span only 6 degrees (-6..0); a tomogram's depth resolution comes from its tilt range" in caplog.text
+    caplog.clear()
+    _load(tmp_path, make_stack(), angles=ANGLES5)
+    assert "span only" not in caplog.text
+
+
 def test_angle_beyond_90(tmp_path):
     with pytest.raises(TiltSeriesError, match=r"s\.rawtlt.*tilt angle 95 degrees for view 5 is not within \(-90, 90\)"
                                               r".*radians"):

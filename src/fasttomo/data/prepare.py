@@ -117,6 +117,8 @@ def check_angles(angles: np.ndarray, where: str, view_numbers: np.ndarray) -> No
 
 
 RADIAN_SUSPECT_DEG = 2.0
+NARROW_TILT_RANGE_DEG = 30.0
+"""A series whose views span less than this many degrees is reconstructed with a warning."""
 
 
 def check_angle_units(angles: np.ndarray, where: str, enabled: bool = True) -> None:
@@ -132,6 +134,10 @@ def check_angle_units(angles: np.ndarray, where: str, enabled: bool = True) -> N
             f"{where}: {what} at {lo:.4g} degrees; a tomogram needs views at several tilt angles. Give the whole "
             "tilt series (data.path) and its angle file (data.angles).")
     if worst >= RADIAN_SUSPECT_DEG:
+        if hi - lo < NARROW_TILT_RANGE_DEG:
+            log.warning("%s: the views span only %.4g degrees (%.4g..%.4g); a tomogram's depth resolution comes from "
+                        "its tilt range, so this volume will be smeared along Z (a series usually spans 100 "
+                        "degrees or more).", where, hi - lo, lo, hi)
         return
     if not enabled:
         log.warning("%s: the tilt angles span only %.4g..%.4g degrees (data.check_angle_units=false).", where, lo, hi)
