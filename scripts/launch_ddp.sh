@@ -2,7 +2,8 @@
 # Multi-process (DDP) reconstruction on one machine: all ranks share ONE Hydra run folder.
 #
 #   scripts/launch_ddp.sh NPROC [overrides...]
-#   scripts/launch_ddp.sh 8 experiment=flagship data=mrc data.path=tilts.mrc data.angles=tilts.rawtlt
+#   scripts/launch_ddp.sh 8 experiment=flagship   # the flagship phantom (its recipe sets the phantom's size)
+#   scripts/launch_ddp.sh 8 data=mrc data.path=tilts.mrc data.angles=tilts.rawtlt
 #   scripts/launch_ddp.sh 2 resume=outputs/2026-01-01/10-00-00-ddp/checkpoints/last.pt optim.steps=4000
 #
 # Runs `torchrun --standalone --nproc-per-node=NPROC -m fasttomo.cli.reconstruct [overrides...]` (as

@@ -15,7 +15,7 @@ import torch
 import pytest
 from PIL import Image
 
-from cli_helpers import TINY, _env, cli
+from cli_helpers import TINY, TINY_RUN, _env, cli
 
 from fasttomo.cli.help import config_groups, schema_keys
 from fasttomo.config import Config
@@ -99,9 +99,28 @@ def test_simulate_and_evaluate_have_their_own_help(tmp_path):
     ("optim=adamw", "optim=adamw: no option 'adamw' in group optim; the options are adam."),
     ("foo=1", "foo: no such key."),
     ("data.path=${nope}", "data.path: Interpolation key 'nope' not found"),
+    # a list without brackets is a Hydra sweep: every value is kept in the advice, IMOD ranges spelled out
+    ("data.exclude_views=3,7,12", "data.exclude_views: expected a list, got 3,7,12 (without brackets, Hydra reads "
+                                  "values separated by commas as a sweep); write data.exclude_views=[3,7,12]."),
+    ("data.crop=0,16,0,16", "write data.crop=[0,16,0,16]."),
+    ("output.formats=mrc,h5", "write output.formats=[mrc,h5]."),
+    ("data.exclude_views=1-5", "data.exclude_views: expected a list, got 1-5; write data.exclude_views=[1,2,3,4,5] "
+                               "(the range spelled out)."),
+    ("data.exclude_views=1-5,9", "write data.exclude_views=[1,2,3,4,5,9]."),
+    ("data.exclude_views=[1-5]", "data.exclude_views: expected view numbers, got [1-5] (fasttomo takes no ranges); "
+                                 "write data.exclude_views=[1,2,3,4,5]."),
+    # GNU-style options and a space for the '=': Hydra's argparse printed its usage
+    ("--dry-run", "--dry-run: fasttomo takes key=value settings, not --options; write dry_run=true."),
+    ("--data.path=x.mrc", "--data.path: fasttomo takes key=value settings, not --options; write data.path=x.mrc."),
+    (("--steps", "20"), "--steps: fasttomo takes key=value settings, not --options; write optim.steps=20."),
+    ("--verbose", "--verbose: fasttomo takes key=value settings, not --options; write them as key=value "
+                  "(fasttomo-reconstruct --help lists the keys)."),
+    (("data.path", "phantom32.mrc"), "data.path: write data.path=phantom32.mrc (key=value, no spaces around =)."),
+    (("data.path", "=", "phantom32.mrc"), "data.path: write data.path=phantom32.mrc (key=value, no spaces around =)."),
 ])
 def test_mistyped_input_gets_one_line_and_exit_2(tmp_path, arg, expected):
-    res = cli([*TINY, arg, f"hydra.run.dir={tmp_path / 'run'}"], tmp_path)
+    args = list(arg) if isinstance(arg, tuple) else [arg]
+    res = cli([*TINY, *args, f"hydra.run.dir={tmp_path / 'run'}"], tmp_path)
     text = res.stdout + res.stderr
     assert res.returncode == 2, text
     errors = [ln for ln in text.splitlines() if "[ERROR]" in ln]
@@ -123,6 +142,28 @@ def test_simulate_and_evaluate_use_the_same_error_style(tmp_path):
     ev = _run("fasttomo.cli.evaluate", ["held_out_views=5"], tmp_path)
     assert ev.returncode == 2 and "held_out_views: expected a list, got 5; write held_out_views=[5]" in ev.stderr
     assert "Traceback" not in sim.stderr + ev.stderr and not list(tmp_path.iterdir())
+
+
+def test_a_list_without_brackets_keeps_every_value_in_simulate_and_evaluate(tmp_path):
+    """tilt_range=-60,60 was advised as tilt_range=[-60] (a list of one), dropping 60."""
+    ev = _run("fasttomo.cli.evaluate", ["volume=v.mrc", "tilt_range=-60,60"], tmp_path)
+    assert ev.returncode == 2 and "write tilt_range=[-60,60]." in ev.stderr, ev.stderr
+    sim = _run("fasttomo.cli.simulate", ["--out", "ph"], tmp_path)
+    assert sim.returncode == 2 and "--out: fasttomo takes key=value settings, not --options; write out=ph." in sim.stderr
+    assert "Traceback" not in ev.stderr + sim.stderr and "usage:" not in sim.stderr and not list(tmp_path.iterdir())
+
+
+def test_hydra_flags_pass_the_option_check_and_others_are_refused(tmp_path):
+    """Hydra's own flags (--cfg, -c, --info, -m) still work; an option Hydra does not know gets
+    one line naming the key=value to write, not Hydra's usage and "unrecognized arguments"."""
+    for flags in (["--cfg", "job"], ["-c", "job"], ["--cfg=job", "--resolve"]):
+        res = cli([*flags, *TINY], tmp_path)
+        assert res.returncode == 0 and "\noptim:\n" in res.stdout, (flags, res.stderr)
+    info = cli(["--info", "config", *TINY], tmp_path)
+    assert info.returncode == 0 and "Config search path" in info.stdout, info.stderr
+    res = cli(["-m", *TINY, "--dry-run"], tmp_path)
+    assert res.returncode == 2 and "write dry_run=true." in res.stderr and "usage:" not in res.stderr, res.stderr
+    assert not list(tmp_path.iterdir())
 
 
 # --------------------------------------------------------------------------------------- a run, redirected
@@ -375,3 +416,89 @@ def test_ctrl_c_while_hydra_composes_is_one_line_and_exit_130(capsys):
         run_checked(program(), ["optim.steps=3"], composing)
     err = capsys.readouterr().err
     assert stopped.value.code == 130 and "interrupted before the run started; nothing was written" in err
+
+
+def _no_dac_override() -> list[str] | None:
+    """A command prefix that drops root's permission override (tests run as root, who may write
+    into a read-only folder), or None where setpriv cannot."""
+    import shutil
+
+    prefix = ["setpriv", "--bounding-set", "-dac_override,-dac_read_search,-fowner"]
+    if shutil.which("setpriv") is None or subprocess.run([*prefix, "true"], capture_output=True).returncode != 0:
+        return None
+    return prefix
+
+
+@pytest.mark.parametrize("module", ["fasttomo.cli.reconstruct", "fasttomo.cli.trace"])
+def test_a_run_folder_hydra_cannot_create_is_one_line_and_exit_2(tmp_path, module):
+    """The default outputs/ under a file (as a read-only working folder for a user): Hydra's mkdir
+    raised a traceback, exit 1, even with dry_run=true."""
+    (tmp_path / "outputs").write_text("not a folder")
+    args = [*TINY, "dry_run=true"] if module.endswith("reconstruct") else ["volume=v.mrc"]
+    res = _run(module, args, tmp_path)
+    text = res.stdout + res.stderr
+    assert res.returncode == 2, text
+    assert "Traceback" not in text and len(text.strip().splitlines()) == 1, text
+    assert f"cannot create the output folder {tmp_path / 'outputs'}/" in text, text
+    assert "(Not a directory); choose a writable folder with hydra.run.dir=<dir>." in text, text
+
+
+def test_a_read_only_parent_folder_is_one_line_and_exit_2(tmp_path):
+    """What a user (not root) meets: hydra.run.dir under a folder they cannot write."""
+    prefix = _no_dac_override()
+    if prefix is None:
+        pytest.skip("setpriv cannot drop root's permission override here")
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    locked.chmod(0o555)
+    res = subprocess.run([*prefix, sys.executable, "-m", "fasttomo.cli.reconstruct", *TINY, "dry_run=true",
+                          f"hydra.run.dir={locked / 'run'}"], cwd=tmp_path, env=_env(), capture_output=True,
+                         text=True, timeout=120)
+    text = res.stdout + res.stderr
+    assert res.returncode == 2 and "Traceback" not in text, text
+    assert (f"cannot create the output folder {locked / 'run'} (Permission denied); choose a writable folder with "
+            "hydra.run.dir=<dir>.") in text, text
+
+
+def test_an_experiment_for_the_phantom_names_itself_with_file_data(tmp_path):
+    """experiment=flagship data=mrc (scripts/launch_ddp.sh's example) said "Remove data.width", a key
+    the user never typed: the experiment's file sets it. The message names the experiment, and the
+    settings it gives instead of experiment=flagship run."""
+    data = [*TINY_RUN[1:], "data=mrc", f"data.path={REPO / 'data' / 'phantom32.mrc'}",
+            f"data.angles={REPO / 'data' / 'phantom32.rawtlt'}", "dry_run=true", f"hydra.run.dir={tmp_path / 'run'}"]
+    res = cli(["experiment=flagship", *data], tmp_path)
+    text = res.stdout + res.stderr
+    assert res.returncode == 2 and "Traceback" not in text, text
+    line = [ln for ln in text.splitlines() if "[ERROR]" in ln][0]
+    assert ("experiment=flagship sets data.width, data.height, data.n_tilts, data.tilt_min, data.tilt_max, keys of "
+            "data.source=phantom that data=mrc does not read; to use the recipe's other settings with data=mrc, "
+            "replace experiment=flagship with: model.kind=kplanes_tilted model.n_rotations=8") in line, line
+    instead = line.split("replace experiment=flagship with: ")[1].rstrip(".").split()
+    # the command line's own keys win over the recipe's (here the tiny run's sizes)
+    mine = {a.split("=")[0] for a in data}
+    ok = cli([*data, *[a for a in instead if a.split("=")[0] not in mine]], tmp_path)
+    assert ok.returncode == 0 and "dry run: config and data are valid" in ok.stdout + ok.stderr, ok.stderr
+
+
+# --------------------------------------------------------------------------------------- simulate out=
+@pytest.mark.parametrize("out, expected", [
+    ("sim/", "out=sim/: a folder; out= is a file name without suffix, e.g. out=sim/phantom (writes "
+             "sim/phantom.mrc and its companions)."),
+    ("sim", "out=sim: a folder;"),
+    ("sim/b.h5", "out=sim/b.h5: the suffix .h5 says format=h5, but format=mrc; write out=sim/b format=h5, or "
+                 "out=sim/b for format=mrc."),
+])
+def test_simulate_refuses_a_folder_or_another_formats_suffix(tmp_path, out, expected):
+    """out=<folder>/ wrote <folder>.mrc beside the folder; out=b.h5 with format=mrc wrote b.mrc."""
+    (tmp_path / "sim").mkdir()
+    res = _run("fasttomo.cli.simulate", [f"out={out}", "data.width=16", "data.height=16", "data.n_tilts=5"],
+               tmp_path)
+    assert res.returncode == 2 and expected in res.stderr and "Traceback" not in res.stderr, res.stderr
+    assert sorted(p.name for p in tmp_path.rglob("*")) == ["sim"]
+
+
+def test_simulate_drops_the_formats_suffix_from_out(tmp_path):
+    """out=sim/b.mrc wrote b.mrc, b.rawtlt and b.mrc_truth.mrc."""
+    res = _run("fasttomo.cli.simulate", ["out=b.mrc", "data.width=16", "data.height=16", "data.n_tilts=5"], tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["b.mrc", "b.rawtlt", "b_truth.mrc"]

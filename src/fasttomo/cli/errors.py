@@ -10,10 +10,14 @@ line naming the key and the fix, no Hydra internals, no traceback, exit code 2.
     optim.steps=1e3         -> optim.steps: expected an integer, got 1e3 (a number with a fraction or
                                exponent); write it as a whole number, e.g. optim.steps=1000.
     data.exclude_views=5    -> data.exclude_views: expected a list, got 5; write data.exclude_views=[5].
+    data.exclude_views=1-5,9 -> data.exclude_views: expected a list, got 1-5,9 (without brackets, Hydra reads
+                               values separated by commas as a sweep); write data.exclude_views=[1,2,3,4,5,9].
+    --dry-run               -> --dry-run: fasttomo takes key=value settings, not --options; write dry_run=true.
 
 What the checks here cannot see (an interpolation that does not resolve, a value a schema's
 ``__post_init__`` refuses) still ends in one line: the entry point turns Hydra's and OmegaConf's
-exceptions into :class:`CommandLineError` through :func:`from_hydra`. The only Hydra import is
+exceptions into :class:`CommandLineError` through :func:`from_hydra`, and a run folder Hydra
+cannot create through :func:`_folder_not_created`. The only Hydra import is
 its override parser, inside :func:`check_overrides` (the entry points are Hydra's layer).
 """
 
@@ -23,6 +27,7 @@ import dataclasses
 import functools
 import logging
 import math
+import os
 import sys
 import types
 import typing
@@ -36,6 +41,8 @@ EXIT_USER_ERROR = 2
 # Hydra's command-line flags: those followed by a value, and those standing alone
 _FLAGS_WITH_VALUE = {"--cfg", "-c", "--package", "-p", "--info", "-i", "--config-path", "-cp", "--config-name", "-cn",
                      "--config-dir", "-cd", "--experimental-rerun", "--shell-completion", "-sc"}
+_FLAGS = _FLAGS_WITH_VALUE | {"--help", "-h", "--hydra-help", "--version", "--resolve", "--run", "-r", "--multirun",
+                              "-m"}
 
 
 class CommandLineError(ValueError):
@@ -89,6 +96,9 @@ def _type_error(key: str, raw: str, value: Any, tp: Any, example: Any) -> str | 
             return None
     k = kinds[0]
     if _is_list_type(k):
+        spelled = _listed(key, [raw])
+        if spelled != f"[{raw}]":
+            return f"{key}: expected a list, got {raw}; write {key}={spelled} (the range spelled out)."
         inner = raw if raw.strip() else fmt_value(value)
         return f"{key}: expected a list, got {raw}; write {key}=[{inner}] (a list of one), or [] for none."
     if isinstance(value, (list, dict)):
@@ -99,6 +109,25 @@ def _type_error(key: str, raw: str, value: Any, tp: Any, example: Any) -> str | 
                 f"number, e.g. {key}={int(value)}.")
     shown = repr(raw) if isinstance(value, str) else raw
     return f"{key}: expected {_words(k)}, got {shown}" + (f"; e.g. {ex}." if ex else ".")
+
+
+def _list_type(tp: Any) -> bool:
+    """Whether ``tp`` (or a member of its Union) is a list."""
+    args = typing.get_args(tp) if typing.get_origin(tp) in (Union, types.UnionType) else (tp,)
+    return any(_is_list_type(a) for a in args)
+
+
+def _listed(key: str, items: list[str]) -> str:
+    """``items`` as one bracketed list, every value kept; for a list of view numbers (the keys
+    named *views) an IMOD-style range 1-5 is spelled out, as fasttomo takes no ranges."""
+    out = []
+    for item in items:
+        lo, sep, hi = item.strip().partition("-")
+        if key.endswith("views") and sep and lo.isdigit() and hi.isdigit() and int(lo) <= int(hi) < int(lo) + 1000:
+            out += [str(i) for i in range(int(lo), int(hi) + 1)]
+        else:
+            out.append(item)
+    return f"[{','.join(out)}]"
 
 
 def _words(tp: Any) -> str:
@@ -127,6 +156,51 @@ def _fits(value: Any, tp: Any) -> bool:
     return True
 
 
+# --------------------------------------------------------------------------------------- not key=value
+def _not_key_value(p: Program, argv: list[str], keys: dict, groups: dict) -> str | None:
+    """The first item of ``argv`` that is not Hydra's key=value (a GNU-style ``--dry-run``, or
+    ``data.path x.mrc`` with a space for the '='), and what to write instead; None when all are.
+    Before Hydra, whose argparse would print its usage and "unrecognized arguments"."""
+    skip = False
+    for i, a in enumerate(argv):
+        nxt = argv[i + 1] if i + 1 < len(argv) else None
+        bare = nxt is not None and "=" not in nxt and not nxt.startswith(("-", "~", "+"))  # a value standing alone
+        if skip:
+            skip = False
+            continue
+        name, eq, value = a.partition("=")
+        if a.startswith("-"):
+            if name in _FLAGS or name.startswith("--help"):
+                skip = a in _FLAGS_WITH_VALUE
+                continue
+            if not eq and bare:
+                value = nxt
+            words = name.lstrip("-")
+            named = [n for n in (words, words.replace("-", "_")) if n in keys or n in groups]
+            near = named[:1] or [k for k in keys if k.rsplit(".", 1)[-1] == words.replace("-", "_")]
+            near = near or nearest(words.replace("-", "_"), [*keys, *groups])
+            if not near:
+                return (f"{name}: fasttomo takes key=value settings, not --options; write them as key=value "
+                        f"({p.prog} --help lists the keys).")
+            fix = " or ".join(f"{k}={value or _placeholder(p, k)}" for k in near)
+            return f"{name}: fasttomo takes key=value settings, not --options; write {fix}."
+        key = name.lstrip("+")
+        if (key in keys or key in groups) and (not eq or (not value and bare)):
+            if nxt is not None and nxt.startswith("=") and not eq:  # data.path =x.mrc, data.path = x.mrc
+                value = nxt[1:] or (argv[i + 2] if i + 2 < len(argv) else "")
+            elif bare:
+                value = nxt
+            if not value:
+                return f"{name}: no value; write {name}=<value>."
+            return f"{name}: write {name}={value} (key=value, no spaces around =)."
+    return None
+
+
+def _placeholder(p: Program, key: str) -> str:
+    """The value of a --flag given without one: true for a switch, else <value>."""
+    return "true" if field_type(p.root, key) is bool else "<value>"
+
+
 # --------------------------------------------------------------------------------------- the check
 def check_overrides(p: Program, argv: list[str]) -> None:
     """Refuse, with a :class:`CommandLineError`, the first override of ``argv`` that names an
@@ -134,12 +208,15 @@ def check_overrides(p: Program, argv: list[str]) -> None:
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import OverrideParseException
 
+    groups = p.group_options()
+    keys = schema_keys(p.root)
+    problem = _not_key_value(p, argv, keys, groups)
+    if problem:
+        raise CommandLineError(problem)
     tokens = overrides_of(argv)
     if not tokens:
         return
     parser = OverridesParser.create()
-    groups = p.group_options()
-    keys = schema_keys(p.root)
     defaults = p.defaults()
     secs = set(sections(p.root))
     for token in tokens:
@@ -173,6 +250,16 @@ def check_overrides(p: Program, argv: list[str]) -> None:
             example = defaults.get(key, (None, ""))[0]
             vals = [ov.value()] if values is None else list(ov.sweep_iterator())
             raws = [raw] if values is None else values
+            if _list_type(tp) and values is not None and not any(isinstance(v, (list, dict)) for v in vals):
+                # data.exclude_views=3,7,12: Hydra reads a sweep of three integers; the user meant one list
+                raise CommandLineError(f"{key}: expected a list, got {raw} (without brackets, Hydra reads values "
+                                       f"separated by commas as a sweep); write {key}={_listed(key, values)}.")
+            if _list_type(tp) and isinstance(vals[0], list) and values is None:
+                items = [str(v) for v in vals[0]]
+                spelled = _listed(key, items)
+                if spelled != f"[{','.join(items)}]":  # data.exclude_views=[1-5]: a range in the list
+                    raise CommandLineError(f"{key}: expected view numbers, got {raw} (fasttomo takes no ranges); "
+                                           f"write {key}={spelled}.")
             for v, r in zip(vals, raws):
                 msg = _type_error(key, r, v, tp, example)
                 if msg:
@@ -215,11 +302,28 @@ def from_hydra(exc: BaseException) -> CommandLineError | None:
     return CommandLineError(msg.rstrip(".") + ". (--help explains every group and key.)")
 
 
+def _folder_not_created(exc: BaseException, multirun: bool) -> CommandLineError | None:
+    """The one line for Hydra failing to create the run (or, ``multirun``, the sweep) folder
+    before fasttomo runs: a parent that is not writable, or a file in the way. Recognised as an
+    OSError raised by ``Path.mkdir`` called from Hydra's own code (hydra-core 1.3 makes the folder
+    in ``run_job`` or its launcher); the error's filename is the folder."""
+    if not isinstance(exc, OSError) or not exc.filename:
+        return None
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        caller, callee = tb.tb_frame, tb.tb_next.tb_frame
+        if caller.f_globals.get("__name__", "").startswith("hydra.") and callee.f_code.co_name == "mkdir":
+            key = "hydra.sweep.dir" if multirun else "hydra.run.dir"
+            return CommandLineError(f"cannot create the output folder {os.path.abspath(os.fsdecode(exc.filename))} "
+                                    f"({exc.strerror or type(exc).__name__}); choose a writable folder with "
+                                    f"{key}=<dir>.")
+        tb = tb.tb_next
+    return None
+
+
 def run_checked(p: Program, argv: list[str], app) -> None:
     """The entry points' common start: --help, the override check, then ``app()`` (Hydra) with its
     composition errors turned into one line and exit code 2."""
-    import os
-
     code = handle_help(p, argv)
     if code is not None:
         sys.exit(code)
@@ -242,7 +346,8 @@ def run_checked(p: Program, argv: list[str], app) -> None:
         logging.shutdown()
         sys.exit(130)
     except BaseException as exc:  # noqa: B902
-        err = from_hydra(exc) if forced else None
+        multirun = any(a in ("-m", "--multirun") or a.startswith("hydra.mode=") for a in argv)
+        err = _folder_not_created(exc, multirun) or (from_hydra(exc) if forced else None)
         if err is None:
             raise
         report(str(err), p.prog)

@@ -126,7 +126,42 @@ def to_config(cfg, overrides: list[str] | None = None) -> Config:
     absolute_paths(data)  # config.yaml and the checkpoints name the files from any working directory
     if data.get("resume") not in (None, "???"):
         data = _resumed(data, list(overrides or []))
+    else:
+        _refuse_experiment_keys(strip_unset(data), list(overrides or []))
     return from_dict(Config, strip_unset(data))
+
+
+def _refuse_experiment_keys(data: dict, overrides: list[str]) -> None:
+    """Name the experiment when its file, not the command line, sets keys the chosen group option
+    does not read (experiment=flagship sets the phantom's data.width; with data=mrc from_dict would
+    tell the user to remove a key they never typed), and give its other settings to use instead."""
+    import typing
+
+    from fasttomo.cli.help import fmt_value
+    from fasttomo.config import GroupOption, option_keys
+
+    given = {o.split("=", 1)[0].lstrip("+~"): o.split("=", 1)[1] for o in overrides if "=" in o}
+    exp = given.get("experiment")
+    values = _option_values("experiment", exp) if exp else None
+    if not values:
+        return
+    hints = typing.get_type_hints(Config)
+    for group in dict.fromkeys(k.split(".")[0] for k in values):
+        tp = hints.get(group)
+        if not (isinstance(tp, type) and issubclass(tp, GroupOption)) or not isinstance(data.get(group), dict):
+            continue
+        base = tp.group_base()
+        sel = data[group].get(base._selector, base._default_option())
+        reads = option_keys(base._options.get(sel, base))
+        unread = [k for k in values if k.startswith(group + ".") and k.split(".")[1] not in reads and k not in given]
+        if not unread:
+            continue
+        readers = [v for v, c in base._options.items() if all(k.split(".")[1] in option_keys(c) for k in unread)]
+        whose = f"keys of {group}.{base._selector}={'|'.join(map(str, readers))}" if readers else "keys"
+        chosen = f"{group}={given[group]}" if group in given else f"{group}.{base._selector}={sel}"
+        rest = " ".join(f"{k}={fmt_value(v)}" for k, v in values.items() if k not in unread and k not in given)
+        raise ConfigError(f"experiment={exp} sets {', '.join(unread)}, {whose} that {chosen} does not read; to use "
+                          f"the recipe's other settings with {chosen}, replace experiment={exp} with: {rest}.")
 
 
 def compose_config(overrides: list[str] | None = None) -> Config:

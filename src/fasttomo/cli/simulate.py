@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import sys
 from pathlib import Path
 
@@ -33,7 +34,8 @@ log = logging.getLogger("fasttomo")
 class SimulateConfig:
     data: DataConfig = dataclasses.field(default_factory=DataConfig)
     out: str = "phantom"
-    """Output base path: <out>.mrc + <out>.rawtlt + <out>_truth.mrc, or <out>.h5; plus
+    """Output base path, a file name (a suffix .mrc or .h5 that matches format is dropped; a folder
+    is refused): <out>.mrc + <out>.rawtlt + <out>_truth.mrc, or <out>.h5; plus
     <out>_poses.json (the true poses) when data.pose_error_shift, pose_error_rotation or
     tilt_axis_error is not 0, and
     <out>_atoms.csv (the true atoms) and <out>_atoms.json (its description) with
@@ -65,6 +67,25 @@ def simulate_device(device: str) -> str | None:
     return device
 
 
+SUFFIXES = {".mrc": "mrc", ".h5": "h5", ".hdf5": "h5"}
+
+
+def out_base(out: str, fmt: str) -> Path:
+    """The base path of every file from ``out=``: a folder is refused (its files would land beside
+    it, as <folder>.mrc); the suffix of ``format`` is dropped (out=b.mrc: b.mrc, b.rawtlt,
+    b_truth.mrc, not b.mrc_truth.mrc); another format's suffix is an error."""
+    path = Path(out)
+    if not out.strip() or out.endswith(("/", os.sep)) or path.is_dir():
+        example = path / "phantom" if out.strip() else Path("phantom")
+        raise ConfigError(f"out={out}: {'a folder' if out.strip() else 'empty'}; out= is a file name without suffix, "
+                          f"e.g. out={example} (writes {example}.{fmt} and its companions).")
+    said = SUFFIXES.get(path.suffix.lower())
+    if said is not None and said != fmt:
+        raise ConfigError(f"out={out}: the suffix {path.suffix} says format={said}, but format={fmt}; write "
+                          f"out={path.with_suffix('')} format={said}, or out={path.with_suffix('')} for format={fmt}.")
+    return path.with_suffix("") if said else path
+
+
 def simulate(data_cfg: DataConfig, out: str, fmt: str, overwrite: bool = False, truth: bool = True,
              device: str = "auto") -> list[Path]:
     """Write the phantom tilt series (and ground truth, and the true poses of misaligned views);
@@ -79,14 +100,15 @@ def simulate(data_cfg: DataConfig, out: str, fmt: str, overwrite: bool = False, 
         raise ConfigError(f"format: must be mrc or h5, got {fmt!r}.")
     if data_cfg.source != "phantom":
         raise ConfigError("data.source: fasttomo-simulate only writes the built-in phantom (data=phantom).")
+    base = out_base(out, fmt)
+    stack = base.parent / f"{base.name}.{fmt}"  # not with_suffix: out=run.v2 keeps its .v2, as the other names do
     ts = make_tiltseries(data_cfg, simulate_device(device), truth)
-    base = Path(out)
     true_poses = ts.metadata.get("true_poses")
     true_atoms = ts.metadata.get("true_atoms")
     pose_file = Path(poses_path(base))
-    targets = [base.with_suffix(f".{fmt}")]
+    targets = [stack]
     if fmt == "mrc":
-        targets += [base.with_suffix(".rawtlt"), *([base.parent / f"{base.name}_truth.mrc"] if truth else [])]
+        targets += [base.parent / f"{base.name}.rawtlt", *([base.parent / f"{base.name}_truth.mrc"] if truth else [])]
     if true_poses is not None:
         targets.append(pose_file)
     atoms_file = base.parent / f"{base.name}_atoms.csv"
@@ -103,7 +125,7 @@ def simulate(data_cfg: DataConfig, out: str, fmt: str, overwrite: bool = False, 
     if fmt == "mrc":  # the ground truth goes to its own file below, not into the stack's MRC
         stack_ts = dataclasses.replace(ts, ground_truth=None)
     try:
-        written = write_tiltseries(base.with_suffix(f".{fmt}"), stack_ts, fmt, overwrite=overwrite)
+        written = write_tiltseries(stack, stack_ts, fmt, overwrite=overwrite)
         paths = [Path(p) for p in written] if isinstance(written, (list, tuple)) else [Path(written)]
         if fmt == "mrc" and ts.ground_truth is not None:
             truth = base.parent / f"{base.name}_truth.mrc"
@@ -119,7 +141,7 @@ def simulate(data_cfg: DataConfig, out: str, fmt: str, overwrite: bool = False, 
         source = {"made_by": "fasttomo-simulate", "pose_error_shift_px": meta["pose_error_shift_px"],
                   "pose_error_rotation_deg": meta["pose_error_rotation_deg"],
                   "tilt_axis_error_deg": meta["tilt_axis_error_deg"], "phantom_seed": meta["phantom_seed"],
-                  "phantom": meta["phantom_kind"], "stack": str(base.with_suffix(f".{fmt}"))}
+                  "phantom": meta["phantom_kind"], "stack": str(stack)}
         paths.append(Path(write_poses_json(pose_file, true_poses, source=source, overwrite=overwrite)))
     if true_atoms is not None:
         from fasttomo.trace.files import write_atoms_csv
@@ -129,7 +151,7 @@ def simulate(data_cfg: DataConfig, out: str, fmt: str, overwrite: bool = False, 
                 "frame": "Angstrom; origin at the centre of the first voxel; x = columns (X), y = rows (Y), "
                          "z = sections (Z), as fasttomo-trace's atoms.csv",
                 "voxel_size_A": float(ts.pixel_size), "intensity": "integrated density", "fit_error": "0",
-                "stack": str(base.with_suffix(f".{fmt}"))}
+                "stack": str(stack)}
         paths += [Path(p) for p in write_atoms_csv(atoms_file, true_atoms["xyz_A"], true_atoms["intensity"],
                                                    np.zeros(n), true_atoms["species"], meta=meta, overwrite=overwrite)]
     for p in paths:
