@@ -9,7 +9,7 @@ import mrcfile
 import numpy as np
 import pytest
 import torch
-from cli_helpers import TINY_RUN, cli
+from cli_helpers import TINY, TINY_RUN, cli
 
 
 def test_the_dry_run_refuses_an_all_zero_stack_with_one_line(tmp_path):
@@ -26,6 +26,21 @@ def test_the_dry_run_refuses_an_all_zero_stack_with_one_line(tmp_path):
     assert "Traceback" not in text and len(errors) == 1, text
     assert "every pixel of the stack holds the value 0; a constant stack carries no signal" in errors[0]
     assert "config and data are valid" not in text and not (tmp_path / "outputs").exists()
+
+
+def test_a_dry_run_into_a_folder_the_run_would_refuse_exits_2(tmp_path):
+    """The dry run prints its report, and where the run would stop at its folder (another run's
+    results there) it ends with one error line and exit code 2, so a script can tell."""
+    out = tmp_path / "done"
+    first = cli([*TINY, "optim.steps=5", f"hydra.run.dir={out}"], tmp_path)
+    assert first.returncode == 0, first.stderr
+    res = cli([*TINY, "optim.steps=5", f"hydra.run.dir={out}", "dry_run=true"], tmp_path)
+    text = res.stdout + res.stderr
+    assert res.returncode == 2, text
+    assert f"dry run: the run would stop at its output folder {out}: REFUSED" in text
+    assert "hydra.run.dir=<dir>" in text and "Traceback" not in text
+    fine = cli([*TINY, "optim.steps=5", f"hydra.run.dir={tmp_path / 'new'}", "dry_run=true"], tmp_path)
+    assert fine.returncode == 0, fine.stderr
 
 
 SHAPES = {  # three small CPU runs: the tiny phantom, the embedded default's data, a thick box

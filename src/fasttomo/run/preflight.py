@@ -447,7 +447,17 @@ def dry_run(cfg: Config) -> dict:
         start = int(load_checkpoint(path)["step"])
         log.info("dry run: would resume from %s at step %d", path, start)
     dry = {"sirt": dry_run_sirt}.get(cfg.model.kind, dry_run_field)  # as run/methods.py picks the method
-    return dry(cfg, load_tiltseries(cfg.data), start)
+    report = dry(cfg, load_tiltseries(cfg.data), start)
+    folder = report.get("output_folder") or {}
+    state = str(folder.get("state", ""))
+    short = report.get("disk_free_bytes", math.inf) < report.get("files_total_bytes", 0) + MARGIN_BYTES
+    if state.startswith(("REFUSED", "NOT WRITABLE", "IN USE")) or short:
+        why = f"its disk has {human(report['disk_free_bytes'])} free" if short and not state.startswith(
+            ("REFUSED", "NOT WRITABLE", "IN USE")) else state
+        raise ConfigError(f"dry run: the run would stop at its output folder {folder.get('path')}: {why}. Choose "
+                          "another folder with hydra.run.dir=<dir> (or free space; output.overwrite=true replaces an "
+                          "earlier run's results).")
+    return report
 
 
 def dry_run_field(cfg: Config, ts, start: int = 0) -> dict:
