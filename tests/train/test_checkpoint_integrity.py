@@ -61,6 +61,21 @@ def test_empty_and_random_files_get_a_clear_reason(tmp_path):
     _assert_clear(str(info.value), noise)
 
 
+@pytest.mark.parametrize("fmt", ["mrc", "h5"])
+def test_a_volume_given_as_resume_is_named_a_volume(tmp_path, fmt):
+    """resume=<run>/volume.mrc (a run's result, not its state) says what the file is and what to give."""
+    import numpy as np
+
+    from fasttomo.data.io.volume import write_volume
+
+    run = tmp_path / "run"
+    run.mkdir()
+    path = write_volume(run / f"volume.{fmt}", np.zeros((4, 5, 6), np.float32), 1.0, label="test", attrs={}, fmt=fmt)
+    with pytest.raises(CheckpointError, match=rf"resume=.*volume\.{fmt}: this is .*, not a checkpoint; give the run "
+                                              rf"folder \(resume=.*run\) or its checkpoints/last\.pt"):
+        load_checkpoint(path)
+
+
 def test_checksum_covers_values_and_structure():
     a = _state()
     b = _state()

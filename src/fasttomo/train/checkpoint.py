@@ -120,6 +120,19 @@ def _unpickling_detail(exc: BaseException) -> str:
     return "the unpickler refused its contents"
 
 
+def _data_file_kind(path: Path) -> str | None:
+    """'a volume or tilt series (MRC)' (HDF5, TIFF) for a file whose first bytes say so, else None."""
+    with open(path, "rb") as f:
+        head = f.read(1024)
+    if head.startswith(b"\x89HDF\r\n\x1a\n"):
+        return "an HDF5 file (a volume or tilt series)"
+    if head[:4] in (b"II*\x00", b"MM\x00*"):
+        return "a TIFF file (a volume or tilt series)"
+    if len(head) >= 212 and head[208:211] == b"MAP":
+        return "a volume or tilt series (MRC)"
+    return None
+
+
 def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu", *, verify: bool = True) -> dict:
     """Read a fasttomo checkpoint with ``torch.load(weights_only=True)``: tensors, numbers,
     strings, lists and dicts only. Anything else (a pickled class instance, a function, ...) is
@@ -134,6 +147,10 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu", 
     if size == 0:
         raise CheckpointError(f"checkpoint {path} is truncated or corrupt: the file is empty (0 bytes); {_OTHER}.")
     if not zipfile.is_zipfile(path):
+        kind = _data_file_kind(path)
+        if kind:  # resume=<run>/volume.mrc: a result of the run, not its checkpoint
+            raise CheckpointError(f"resume={path}: this is {kind}, not a checkpoint; give the run folder "
+                                  f"(resume={path.parent}) or its checkpoints/last.pt.")
         raise CheckpointError(f"checkpoint {path} is truncated or corrupt: it is not a PyTorch checkpoint archive "
                               f"({size} bytes); {_OTHER}.")
     try:
