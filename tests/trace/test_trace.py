@@ -286,6 +286,10 @@ def test_config_errors_name_the_key():
 
     with pytest.raises(ConfigError, match="elements"):
         TraceConfig(volume="v.mrc", classes=2, elements=["Pt"])
+    with pytest.raises(ConfigError, match=r"elements: pd, Xx: not element symbols as the periodic table writes them .*"
+                                          r"; write Pd for pd\.$"):  # atoms.xyz would carry them as given
+        TraceConfig(volume="v.mrc", classes=2, elements=["pd", "Xx"])
+    assert TraceConfig(volume="v.mrc", classes=2, elements=["Pd", "Pt"]).elements == ["Pd", "Pt"]
     with pytest.raises(ConfigError, match="threshold"):
         TraceConfig(volume="v.mrc", threshold=1.5)
     with pytest.raises(ConfigError, match="sigma_range"):

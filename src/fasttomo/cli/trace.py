@@ -36,6 +36,13 @@ FRAME = ("Angstrom; origin at the centre of the first voxel; x = columns (X), y 
          "as volume.mrc")
 
 
+ELEMENTS = frozenset("""H He Li Be B C N O F Ne Na Mg Al Si P S Cl Ar K Ca Sc Ti V Cr Mn Fe Co Ni Cu Zn Ga Ge As Se
+Br Kr Rb Sr Y Zr Nb Mo Tc Ru Rh Pd Ag Cd In Sn Sb Te I Xe Cs Ba La Ce Pr Nd Pm Sm Eu Gd Tb Dy Ho Er Tm Yb Lu Hf Ta W
+Re Os Ir Pt Au Hg Tl Pb Bi Po At Rn Fr Ra Ac Th Pa U Np Pu Am Cm Bk Cf Es Fm Md No Lr Rf Db Sg Bh Hs Mt Ds Rg Cn Nh Fl
+Mc Lv Ts Og X""".split())
+"""The element symbols atoms.xyz may carry (X: a species without one)."""
+
+
 @dataclasses.dataclass
 class TraceOutputConfig:
     dir: Optional[str] = None
@@ -141,6 +148,11 @@ class TraceConfig:
                  "screen", f"must be a fraction in [0, 1] (0: no screen), got {self.screen!r}.")
         _require(all(isinstance(e, str) and e.strip() and " " not in e for e in self.elements), "elements",
                  f"must be element symbols without spaces, got {self.elements!r}.")
+        wrong = [e for e in self.elements if e not in ELEMENTS]
+        fixes = [f"{e.capitalize()} for {e}" for e in wrong if e.capitalize() in ELEMENTS]
+        _require(not wrong, "elements", f"{', '.join(wrong)}: not element symbols as the periodic table writes them "
+                 "(atoms.xyz readers such as ASE and OVITO need them so: Pd, Pt, Au)"
+                 + (f"; write {', '.join(fixes)}." if fixes else "."))
         _require(not self.elements or len(self.elements) == self.classes, "elements",
                  f"names {len(self.elements)} element(s) but classes={self.classes}; give one symbol per class "
                  "(e.g. classes=2 elements=[Pd,Pt]) or none.")
