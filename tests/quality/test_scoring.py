@@ -35,8 +35,11 @@ def test_split_holdout_maps_file_view_numbers():
     assert hold.view_numbers == [5, 10] and list(hold.index) == [3, 8]
     assert train.n_tilts == 7 and train.metadata["view_numbers"] == [1, 2, 3, 6, 7, 8, 9]
     np.testing.assert_array_equal(hold.stack, ts.stack[[3, 8]])
-    with pytest.raises(TiltSeriesError, match=r"\[4\] are not views"):
+    with pytest.raises(TiltSeriesError, match=r"\[4\] are not views of this series \(\[4\] was left out of the series "
+                                              r"before training \(by data.exclude_views, or dropped as dark\)\)"):
         split_holdout(ts, [4])
+    with pytest.raises(TiltSeriesError, match=r"\[12\] are not views of this series \(the series' views are 1..10"):
+        split_holdout(ts, [12])
     assert split_holdout(ts, []) == (ts, None)
 
 

@@ -110,9 +110,12 @@ def split_holdout(ts: TiltSeries, views_1based: list[int]) -> tuple[TiltSeries, 
     numbers = list(ts.metadata.get("view_numbers") or range(1, ts.n_tilts + 1))
     missing = sorted(set(views_1based) - set(numbers))
     if missing:
-        raise TiltSeriesError(f"{ts.source}: evaluation.holdout_views {missing} are not views of this series "
-                              f"(its views are {numbers[0]}..{numbers[-1]}, 1-based, after data.exclude_views); "
-                              "pick views that are used.")
+        gone = [v for v in missing if min(numbers) <= v <= max(numbers)]  # inside the file's range: excluded
+        why = (f"{gone} {'was' if len(gone) == 1 else 'were'} left out of the series before training (by "
+               "data.exclude_views, or dropped as dark)" if gone else
+               f"the series' views are {min(numbers)}..{max(numbers)} (1-based)")
+        raise TiltSeriesError(f"{ts.source}: evaluation.holdout_views {missing} are not views of this series ({why}); "
+                              "hold out views that are used.")
     held = np.array(sorted(numbers.index(v) for v in set(views_1based)))
     keep = np.setdiff1d(np.arange(ts.n_tilts), held)
     if keep.size < 2:
