@@ -178,6 +178,27 @@ def test_tiltseries_shape_and_views_are_checked_before_writing(files, tmp_path):
                  projector=standin_forward_project)
 
 
+@pytest.mark.parametrize("angles, message", [
+    ("radians", r"these look like radians, but fasttomo reads degrees. Convert the angle file to degrees \(x 57.2958\)\.$"),
+    ("duplicate", r"duplicate tilt angles \(angle: 1-based views\) \{-30.0: \[3, 4\]\}; each view needs its own angle. "
+                  r"Fix the angle file or drop the repeats\.$"),
+    ("beyond 90", r"tilt angle 96 degrees for view 9 is not within \(-90, 90\).*Fix the angle file\.$"),
+])
+def test_the_tilt_series_angles_are_checked_as_reconstruct_checks_them(files, tmp_path, angles, message):
+    """Scores on angles fasttomo-reconstruct would refuse (radians, a repeat, past 90 degrees) are
+    refused too, with the fix for this command (it has no data.exclude_views to offer)."""
+    d, _, _ = files
+    values = np.linspace(-60.0, 60.0, 9)
+    values = {"radians": np.deg2rad(values), "duplicate": np.where(np.arange(9) == 3, -30.0, values),
+              "beyond 90": np.where(np.arange(9) == 8, 96.0, values)}[angles]
+    (tmp_path / "a.rawtlt").write_text("\n".join(f"{v:.5f}" for v in values) + "\n")
+    with pytest.raises(EvaluateError, match=message):
+        evaluate(EvaluateConfig(volume=str(d / "ph_truth.mrc"), tiltseries=str(d / "ph.mrc"),
+                                angles=str(tmp_path / "a.rawtlt"), out=str(tmp_path / "o")),
+                 projector=standin_forward_project)
+    assert not (tmp_path / "o").exists()
+
+
 def test_cli_tiltseries_uses_the_conventional_projector(files, tmp_path):
     """With fasttomo.methods.sirt.projectors present the command projects and scores; without it,
     it says so in one line (exit 2) before computing or writing anything."""

@@ -187,12 +187,27 @@ def read_tiltseries(stack: str, angles: str | None):
     from fasttomo.data.io import DataFileError, source_from_suffix
     from fasttomo.data.load import read_raw
 
+    from fasttomo.data.prepare import check_angle_units, check_angles, refuse_constant
+    from fasttomo.data.tiltseries import TiltSeriesError
+
     if not os.path.exists(stack):
         raise _error(f"tiltseries={stack}: file not found; check the path.")
-    try:
-        return read_raw(DataConfig(source=source_from_suffix(stack), path=stack, angles=angles, normalize="none"))
-    except DataFileError as exc:  # name this command's keys, not fasttomo-reconstruct's
-        raise _error(str(exc).replace("data.angles", "angles").replace("data.path", "tiltseries")) from None
+    try:  # the checks fasttomo-reconstruct makes of a series: its angles (degrees, distinct) and its signal
+        raw = read_raw(DataConfig(source=source_from_suffix(stack), path=stack, angles=angles, normalize="none"))
+        where = f"{raw.source} (angles from {raw.angle_source})"
+        check_angles(raw.angles, where, np.arange(1, raw.stack.shape[0] + 1))
+        check_angle_units(raw.angles, where)
+        refuse_constant(raw.stack, raw.valid, raw.source)
+        return raw
+    except (DataFileError, TiltSeriesError) as exc:  # name this command's keys, not fasttomo-reconstruct's
+        text = str(exc).replace("data.angles", "angles").replace("data.path", "tiltseries")
+        for fix in (", or exclude views only through data.exclude_views (the file must still list every section)",
+                    " or exclude the view (data.exclude_views)", ", e.g. data.exclude_views=[", "data.exclude_views",
+                    ", or set data.check_angle_units=false"):
+            if fix in text:  # evaluate scores the stack as it is: no views to exclude, no check to turn off
+                text = text.split(fix)[0].rstrip(" ,;(") + "."
+                break
+        raise _error(text) from None
 
 
 def check_stack(vol_shape, stack_shape, held_out_views=()) -> list[int]:
