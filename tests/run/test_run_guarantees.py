@@ -266,6 +266,28 @@ def test_two_runs_started_at_once_into_one_folder_one_is_refused_even_with_overw
     assert manifest["status"] == "interrupted" and manifest["pid"] == procs[1 - refused].pid
 
 
+def test_a_run_whose_default_folder_another_run_took_that_second_writes_beside_it(tmp_path):
+    """Two runs started in the same second (a job array, a shell loop) get the same time-stamped
+    default folder; the second writes to <folder>-2 instead of being refused. Here the other run's
+    claim is planted in the default folders of the next 60 seconds."""
+    import datetime
+
+    from fasttomo.cli.reconstruct import CLAIM
+
+    now = datetime.datetime.now()
+    for s in range(60):
+        t = now + datetime.timedelta(seconds=s)
+        folder = tmp_path / "outputs" / f"{t:%Y-%m-%d}" / f"{t:%H-%M-%S}"
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / CLAIM).write_text("")
+    res = cli([*TINY, "optim.steps=3"], tmp_path)
+    assert res.returncode == 0, res.stderr
+    runs = [p.parent for p in (tmp_path / "outputs").rglob("volume.mrc")]
+    assert len(runs) == 1 and runs[0].name.endswith("-2"), runs
+    assert (runs[0].parent / runs[0].name[:-2] / CLAIM).is_file()  # the other run's folder: untouched
+    assert not (runs[0] / CLAIM).exists() and strict_json(runs[0] / "manifest.json")["status"] == "finished"
+
+
 # ----------------------------------------------------------------------------------- case 5
 def test_failed_run_logs_its_error_and_does_not_block_the_rerun(tmp_path, monkeypatch):
     """A run that fails after its folder was opened (here: too little free space; refused input

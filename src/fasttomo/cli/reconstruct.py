@@ -229,6 +229,44 @@ def _note_existing_folders(argv: list[str]) -> None:
                 _EXISTED.add(str(q))
 
 
+CLAIM = ".fasttomo-claim"
+_claim: list[Path] = []
+
+
+def _claimed(folder: str) -> str:
+    """The time-stamped folder Hydra chose, or, when a run started in the same second claimed it
+    (a job array, a shell loop), the first free of <folder>-2, <folder>-3, ...: a claim file
+    created exclusively, removed when the run ends (by then the run folder's lock holds it). Under
+    torchrun every rank's folder is rank 0's, so there the folder is kept as it is."""
+    import os
+
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        return folder
+    for k in range(1, 100):
+        cand = Path(folder if k == 1 else f"{folder}-{k}")
+        try:
+            cand.mkdir(parents=True, exist_ok=True)
+            os.close(os.open(cand / CLAIM, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
+        except FileExistsError:
+            continue
+        except OSError:  # not writable: the run's own folder check says so
+            return folder
+        _claim.append(cand / CLAIM)
+        if k > 1:
+            log.info("output folder %s was taken by a run started in the same second; this run writes to %s",
+                     folder, cand)
+        return str(cand)
+    return folder
+
+
+def _release_claim() -> None:
+    while _claim:
+        try:
+            _claim.pop().unlink()
+        except OSError:
+            pass
+
+
 def _prune_new_empty(folder: str | Path) -> None:
     """Remove ``folder`` and its parents while they are empty and were made by this process."""
     p = Path(folder).resolve()
@@ -260,7 +298,7 @@ def _hydra_app():
 
     @hydra.main(version_base="1.3", config_path=config_dir(), config_name="reconstruct")
     def _app(cfg) -> float | None:
-        hydra_dir = HydraConfig.get().runtime.output_dir
+        hydra_dir = out = HydraConfig.get().runtime.output_dir
         try:
             # the override strings as typed (iterating the ListConfig would resolve a ${...} in them)
             config = to_config(cfg, OmegaConf.to_container(HydraConfig.get().overrides.task, resolve=False))
@@ -268,13 +306,19 @@ def _hydra_app():
 
             prewarm.start()  # a GPU run: load the fused kernels while the run folder, data and model are prepared
             if not config.output.dir:
-                config.output.dir = hydra_dir
-            metrics = run(config)
+                named = any(o.startswith("hydra.run.dir=") for o in HydraConfig.get().overrides.hydra)
+                config.output.dir = out = hydra_dir if named or config.dry_run else _claimed(hydra_dir)
+            try:
+                metrics = run(config)
+            finally:
+                _release_claim()
         except KeyboardInterrupt:  # Ctrl-C before the run installed its handlers (nothing to save yet)
+            _prune_new_empty(out)
             _prune_new_empty(hydra_dir)
             log.warning("interrupted before the run started; nothing was written")
             sys.exit(130)
         except BaseException as exc:  # noqa: B902 - every outcome gets its exit code
+            _prune_new_empty(out)
             _prune_new_empty(hydra_dir)
             code = exit_code(exc)
             if code is None:
