@@ -43,6 +43,25 @@ def test_a_dry_run_into_a_folder_the_run_would_refuse_exits_2(tmp_path):
     assert fine.returncode == 0, fine.stderr
 
 
+@pytest.mark.parametrize("extra, message", [
+    (["evaluation.truth=nope.mrc"], r"nope\.mrc: file not found|nope\.mrc: cannot open"),
+    (["evaluation.holdout_views=[100]"], r"evaluation\.holdout_views \[100\] are not views of this series"),
+    (["data.n_tilts=3", "evaluation.half_sets=true"],
+     r"evaluation\.half_sets: the even and the odd views are fitted apart and each half needs 2 views at least, "
+     r"but 3 views are left to train on; drop evaluation\.half_sets=true\."),
+])
+def test_the_dry_run_refuses_what_the_run_would_refuse(tmp_path, extra, message):
+    """A truth file that is not there, a held-out view the series lacks and half sets of too few
+    views end the dry run with exit 2, as they end the run before training (the half sets were
+    refused only after the training and the volume's export)."""
+    for dry in (True, False):
+        out = tmp_path / f"run{dry}"
+        res = cli([*TINY, "optim.steps=5", *extra, f"hydra.run.dir={out}", f"dry_run={str(dry).lower()}"], tmp_path)
+        text = res.stdout + res.stderr
+        assert res.returncode == 2 and re.search(message, text), text
+        assert "Traceback" not in text and not (out / "volume.mrc").exists()
+
+
 SHAPES = {  # three small CPU runs: the tiny phantom, the embedded default's data, a thick box
     "tiny": ["data.width=24", "data.height=20", "data.n_tilts=15"],
     "default": ["sampler.batch_size=1024", "projector.samples_per_ray=48"],

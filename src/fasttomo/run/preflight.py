@@ -438,7 +438,7 @@ def _measured_step_peak(comps) -> int | None:
 def dry_run(cfg: Config) -> dict:
     """Validate config and data, build the run, print the estimates and the folder's state; write
     nothing. Returns the report (also printed)."""
-    from fasttomo.data.load import load_tiltseries
+    from fasttomo.run.run import load_inputs
     from fasttomo.train.checkpoint import find_checkpoint, load_checkpoint
 
     start = 0
@@ -446,8 +446,12 @@ def dry_run(cfg: Config) -> dict:
         path = find_checkpoint(cfg.resume)
         start = int(load_checkpoint(path)["step"])
         log.info("dry run: would resume from %s at step %d", path, start)
+        if cfg.optim.steps is not None and start > cfg.optim.steps:  # as the trainer refuses it
+            raise ConfigError(f"{path} is at step {start} but optim.steps={cfg.optim.steps}; optim.steps is the "
+                              f"total number of steps (including those before the resume): set optim.steps >= {start}.")
     dry = {"sirt": dry_run_sirt}.get(cfg.model.kind, dry_run_field)  # as run/methods.py picks the method
-    report = dry(cfg, load_tiltseries(cfg.data), start)
+    ts, _ = load_inputs(cfg)  # the truth, the held-out views and the half sets checked as the run checks them
+    report = dry(cfg, ts, start)
     folder = report.get("output_folder") or {}
     state = str(folder.get("state", ""))
     short = report.get("disk_free_bytes", math.inf) < report.get("files_total_bytes", 0) + MARGIN_BYTES

@@ -43,6 +43,22 @@ from fasttomo.train.guard import DivergenceError
 log = logging.getLogger("fasttomo")
 
 
+def load_inputs(cfg: Config):
+    """(training series, held-out views) of ``cfg``, every check of the inputs made (the run's and
+    the dry run's): the data read and validated, the truth attached, the held-out views set aside,
+    and enough views left for the half sets (2 in each)."""
+    ts = load_tiltseries(cfg.data)
+    if cfg.evaluation.truth:
+        attach_truth(ts, cfg.evaluation.truth, cfg.data.thickness)
+    ts, hold = split_holdout(ts, cfg.evaluation.holdout_views)
+    if (cfg.evaluation.half_sets or cfg.output.half_volumes) and ts.n_tilts < 4:
+        which = "evaluation.half_sets" if cfg.evaluation.half_sets else "output.half_volumes"
+        raise ConfigError(f"{which}: the even and the odd views are fitted apart and each half needs 2 views at "
+                          f"least, but {ts.n_tilts} views are left to train on"
+                          f"{' after evaluation.holdout_views' if hold is not None else ''}; drop {which}=true.")
+    return ts, hold
+
+
 class Run:
     """One run of ``cfg`` (cfg.output.dir must be set): :meth:`execute` runs the phases."""
 
@@ -129,10 +145,7 @@ class Run:
         cfg = self.cfg
         resume_path, resume_state = _read_resume(cfg)
         self.resume_path = resume_path
-        ts = load_tiltseries(cfg.data)
-        if cfg.evaluation.truth:
-            attach_truth(ts, cfg.evaluation.truth, cfg.data.thickness)
-        self.ts, self.hold = split_holdout(ts, cfg.evaluation.holdout_views)
+        self.ts, self.hold = load_inputs(cfg)
         self.method = make_method(cfg, self.ts, self.hold, self.place, self.stop)
         self.cfg = self.method.cfg  # as the method sized it from the data (optim.steps=None)
         if resume_state is not None:
