@@ -438,7 +438,7 @@ def _measured_step_peak(comps) -> int | None:
 def dry_run(cfg: Config) -> dict:
     """Validate config and data, build the run, print the estimates and the folder's state; write
     nothing. Returns the report (also printed)."""
-    from fasttomo.run.run import load_inputs
+    from fasttomo.run.inputs import load_inputs
     from fasttomo.train.checkpoint import find_checkpoint, load_checkpoint
 
     start = 0

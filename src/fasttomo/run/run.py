@@ -25,11 +25,10 @@ import yaml
 
 from fasttomo import timeline
 from fasttomo.config import Config, ConfigError, to_dict, upgrade
-from fasttomo.data.load import load_tiltseries
 from fasttomo.logging import add_file_log, quiet_other_ranks, restore_ranks
-from fasttomo.quality.scoring import attach_truth, split_holdout
 from fasttomo.run import results
 from fasttomo.run.folder import OutputExistsError, OutputFolderError, RunFolder
+from fasttomo.run.inputs import load_inputs
 from fasttomo.run.methods import make_method
 from fasttomo.run.outputs import VolumeFiles, export_slabs, slab_planes_of, volume_names
 from fasttomo.run.place import Place
@@ -41,22 +40,6 @@ from fasttomo.train.distributed import (broadcast_object, destroy_distributed, d
 from fasttomo.train.guard import DivergenceError
 
 log = logging.getLogger("fasttomo")
-
-
-def load_inputs(cfg: Config):
-    """(training series, held-out views) of ``cfg``, every check of the inputs made (the run's and
-    the dry run's): the data read and validated, the truth attached, the held-out views set aside,
-    and enough views left for the half sets (2 in each)."""
-    ts = load_tiltseries(cfg.data)
-    if cfg.evaluation.truth:
-        attach_truth(ts, cfg.evaluation.truth, cfg.data.thickness)
-    ts, hold = split_holdout(ts, cfg.evaluation.holdout_views)
-    if (cfg.evaluation.half_sets or cfg.output.half_volumes) and ts.n_tilts < 4:
-        which = "evaluation.half_sets" if cfg.evaluation.half_sets else "output.half_volumes"
-        raise ConfigError(f"{which}: the even and the odd views are fitted apart and each half needs 2 views at "
-                          f"least, but {ts.n_tilts} views are left to train on"
-                          f"{' after evaluation.holdout_views' if hold is not None else ''}; drop {which}=true.")
-    return ts, hold
 
 
 class Run:
