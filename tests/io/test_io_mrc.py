@@ -50,6 +50,21 @@ def test_mode0_unsigned_when_imod_says_so(tmp_path):
     assert read_mrc(p2).data.dtype == np.int8  # signed flag set: MRC2014 signed bytes
 
 
+def test_unsigned_bytes_without_a_stamp_are_read_signed_with_a_warning(tmp_path):
+    """A mode-0 file without IMOD's stamp is MRC2014 signed bytes and is read so (never guessed);
+    when its values jump between 127 and -128 from pixel to pixel, as a 0..255 image read signed
+    does, the notes say so and how to fix the file. A signed image around 0 gets no such note."""
+    y, x = np.mgrid[:32, :48]
+    image = 128 + 60 * np.sin(x / 5.0) * np.cos(y / 7.0) + np.random.default_rng(0).normal(0, 6, (32, 48))
+    unsigned = np.stack([image] * 5).clip(0, 255).astype(np.uint8)
+    m = read_mrc(write_raw_mrc(tmp_path / "u.mrc", unsigned.view(np.int8), voxel=1.5))
+    assert m.data.dtype == np.int8
+    assert any("jump between 127 and -128" in n and "convert the stack to 16-bit or float MRC" in n for n in m.notes)
+    signed = (unsigned.astype(np.int16) - 128).astype(np.int8)
+    m = read_mrc(write_raw_mrc(tmp_path / "s.mrc", signed, voxel=1.5))
+    assert not any("127 and -128" in n for n in m.notes)
+
+
 def _fei(n, kind, angles, pix_m, axis):
     ext = np.zeros(n, dtype=get_ext_header_dtype(kind))
     ext["Metadata size"] = ext.dtype.itemsize

@@ -174,6 +174,17 @@ def _read_block(path: str, mapped: np.ndarray) -> np.ndarray:
     return out
 
 
+def _wrapped_bytes(data: np.ndarray, rows: int = 256) -> bool:
+    """Whether signed bytes look like unsigned ones read as signed: neighbouring pixels differ by
+    more than 192 (a value crossing 127/128 of a 0..255 image) at least 10x as often as they do when
+    the bytes are read unsigned, and in at least 1 of 1000 pairs. A measured test, used to warn only."""
+    flat = data.reshape(-1, data.shape[-1])
+    sample = flat[:: max(1, flat.shape[0] // rows)].astype(np.int16)
+    signed = np.count_nonzero(np.abs(np.diff(sample, axis=1)) > 192)
+    unsigned = np.count_nonzero(np.abs(np.diff(sample & 0xFF, axis=1)) > 192)
+    return signed >= 0.001 * sample[:, 1:].size and signed >= 10 * unsigned
+
+
 def read_mrc(path: str | os.PathLike, key: str = "data.path") -> MrcData:
     """Read an MRC file (stack or volume) given as ``key`` with all checks; see the module docstring."""
     path = os.fspath(path)
@@ -196,6 +207,11 @@ def read_mrc(path: str | os.PathLike, key: str = "data.path") -> MrcData:
             if stamp == IMOD_STAMP and not flags & 1:
                 data = data.view(np.uint8)
                 notes.append("mode 0 read as unsigned bytes (IMOD stamp without the signed-bytes flag)")
+            elif _wrapped_bytes(data):
+                notes.append("mode 0 is read as signed bytes (MRC2014; the file has no IMOD stamp saying otherwise), "
+                             "but its values jump between 127 and -128 from pixel to pixel as unsigned bytes read "
+                             "as signed do; if the writer meant 0..255, convert the stack to 16-bit or float MRC "
+                             "(e.g. with the software that wrote it) and give that file")
         with np.errstate(divide="ignore", invalid="ignore"):  # a grid of 0 (mx = 0): inf or NaN, judged below
             vs = mrc.voxel_size
         voxel = (float(vs.x), float(vs.y), float(vs.z))
