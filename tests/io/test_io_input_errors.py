@@ -171,3 +171,15 @@ def test_values_beyond_float32_statistics_are_named_not_blank(tmp_path, scale, f
                                                   r"stack, e\.g\. with IMOD newstack -scale 0,1000, or multiply it by "
                                                   r"about"):
             load_tiltseries(data_cfg(source="mrc", path=s, angles=write_tlt(tmp_path / "x.rawtlt", ANGLES5)))
+
+
+def test_a_tilt_series_given_as_a_volume_is_named_a_tilt_series(tmp_path):
+    """fasttomo's HDF5 tilt series (its stack the file's only 3-D dataset) given where a volume
+    goes is refused as a tilt series, naming the setting; it was read as the volume."""
+    from fasttomo.data.io.volume import read_volume
+
+    p = tmp_path / "ts.h5"
+    write_tiltseries(p, TiltSeries(stack=make_stack(), angles=ANGLES5, pixel_size=2.0, source="test"), "h5")
+    with pytest.raises(DataFileError, match=r"ts\.h5: holds a tilt series \(/tiltseries/stack, 5 views with their "
+                                            r"angles\), not a volume; give a volume .* as volume\.$"):
+        read_volume(p, key="volume")

@@ -160,7 +160,7 @@ def _read_volume(path: str, what: str):
 
     if not os.path.exists(path):
         raise _error(f"{what}={path}: file not found; check the path.")
-    vol, vx, attrs = read_volume(path)
+    vol, vx, attrs = read_volume(path, key=what)
     return vol, vx, bool(attrs.get("voxel_size_assumed", False))
 
 

@@ -192,7 +192,7 @@ def _read(cfg: TraceConfig):
     """The volume, its voxel size in Angstrom and where that size comes from."""
     from fasttomo.data.io.volume import read_volume
 
-    vol, vx, attrs = read_volume(cfg.volume)
+    vol, vx, attrs = read_volume(cfg.volume, key="volume")
     source = "the header of " + str(cfg.volume)
     if cfg.voxel_size is not None:
         vx, source = float(cfg.voxel_size), "voxel_size="

@@ -228,8 +228,14 @@ def read_volume_h5(path: str | os.PathLike, key: str = "the path") -> tuple[np.n
         if VOLUME_DATASET in f:
             ds = f[VOLUME_DATASET]
         else:
-            cands: list[h5py.Dataset] = []
-            f.visititems(lambda n, o: cands.append(o) if isinstance(o, h5py.Dataset) and o.ndim == 3 else None)
+            found: list[h5py.Dataset] = []
+            f.visititems(lambda n, o: found.append(o) if isinstance(o, h5py.Dataset) and o.ndim == 3 else None)
+            stacks = [d for d in found if d.parent.attrs.get("format") == FORMAT]  # fasttomo's tilt series
+            cands = [d for d in found if d not in stacks]
+            if stacks and not cands:
+                raise DataFileError(f"{path}: holds a tilt series ({stacks[0].name}, {stacks[0].shape[0]} views with "
+                                    f"their angles), not a volume; give a volume (e.g. a run's volume.h5 or "
+                                    f"volume.mrc) as {key}.")
             if len(cands) != 1:
                 raise DataFileError(f"{path}: no {VOLUME_DATASET} dataset and {len(cands)} other 3-D datasets; "
                                     "cannot tell which is the volume. Write it as /volume.")
