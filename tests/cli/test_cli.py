@@ -136,6 +136,20 @@ def test_a_sweep_checks_every_value(tmp_path):
     assert res.returncode == 2 and "optim.steps: expected an integer, got 'x4'" in res.stderr
 
 
+def test_a_sweep_into_an_earlier_sweeps_folder_is_refused_before_hydra_writes(tmp_path):
+    """A second sweep into the same hydra.sweep.dir is refused at once: Hydra would first rewrite
+    the earlier sweep's multirun.yaml, then every job would refuse its folder."""
+    sweep = tmp_path / "sweep"
+    first = cli(["-m", *TINY, "optim.steps=3,4", f"hydra.sweep.dir={sweep}"], tmp_path)
+    assert first.returncode == 0, first.stderr
+    record = (sweep / "multirun.yaml").read_bytes()
+    again = cli(["-m", *TINY, "optim.steps=5,6", f"hydra.sweep.dir={sweep}"], tmp_path)
+    assert again.returncode == 2 and "Traceback" not in again.stderr
+    assert (f"hydra.sweep.dir={sweep} holds the runs of an earlier sweep (jobs 0, 1); choose another "
+            "hydra.sweep.dir, or add output.overwrite=true") in again.stderr
+    assert (sweep / "multirun.yaml").read_bytes() == record
+
+
 def test_simulate_and_evaluate_use_the_same_error_style(tmp_path):
     sim = _run("fasttomo.cli.simulate", ["formt=h5"], tmp_path)
     assert sim.returncode == 2 and "formt: no such key. Did you mean format?" in sim.stderr

@@ -363,7 +363,8 @@ def program():
 
 def folder_problem(argv: list[str]) -> str | None:
     """A ``hydra.run.dir=`` or ``output.dir=`` on the command line that names a file, or lies
-    under one (Hydra would stop with a traceback, the run after reading the data), in words."""
+    under one (Hydra would stop with a traceback, the run after reading the data), or a sweep's
+    ``hydra.sweep.dir=`` that holds an earlier sweep's runs, in words."""
     from fasttomo.run.folder import not_a_folder
 
     for arg in argv:
@@ -373,6 +374,13 @@ def folder_problem(argv: list[str]) -> str | None:
         why = not_a_folder(value)
         if why:
             return f"{key}={value} {why}; give a folder (new or existing) for the run."
+    sweep = next((a.partition("=")[2] for a in argv if a.partition("=")[0] == "hydra.sweep.dir"), "")
+    if sweep and "${" not in sweep and sweep_requested(argv) and "output.overwrite=true" not in argv:
+        done = sorted(p.parent.name for p in Path(sweep).glob("*/manifest.json"))
+        if done:  # Hydra would rewrite the sweep's multirun.yaml before each job refused its folder
+            return (f"hydra.sweep.dir={sweep} holds the runs of an earlier sweep (jobs {', '.join(done[:5])}"
+                    f"{' ...' if len(done) > 5 else ''}); choose another hydra.sweep.dir, or add "
+                    "output.overwrite=true to replace their results.")
     return None
 
 
