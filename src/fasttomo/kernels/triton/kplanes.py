@@ -34,7 +34,7 @@ import triton
 import triton.language as tl
 
 from fasttomo.kernels.layout import PlaneLayout
-from fasttomo.kernels.triton.launch import device_of, launch
+from fasttomo.kernels.triton.launch import device_of, launch, sum_parts
 
 
 @triton.jit
@@ -543,5 +543,5 @@ def kplanes_backward(grad: torch.Tensor, points: torch.Tensor, matrices: torch.T
             bn = tuning.pairs_block_n
             launch(kplanes_bwd_kernel, (triton.cdiv(N, bn), T), *common, T=T, C=C, BLOCK_N=bn, BLOCK_C=bc,
                    num_warps=4, **flags)
-    gm = partials.sum(dim=0).reshape(-1, 3, 3) if need_gm else partials.new_zeros((0, 3, 3))
+    gm = sum_parts(partials, dim=0).reshape(-1, 3, 3) if need_gm else partials.new_zeros((0, 3, 3))
     return gplanes, dq, gm

@@ -16,7 +16,7 @@ import triton
 import triton.language as tl
 
 from fasttomo.kernels.layout import PlaneLayout
-from fasttomo.kernels.triton.launch import launch
+from fasttomo.kernels.triton.launch import launch, sum_parts
 
 PLANE_TV_BLOCK = 2048
 VOLUME_TV_BLOCK = 2048
@@ -185,13 +185,13 @@ def plane_tv_forward(plane_data: torch.Tensor, layout: PlaneLayout) -> torch.Ten
     part = torch.empty(nb, device=plane_data.device, dtype=torch.float32)
     launch(plane_tv_fwd_kernel, (nb,), plane_data, part, blk, itab, ftab, layout.channels, G=G,
            BLOCK=PLANE_TV_BLOCK, num_warps=8)
-    return part.sum()
+    return sum_parts(part)
 
 
 def plane_tv_backward(grad: torch.Tensor, plane_data: torch.Tensor,
                       layout: PlaneLayout) -> torch.Tensor:
     blk, itab, ftab, nb, G = _plane_tables(layout, plane_data.device)
-    gx = torch.empty_like(plane_data)
+    gx = torch.empty(plane_data.shape, device=plane_data.device, dtype=plane_data.dtype)  # see sum_parts
     launch(plane_tv_bwd_kernel, (nb,), plane_data, grad.contiguous(), gx, blk, itab, ftab, layout.channels,
            G=G, BLOCK=PLANE_TV_BLOCK, num_warps=8)
     return gx
@@ -210,14 +210,14 @@ def volume_tv_forward(volume: torch.Tensor, l1: bool) -> torch.Tensor:
     part = torch.empty(nb, device=volume.device, dtype=torch.float32)
     launch(volume_tv_fwd_kernel, (nb,), volume, part, E, D, H, W, wd, wh, ww, L1=l1,
            BLOCK=VOLUME_TV_BLOCK, num_warps=8)
-    return part.sum()
+    return sum_parts(part)
 
 
 def volume_tv_backward(grad: torch.Tensor, volume: torch.Tensor, l1: bool) -> torch.Tensor:
     D, H, W, wd, wh, ww = _vol_weights(volume)
     E = volume.numel()
     nb = triton.cdiv(E, VOLUME_TV_BLOCK)
-    gx = torch.empty_like(volume)
+    gx = torch.empty(volume.shape, device=volume.device, dtype=volume.dtype)  # see sum_parts
     launch(volume_tv_bwd_kernel, (nb,), volume, grad.contiguous(), gx, E, D, H, W, wd, wh, ww, L1=l1,
            BLOCK=VOLUME_TV_BLOCK, num_warps=8)
     return gx
