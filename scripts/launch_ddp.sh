@@ -10,7 +10,8 @@
 # `$PYTHON -m torch.distributed.run`, PYTHON defaults to python3, so the active environment's torch
 # is used). Hydra would otherwise pick a time-stamped folder per rank; this script adds
 # hydra.run.dir=outputs/<date>/<time>-ddp (relative to the current folder) unless the overrides
-# already set hydra.run.dir. Only rank 0 writes into it. NCCL on GPUs, gloo on CPUs (runtime=cpu).
+# already set hydra.run.dir. Only rank 0 writes into it, and says an error once; the script exits
+# with the run's own exit code. NCCL on GPUs, gloo on CPUs (runtime=cpu).
 # Multicast (NVLS / symmetric-memory multicast) stays off: our GPU host requires it; set the two
 # variables below yourself only if you know your host supports multicast.
 set -euo pipefail
@@ -31,5 +32,15 @@ if [[ $has_dir -eq 0 ]]; then
   set -- "$@" "hydra.run.dir=outputs/$(date +%Y-%m-%d/%H-%M-%S)-ddp"
 fi
 
-exec "${PYTHON:-python3}" -m torch.distributed.run --standalone --nproc-per-node="$NPROC" \
-  -m fasttomo.cli.reconstruct "$@"
+# rank 0 writes the run's exit code here (0, 2 for refused input, 3 diverged, ...): torchrun exits
+# 1 whenever a rank fails, so the script exits with the run's own code
+FASTTOMO_EXIT_FILE=$(mktemp "${TMPDIR:-/tmp}/fasttomo-exit.XXXXXX")
+export FASTTOMO_EXIT_FILE
+trap 'rm -f "$FASTTOMO_EXIT_FILE"' EXIT
+rc=0
+"${PYTHON:-python3}" -m torch.distributed.run --standalone --nproc-per-node="$NPROC" \
+  -m fasttomo.cli.reconstruct "$@" || rc=$?
+if [[ -s $FASTTOMO_EXIT_FILE ]]; then
+  rc=$(<"$FASTTOMO_EXIT_FILE")
+fi
+exit "$rc"

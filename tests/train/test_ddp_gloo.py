@@ -166,3 +166,15 @@ def test_launch_ddp_script_builds_the_torchrun_command(tmp_path):
 
     bad = subprocess.run([str(LAUNCH), "two"], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=30)
     assert bad.returncode == 2 and "usage" in bad.stderr
+
+
+def test_a_refused_input_under_torchrun_is_said_once_with_the_runs_exit_code(tmp_path):
+    """Every rank meets a missing data file; rank 0 alone says it, and scripts/launch_ddp.sh exits
+    2 (refused input), the run's own code, where torchrun's is 1 for any failed rank."""
+    res = subprocess.run([str(LAUNCH), "2", "runtime=cpu", "runtime.threads=1", "data=mrc",
+                          f"data.path={tmp_path / 'nope.mrc'}", f"data.angles={tmp_path / 'nope.rawtlt'}",
+                          f"hydra.run.dir={tmp_path / 'run'}"], cwd=tmp_path, env=_clean_env(), capture_output=True,
+                         text=True, timeout=TIMEOUT_S)
+    text = res.stdout + res.stderr
+    assert res.returncode == 2, text
+    assert text.count("nope.mrc: file not found; check data.path.") == 1, text

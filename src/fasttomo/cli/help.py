@@ -465,7 +465,18 @@ def handle_help(p: Program, argv: list[str]) -> int | None:
     return 0
 
 
+def other_rank() -> bool:
+    """Whether this process is a rank other than 0 of a torchrun launch (its errors are rank 0's:
+    said once, by rank 0)."""
+    import os
+
+    return os.environ.get("RANK", "0") != "0"
+
+
 def report(message: str, prog: str = "fasttomo") -> None:
-    """Print ``message`` the way the run's own errors look ([time][fasttomo][ERROR] ...), on stderr."""
+    """Print ``message`` the way the run's own errors look ([time][fasttomo][ERROR] ...), on stderr
+    (rank 0 only under torchrun: every rank meets the same error)."""
+    if other_rank():
+        return
     stamp = time.strftime("%Y-%m-%d %H:%M:%S") + f",{int(time.time() * 1000) % 1000:03d}"
     print(f"[{stamp}][fasttomo][ERROR] {' '.join(message.split())}", file=sys.stderr, flush=True)

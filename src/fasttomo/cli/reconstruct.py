@@ -323,7 +323,9 @@ def _hydra_app():
             code = exit_code(exc)
             if code is None:
                 raise
-            if not getattr(exc, "fasttomo_logged", False):
+            from fasttomo.cli.help import other_rank
+
+            if not getattr(exc, "fasttomo_logged", False) and not other_rank():
                 (log.warning if code >= 128 else log.error)("%s", exc or "interrupted")
             sys.exit(code)
         if config.dry_run or Path(config.output.dir).resolve() != Path(hydra_dir).resolve():
@@ -451,6 +453,12 @@ def cli() -> None:
     elif not isinstance(code, int):
         print(code, file=sys.stderr)
         code = 1
+    if os.environ.get("FASTTOMO_EXIT_FILE") and os.environ.get("RANK", "0") == "0":
+        try:  # scripts/launch_ddp.sh exits with it: torchrun's own code is 1 for any failed rank
+            with open(os.environ["FASTTOMO_EXIT_FILE"], "w") as f:
+                f.write(f"{code}\n")
+        except OSError:
+            pass
     atexit._run_exitfuncs()
     logging.shutdown()
     for stream in (sys.stdout, sys.stderr):
