@@ -78,8 +78,8 @@ def main() -> None:
     for variant, stem, mode in (("clean", "clean", "mask"), ("mask", "hits", "mask"), ("keep", "hits", "keep")):
         run_dir = work / f"run_{variant}"
         cmd = [*exe, "fasttomo.cli.reconstruct", "data=mrc", f"data.path={work / stem}.mrc",
-               f"data.angles={work / stem}.rawtlt", f"data.hot_pixels={mode}", f"evaluation.truth={work}/clean_truth.mrc",
-               "logging.progress=false", f"hydra.run.dir={run_dir}"]
+               f"data.angles={work / stem}.rawtlt", f"data.hot_pixels={mode}",
+               f"evaluation.truth={work}/clean_truth.mrc", "logging.progress=false", f"hydra.run.dir={run_dir}"]
         t0 = time.perf_counter()
         subprocess.run(cmd, check=True, capture_output=True)
         wall = time.perf_counter() - t0

@@ -265,7 +265,9 @@ def _one_view_only(stack: np.ndarray, found: list, angles: np.ndarray | None, ax
             out.append(None)
             continue
         beside = [int(order[q]) for q in (rank[i] - 1, rank[i] + 1) if 0 <= q < n]
-        seen = lambda r, c, e: _seen_beside(stack, i, beside, per_view, axis_deg, int(r), int(c), float(e))  # noqa: E731,B023
+        def seen(r, c, e, i=i, beside=beside) -> bool:
+            return _seen_beside(stack, i, beside, per_view, axis_deg, int(r), int(c), float(e))
+
         hot = np.array([times[(int(r), int(c))] >= defect or not seen(r, c, e) for r, c, e in zip(*f["hot"])], bool)
         cl = np.array([not seen(r, c, e) for r, c, _, e in zip(*f["cluster"])], bool)
         out.append((hot, cl))
