@@ -453,7 +453,9 @@ def cli() -> None:
     elif not isinstance(code, int):
         print(code, file=sys.stderr)
         code = 1
-    if os.environ.get("FASTTOMO_EXIT_FILE") and os.environ.get("RANK", "0") == "0":
+    from fasttomo.cli.help import other_rank
+
+    if os.environ.get("FASTTOMO_EXIT_FILE") and not other_rank():
         try:  # scripts/launch_ddp.sh exits with it: torchrun's own code is 1 for any failed rank
             with open(os.environ["FASTTOMO_EXIT_FILE"], "w") as f:
                 f.write(f"{code}\n")

@@ -437,8 +437,13 @@ def _last_error(log_path: Path) -> str | None:
     return errors[-1] if errors else None
 
 
+STOPS_AT = ("NOT WRITABLE", "IN USE", "REFUSED")
+"""How :func:`inspect_folder`'s line begins where the run would stop at the folder."""
+
+
 def inspect_folder(path: str | os.PathLike, *, overwrite: bool = False, resume: str | None = None) -> str:
-    """One line on what a run would do with folder ``path`` (the dry run's report); changes nothing."""
+    """One line on what a run would do with folder ``path`` (the dry run's report; a line that
+    begins with one of :data:`STOPS_AT` says the run would stop there); changes nothing."""
     import fcntl
 
     folder = Path(path)

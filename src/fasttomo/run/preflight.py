@@ -438,6 +438,7 @@ def _measured_step_peak(comps) -> int | None:
 def dry_run(cfg: Config) -> dict:
     """Validate config and data, build the run, print the estimates and the folder's state; write
     nothing. Returns the report (also printed)."""
+    from fasttomo.run.folder import STOPS_AT
     from fasttomo.run.inputs import load_inputs
     from fasttomo.train.checkpoint import find_checkpoint, load_checkpoint
 
@@ -454,10 +455,8 @@ def dry_run(cfg: Config) -> dict:
     report = dry(cfg, ts, start)
     folder = report.get("output_folder") or {}
     state = str(folder.get("state", ""))
-    short = report.get("disk_free_bytes", math.inf) < report.get("files_total_bytes", 0) + MARGIN_BYTES
-    if state.startswith(("REFUSED", "NOT WRITABLE", "IN USE")) or short:
-        why = f"its disk has {human(report['disk_free_bytes'])} free" if short and not state.startswith(
-            ("REFUSED", "NOT WRITABLE", "IN USE")) else state
+    if state.startswith(STOPS_AT) or report.get("disk_short"):
+        why = state if state.startswith(STOPS_AT) else f"its disk has {human(report['disk_free_bytes'])} free"
         raise ConfigError(f"dry run: the run would stop at its output folder {folder.get('path')}: {why}. Choose "
                           "another folder with hydra.run.dir=<dir> (or free space; output.overwrite=true replaces an "
                           "earlier run's results).")
@@ -525,8 +524,9 @@ def dry_run_field(cfg: Config, ts, start: int = 0) -> dict:
         probe = folder if folder.exists() else next((p for p in folder.resolve().parents if p.exists()), Path("/"))
         free = shutil.disk_usage(probe).free
         report["disk_free_bytes"] = int(free)
+        report["disk_short"] = free < sum(files.values()) + MARGIN_BYTES
         lines.append(f"  output folder {folder.resolve()}: {state}; {human(free)} free on its disk"
-                     + ("" if free >= sum(files.values()) + MARGIN_BYTES else " -- NOT ENOUGH for this run"))
+                     + (" -- NOT ENOUGH for this run" if report["disk_short"] else ""))
     for line in lines:
         log.info("%s", line)
     return report
