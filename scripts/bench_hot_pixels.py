@@ -12,6 +12,7 @@ phantom's truth:
     keep    the hits, data.hot_pixels=keep
 
     python scripts/bench_hot_pixels.py [--views 40] [--seed 5] [--out-dir DIR]
+    python scripts/bench_hot_pixels.py --suite   # the pixels masked in each bench_quality case's series
 
 Rows: ``pearson``, ``fsc_mean`` and the FSC 0.5 crossing (A, null: never crossed) against the
 truth, the masked pixels the log reports, the process's wall seconds. Prints a table, writes
@@ -59,14 +60,45 @@ def add_hits(src: Path, dst: Path, views: int, seed: int) -> int:
     return raised
 
 
+def suite(out_dir: Path | None, device: str) -> None:
+    """The pixels the hot-pixel rule masks in each bench_quality case's series (as that script
+    writes it): where it masks none, the suite's inputs, and so its scores, do not depend on it."""
+    import logging
+
+    import bench_quality as bq
+    from benchlib import write_result
+
+    from fasttomo.data.io.mrc import read_mrc
+    from fasttomo.data.prepare import hot_pixel_mask
+
+    logging.disable(logging.WARNING)
+    work = Path(tempfile.mkdtemp(prefix="bench_hot_pixels-suite-"))
+    rows = []
+    for name in bq.CASES:
+        files = bq.make_case(name, work)
+        stack = read_mrc(files["stack"]).data.astype(np.float32)
+        valid = hot_pixel_mask(stack, None, "mask", name, np.loadtxt(files["angles"]), 0.0)
+        rows.append({"variant": name, "masked_pixels": 0 if valid is None else int((~valid).sum()),
+                     "pixels": int(stack.size)})
+        print(f"{name:22s} {rows[-1]['masked_pixels']:6d} of {stack.size} pixels masked", flush=True)
+    shutil.rmtree(work, ignore_errors=True)
+    print(write_result("bench_hot_pixels", "quality-suite", device, rows, out_dir=out_dir))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--views", type=int, default=40, help="views with one X-ray hit each")
     ap.add_argument("--seed", type=int, default=5)
     ap.add_argument("--out-dir", type=Path, default=None, help="write the record here (default benchmarks/results)")
+    ap.add_argument("--suite", action="store_true",
+                    help="only count the pixels data.hot_pixels=mask masks in every bench_quality case's series")
     args = ap.parse_args()
     import torch
     from benchlib import device_name, write_result
+
+    if args.suite:
+        suite(args.out_dir, device_name(torch.device("cuda" if torch.cuda.is_available() else "cpu")))
+        return
 
     work = Path(tempfile.mkdtemp(prefix="bench_hot_pixels-"))
     exe = [sys.executable, "-m"]
