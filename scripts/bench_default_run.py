@@ -17,12 +17,20 @@ Pearson to the phantom and its timeline (metrics.json), and the process's peak r
     python scripts/bench_default_run.py --repeat 3
     python scripts/bench_default_run.py --repeat 2 --profile   # and one more warm run under cProfile
 
+``--bytecode cached`` gives every child process (the imports of torch and the runs alike) one
+Python bytecode cache (PYTHONPYCACHEPREFIX in the job's folder), filled by one untimed run with
+its own Triton cache first: what a pip-installed environment has, where the interpreter would
+otherwise compile every imported module from source in each process (an image whose packages
+carry no .pyc files and cannot take them). The default, ``as-is``, leaves the interpreter as it
+is. The record says which, and what the interpreter does (``bytecode_state``).
+
 ``--profile`` adds a run under cProfile (the main thread; on a GPU with the cache warm) after the
 timed ones: the record's ``profile`` lists the functions with the most cumulative and the most
 own time, and the pstats file is kept in ``--out-dir`` when one is given, to see
 where the seconds beyond ``import torch`` go on a machine this one cannot reach.
 
-Prints a table, writes benchmarks/results/default_run-phantom-<device>-<commit>.json.
+Prints a table, writes benchmarks/results/default_run-phantom[-pyc]-<device>-<commit>.json (-pyc:
+``--bytecode cached``).
 """
 
 from __future__ import annotations
@@ -52,6 +60,21 @@ def timed(cmd: list[str], env: dict, cwd: Path) -> tuple[float, int, str]:
     if code != 0:
         raise SystemExit(f"{' '.join(cmd)} failed:\n{text[-3000:]}")
     return wall, peak, text
+
+
+BYTECODE_STATE = """import importlib.util, json, os, sys
+import torch
+pyc = importlib.util.cache_from_source(torch.__file__)
+print(json.dumps({"dont_write_bytecode": sys.dont_write_bytecode, "pycache_prefix": sys.pycache_prefix,
+                  "torch_init_pyc_exists": os.path.exists(pyc),
+                  "torch_dir_writable": os.access(os.path.dirname(torch.__file__), os.W_OK)}))
+"""
+
+
+def bytecode_state(env: dict, cwd: Path) -> dict:
+    """Whether this interpreter, in the children's environment, finds or writes bytecode for torch."""
+    _, _, out = timed([sys.executable, "-c", BYTECODE_STATE], env, cwd)
+    return json.loads(out.strip().splitlines()[-1])
 
 
 def torch_import_seconds(env: dict, cwd: Path) -> float:
@@ -92,6 +115,8 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=1, help="warm-cache runs on a GPU, runs on a CPU")
     ap.add_argument("--out-dir", default=None)
     ap.add_argument("--profile", action="store_true", help="one more run under cProfile (not timed)")
+    ap.add_argument("--bytecode", choices=["as-is", "cached"], default="as-is",
+                    help="cached: one primed PYTHONPYCACHEPREFIX for every child (see above)")
     args = ap.parse_args()
 
     import torch
@@ -101,6 +126,12 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="bench_default_run_"))
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src") + os.pathsep + os.environ.get("PYTHONPATH", "")}
     caches = (["empty"] + ["warm"] * args.repeat) if gpu else ["n/a"] * args.repeat
+    if args.bytecode == "cached":
+        env["PYTHONPYCACHEPREFIX"] = str(work / "pycache")
+        env.pop("PYTHONDONTWRITEBYTECODE", None)
+        timed([*COMMAND, f"hydra.run.dir={work / 'prime'}"], {**env, "TRITON_CACHE_DIR": str(work / "prime-triton")},
+              work)  # untimed: fills the bytecode cache only (its Triton cache is its own)
+    state = bytecode_state(env, work)
     if gpu:
         env["TRITON_CACHE_DIR"] = str(work / "triton-cache")  # empty before the first run
     imports = [torch_import_seconds(env, work)]
@@ -111,6 +142,7 @@ def main() -> None:
         imports.append(torch_import_seconds(env, work))
         m = json.loads((out / "metrics.json").read_text())
         rows.append({"variant": f"default-{cache}-cache" if gpu else "default", "cache": cache,
+                     "bytecode": args.bytecode,
                      "process_wall_s": round(wall, 2), "train_seconds": m.get("train_seconds"),
                      "steps": m.get("steps"), "pearson": m.get("pearson_global"),
                      "peak_host_GB": round(((m.get("timeline") or {}).get("peak_host_bytes") or peak) / 1e9, 3),
@@ -131,15 +163,17 @@ def main() -> None:
     for r in rows:
         r["torch_import_s"] = round(t_import, 2)
         r["beyond_torch_import_s"] = round(r["process_wall_s"] - t_import, 2)
+    print(f"bytecode: {args.bytecode}; {state}")
     print(f"import torch alone: {', '.join(f'{t:.2f}' for t in imports)} s (median {t_import:.2f})")
     print(f"{'cache':6s} {'process s':>9s} {'beyond import':>13s} {'train s':>8s} {'steps':>6s} {'pearson':>8s} "
           f"{'host GB':>8s}")
     for r in rows:
         print(f"{r['cache']:6s} {r['process_wall_s']:9.2f} {r['beyond_torch_import_s']:13.2f} "
               f"{r['train_seconds'] or 0:8.2f} {r['steps'] or 0:6d} {r['pearson'] or 0:8.4f} {r['peak_host_GB']:8.3f}")
-    path = write_result("default_run", "phantom", device, rows, out_dir=Path(args.out_dir) if args.out_dir else None,
+    path = write_result("default_run", "phantom" if args.bytecode == "as-is" else "phantom-pyc", device, rows, out_dir=Path(args.out_dir) if args.out_dir else None,
                         command=f"python scripts/bench_default_run.py {' '.join(sys.argv[1:])}".strip(),
                         torch_import_s_all=[round(t, 3) for t in imports],
+                        bytecode=args.bytecode, bytecode_state=state,
                         **({"profile": profile} if profile else {}),
                         run_command=" ".join(["python -m fasttomo.cli.reconstruct", *COMMAND[3:],
                                               "hydra.run.dir=<tmp>"]))

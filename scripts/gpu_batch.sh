@@ -14,7 +14,9 @@
 # bf16 planes on three specimens), suite (the GPU-marked tests, recorded as
 # gpu_tests-all-gpu-marked-<device>-<commit>.json), imports (bench_import_overlap: import torch
 # in a thread beside the config's composition, against one after the other). Named only: camera16 (camera2k as camera does,
-# and again with precision.planes=bf16: the bf16 planes at camera scale, time and quality).
+# and again with precision.planes=bf16: the bf16 planes at camera scale, time and quality), runpyc
+# (run's measurement with one primed Python bytecode cache for every process: bench_default_run
+# --bytecode cached).
 #
 # Everything goes to $GPU_BATCH_DIR (default /root/gpu_batch): the records, a log per step and
 # batch.log, one line per step ("STEP name rc=N Ss") and "DONE" at the end. Where the tree has no
@@ -109,6 +111,8 @@ for s in "${steps[@]}"; do
           --variants triton-bf16 triton-fp32 --extra precision.planes=bf16 --label bf16planes
       done ;;
     run) step default-run python3 scripts/bench_default_run.py --repeat 2 --profile --out-dir "$DIR" ;;
+    runpyc) step default-run-pyc python3 scripts/bench_default_run.py --repeat 2 --bytecode cached --profile \
+              --out-dir "$DIR" ;;
     camera) step camera python3 scripts/bench_scale.py --cases camera2k --methods field-default --warmup \
               --out-dir "$DIR" ;;
     camera16) step camera16 python3 scripts/bench_scale.py --cases camera2k --methods field-default --warmup \
@@ -117,7 +121,7 @@ for s in "${steps[@]}"; do
                --methods field-default --variant planes16="precision.planes=bf16" --out-dir "$DIR" ;;
     suite) suite ;;
     imports) step imports python3 scripts/bench_import_overlap.py --repeat 5 --out-dir "$DIR" ;;
-    *) echo "STEP $s unknown (kernels, step, run, camera, camera16, quality, suite, imports)" >> "$DIR/batch.log" ;;
+    *) echo "STEP $s unknown (kernels, step, run, runpyc, camera, camera16, quality, suite, imports)" >> "$DIR/batch.log" ;;
   esac
 done
 echo DONE >> "$DIR/batch.log"
