@@ -152,7 +152,8 @@ def main() -> None:
         if args.out_dir:
             Path(args.out_dir).mkdir(parents=True, exist_ok=True)
         folder = Path(args.out_dir) if args.out_dir else work
-        stats = folder / f"default_run_profile-{device.replace(' ', '-')}.pstats"
+        pyc = "" if args.bytecode == "as-is" else "-pyc"
+        stats = folder / f"default_run_profile{pyc}-{device.replace(' ', '-')}.pstats"
         out = work / "profiled"
         code = PROFILED.replace("STATS", repr(str(stats)))
         timed([sys.executable, "-c", code, *COMMAND[3:], f"hydra.run.dir={out}"], env, work)
@@ -170,7 +171,8 @@ def main() -> None:
     for r in rows:
         print(f"{r['cache']:6s} {r['process_wall_s']:9.2f} {r['beyond_torch_import_s']:13.2f} "
               f"{r['train_seconds'] or 0:8.2f} {r['steps'] or 0:6d} {r['pearson'] or 0:8.4f} {r['peak_host_GB']:8.3f}")
-    path = write_result("default_run", "phantom" if args.bytecode == "as-is" else "phantom-pyc", device, rows, out_dir=Path(args.out_dir) if args.out_dir else None,
+    case = "phantom" if args.bytecode == "as-is" else "phantom-pyc"
+    path = write_result("default_run", case, device, rows, out_dir=Path(args.out_dir) if args.out_dir else None,
                         command=f"python scripts/bench_default_run.py {' '.join(sys.argv[1:])}".strip(),
                         torch_import_s_all=[round(t, 3) for t in imports],
                         bytecode=args.bytecode, bytecode_state=state,

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -18,9 +20,11 @@ again = prewarm.start()
 prewarm.wait()
 out = {"started": started, "again": again, "ops_loaded": "fasttomo.kernels.triton.ops" in sys.modules}
 if started:
-    from triton.runtime.cache import triton_key
-    out["key_cached"] = triton_key.cache_info().currsize == 1
+    import triton.runtime.cache as tc
+    from triton.runtime import driver
+    out["key_remembered"] = tc.triton_key.__module__ == "fasttomo.kernels.triton.key"
     out["gluon_loaded"] = "triton.experimental.gluon" in sys.modules
+    out["driver_made"] = driver._active is not None
 out["device_started"] = prewarm.warm_device(0) if started else None
 prewarm.wait()
 if started:
@@ -45,25 +49,84 @@ def test_without_a_gpu_nothing_is_loaded():
 @pytest.mark.skipif(not (torch.cuda.is_available() and importlib.util.find_spec("triton")),
                     reason="needs a CUDA GPU and triton")
 def test_on_a_gpu_the_kernels_the_cache_key_and_the_device_are_ready_after_wait():
-    assert _child() == {"started": True, "again": False, "ops_loaded": True, "key_cached": True, "gluon_loaded": True,
-                        "device_started": True, "context": True}
+    assert _child() == {"started": True, "again": False, "ops_loaded": True, "key_remembered": True,
+                        "gluon_loaded": True, "driver_made": True, "device_started": True, "context": True}
 
 
 # --------------------------------------------------------------------------------------- what it relies on
-@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs triton")
-def test_the_triton_internals_the_thread_warms_still_exist():
+needs_triton = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs triton")
+
+
+def _run(code: str, cache: Path) -> dict:
+    env = {**os.environ, "TRITON_CACHE_DIR": str(cache)}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+@needs_triton
+def test_the_thread_leaves_triton_its_own_key_from_the_cache_folder(tmp_path):
     """The thread's work (run here without a GPU, in a fresh process): it imports the op module and
-    fills ``triton.runtime.cache.triton_key``'s functools cache, the private function a kernel
-    launch calls; if Triton renames it or drops the cache, this fails and prewarm.py needs a look."""
+    puts a function returning Triton's own key in ``triton.runtime.cache.triton_key`` (the private
+    name a kernel lookup calls), leaving the key in Triton's cache folder; if Triton renames it,
+    this fails and key.py needs a look."""
     code = r"""
-import json, sys
-from triton.runtime.cache import triton_key
+import json, os, sys
+import triton.runtime.cache as tc
+original = tc.triton_key
 from fasttomo.kernels import prewarm
-before = triton_key.cache_info().currsize
 prewarm._work()
-print(json.dumps({"before": before, "after": triton_key.cache_info().currsize,
+files = [f for f in os.listdir(os.environ["TRITON_CACHE_DIR"]) if f.startswith("fasttomo-triton-key-")]
+kept = open(os.path.join(os.environ["TRITON_CACHE_DIR"], files[0])).read() if len(files) == 1 else None
+print(json.dumps({"replaced": tc.triton_key is not original, "same_key": tc.triton_key() == original(),
+                  "kept": kept == original(), "files": len(files),
                   "ops": "fasttomo.kernels.triton.ops" in sys.modules}))
 """
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stderr[-3000:]
-    assert json.loads(out.stdout.strip().splitlines()[-1]) == {"before": 0, "after": 1, "ops": True}
+    assert _run(code, tmp_path) == {"replaced": True, "same_key": True, "kept": True, "files": 1, "ops": True}
+
+
+READ_BACK = r"""
+import json
+import triton, triton.runtime.cache as tc
+from fasttomo.kernels.triton.key import remember_triton_key
+key = remember_triton_key()
+print(json.dumps({"returned": key, "module": tc.triton_key(), "version": triton.__version__}))
+"""
+
+
+@needs_triton
+def test_a_later_process_reads_the_kept_key_instead_of_hashing(tmp_path):
+    first = _run(READ_BACK, tmp_path)
+    (kept,) = tmp_path.glob("fasttomo-triton-key-*.txt")
+    assert kept.read_text() == first["returned"] == first["module"]
+    planted = first["version"] + "-planted"  # what only a read of the file can return
+    kept.write_text(planted)
+    assert _run(READ_BACK, tmp_path) == {"returned": planted, "module": planted, "version": first["version"]}
+    kept.write_text("not a key")  # a file this Triton did not write: hashed again and replaced
+    assert _run(READ_BACK, tmp_path)["module"] == first["returned"]
+    assert kept.read_text() == first["returned"]
+
+
+def test_the_stamp_changes_with_each_file_triton_hashes_and_its_version(tmp_path):
+    from fasttomo.kernels.triton.key import install_stamp
+
+    root = tmp_path / "triton"
+    files = {name: root / name for name in ("runtime/cache.py", "compiler/compiler.py",
+                                            "backends/nvidia/driver.py", "language/core.py",
+                                            "_C/libtriton.so", "tools/other.py")}
+    for path in files.values():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("x")
+        os.utime(path, ns=(10**18, 10**18))
+    base = install_stamp(str(root), "3.6.0")
+    assert install_stamp(str(root), "3.6.0") == base
+    assert install_stamp(str(root), "3.6.1") != base
+    for name, path in files.items():
+        os.utime(path, ns=(10**18, 10**18 + 1))
+        assert (install_stamp(str(root), "3.6.0") != base) == (name != "tools/other.py"), name
+        os.utime(path, ns=(10**18, 10**18))
+        path.write_text("xy")  # the same time, another size
+        assert (install_stamp(str(root), "3.6.0") != base) == (name != "tools/other.py"), name
+        path.write_text("x")
+        os.utime(path, ns=(10**18, 10**18))
+    assert install_stamp(str(root), "3.6.0") == base

@@ -1,8 +1,9 @@
 """Load the fused kernels in a background thread while a GPU run starts up.
 
 Before the first kernel comes from Triton's cache, a GPU run pays for importing triton and the
-kernel module (about 0.8 s on an H200) and for Triton's cache key, a hash of its own installation
-computed once per process (about 0.4 s, ``triton.runtime.cache.triton_key``). ``start()`` runs
+kernel module (about 0.8 s on an H200), for Triton's cache key (a hash of its own installation,
+about 0.4 s, read from Triton's cache folder where an earlier run left it:
+``kernels/triton/key.py``) and for Triton's CUDA driver object. ``start()`` runs
 that work, and the import of Triton's gluon package (otherwise paid at the first launch), in a
 daemon thread from the command's entry point once the config is composed and valid (--help and
 config errors never import torch), while the main thread opens the run folder and reads the data;
@@ -34,11 +35,12 @@ def _work() -> None:
             import triton.experimental.gluon  # noqa: F401
         except ImportError:
             pass
-        try:
-            from triton.runtime.cache import triton_key
-        except ImportError:  # another Triton layout: the first compile computes it instead
-            return
-        triton_key()  # functools.lru_cache: the first kernel launch finds it computed
+        from fasttomo.kernels.triton.key import remember_triton_key
+
+        remember_triton_key()  # read from Triton's cache folder, or hashed once and left there
+        from triton.runtime import driver
+
+        driver.active.get_current_target()  # Triton's CUDA driver (its launcher library), else made at the first launch
     except Exception:  # noqa: BLE001  (a broken install is reported by the door, not here)
         pass
 

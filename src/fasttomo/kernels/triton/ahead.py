@@ -37,6 +37,7 @@ import torch
 
 from fasttomo.kernels.triton import kplanes as kp
 from fasttomo.kernels.triton import tv
+from fasttomo.kernels.triton.key import cache_folder
 from fasttomo.kernels.triton.launch import COMPILE_ONLY
 
 log = logging.getLogger("fasttomo.kernels")
@@ -112,11 +113,7 @@ def plan_marker(device: torch.device, classes) -> str | None:
     try:
         import triton
 
-        try:
-            from triton import knobs
-            folder = knobs.cache.dir
-        except (ImportError, AttributeError):
-            folder = os.environ.get("TRITON_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".triton", "cache")
+        folder = cache_folder()
         parts = [triton.__version__, torch.cuda.get_device_name(device), str(torch.cuda.get_device_capability(device))]
         parts += sorted(f"{kernel.cache_key}:{cls!r}" for kernel, cls in classes)
     except Exception:  # noqa: BLE001  (no marker: compile ahead as if the cache were empty)
