@@ -24,6 +24,13 @@ def counted(src, *a, **k):
     compiled.append((getattr(getattr(src, "fn", None), "__name__", "?"), threading.current_thread().name))
     return orig(src, *a, **k)
 tc.compile = counted  # JITFunction takes the compiler from triton.compiler at its first launch
+import triton.runtime.build as tb
+built = []
+orig_build = tb._build
+def counted_build(name, *a, **k):
+    built.append((name, threading.current_thread().name))
+    return orig_build(name, *a, **k)
+tb._build = counted_build  # compile_module_from_src calls it by name where its cache has no library
 ahead = sys.argv[1] == "on"
 from fasttomo.cli import reconstruct
 if not ahead:
@@ -35,11 +42,11 @@ try:
     reconstruct.main()
 except SystemExit as e:
     assert not e.code, e.code
-print(json.dumps({"compiled": compiled}))
+print(json.dumps({"compiled": compiled, "launchers": [t for n, t in built if n == "__triton_launcher"]}))
 """
 
 
-def _run(tmp_path, name: str, ahead: bool, *overrides: str) -> tuple[list, np.ndarray]:
+def _run(tmp_path, name: str, ahead: bool, *overrides: str) -> tuple[list, list, np.ndarray]:
     import os
 
     import mrcfile
@@ -49,9 +56,9 @@ def _run(tmp_path, name: str, ahead: bool, *overrides: str) -> tuple[list, np.nd
     p = subprocess.run([sys.executable, "-c", CHILD, "on" if ahead else "off", str(out_dir), *overrides],
                        capture_output=True, text=True, timeout=600, env=env)
     assert p.returncode == 0, p.stderr[-4000:]
-    compiled = json.loads(p.stdout.strip().splitlines()[-1])["compiled"]
+    got = json.loads(p.stdout.strip().splitlines()[-1])
     with mrcfile.open(out_dir / "volume.mrc", permissive=True) as m:
-        return compiled, np.array(m.data)
+        return got["compiled"], got["launchers"], np.array(m.data)
 
 
 def _timeline(tmp_path, name: str) -> dict:
@@ -64,14 +71,17 @@ def _timeline(tmp_path, name: str) -> dict:
                                        ("precision.planes=bf16",)],
                          ids=["default", "fp32-volume-tv-poses", "bf16-planes"])
 def test_every_kernel_of_a_run_is_compiled_ahead_and_the_volume_agrees(tmp_path, overrides):
-    on, vol_on = _run(tmp_path, "on", True, *overrides)
-    off, vol_off = _run(tmp_path, "off", False, *overrides)
+    on, launchers_on, vol_on = _run(tmp_path, "on", True, *overrides)
+    off, launchers_off, vol_off = _run(tmp_path, "off", False, *overrides)
     # without: at first use, one by one, on the thread that launches (autograd's device thread for
     # the backward's kernels)
     assert off and not any(thread.startswith("fasttomo-compile") for _, thread in off), off
     # with: all in the pool, none left for the run's own launches (training, validation, export,
     # the views' residuals)
     assert on and all(thread.startswith("fasttomo-compile") for _, thread in on), on
+    # the kernels' C launchers likewise: built in the pool, none at a first launch
+    assert launchers_off and not any(t.startswith("fasttomo-compile") for t in launchers_off), launchers_off
+    assert launchers_on and all(t.startswith("fasttomo-compile") for t in launchers_on), launchers_on
     need, made = Counter(n for n, _ in off), Counter(n for n, _ in on)
     assert all(made[n] >= k for n, k in need.items()), (need, made)  # at least what the run compiled itself
     # the same kernels; not bit for bit on a GPU (the backward's fp32 atomics add in any order)
@@ -79,8 +89,9 @@ def test_every_kernel_of_a_run_is_compiled_ahead_and_the_volume_agrees(tmp_path,
     assert _timeline(tmp_path, "on")["compile_ahead"]["cached"] is False
     # a second run on the cache the first filled: its marker says every kernel is there, so no pool
     (tmp_path / "cache-again").symlink_to(tmp_path / "cache-on")
-    again, _ = _run(tmp_path, "again", True, *overrides)
+    again, launchers_again, _ = _run(tmp_path, "again", True, *overrides)
     assert not any(thread.startswith("fasttomo-compile") for _, thread in again), again
+    assert not launchers_again, launchers_again  # every launcher from the cache
     summary = _timeline(tmp_path, "again")["compile_ahead"]
     assert summary["cached"] is True and summary["kernels"] > 0 and summary["waited_s"] == 0.0, summary
     assert list((tmp_path / "cache-on").glob("fasttomo-ahead-*.done"))

@@ -12,8 +12,10 @@ build: Triton's compiler releases the GIL in its MLIR and LLVM passes and runs p
 subprocess. The kernels land in Triton's in-memory and on-disk caches; a launch whose
 specialization was not foreseen compiles at its first use, as without this module.
 
-The door (``dispatch``) calls ``wait()`` before its first fused launch; failures in the pool are
-ignored (the launch compiles and reports them itself). ``plan_jobs`` says what a field run needs.
+Each task also builds its kernel's C launcher, which Triton otherwise builds with the host's C
+compiler at the kernel's first launch. The door (``dispatch``) calls ``wait()`` before its first
+fused launch; failures in the pool are ignored (the launch compiles and reports them itself).
+``plan_jobs`` says what a field run needs.
 
 With a warm cache the pool only loads, yet its threads hold the GIL long enough to slow the build
 beside them (the embedded default on an H200: 2.9-3.2 s from the run's start to training's
@@ -97,12 +99,28 @@ def _compile(device: torch.device, call) -> tuple[float, bool]:
     kernel, grid, args, kwargs = call
     try:
         with torch.cuda.device(device):
-            kernel.warmup(*args, grid=grid, **kwargs)
+            compiled = kernel.warmup(*args, grid=grid, **kwargs)
     except Exception as exc:  # noqa: BLE001  (the launch compiles it again and reports a real problem)
         log.debug("kernels: compiling %s ahead failed: %s: %s", getattr(kernel, "__name__", kernel),
                   type(exc).__name__, exc)
         return time.perf_counter(), False
+    _build_launcher(compiled)
     return time.perf_counter(), True
+
+
+def _build_launcher(compiled) -> None:
+    """Build the C launcher of a compiled kernel into Triton's cache (Triton 3.x builds it with the
+    host's C compiler at the kernel's first launch, 0.1-0.3 s each, on the launching thread; a
+    later build of the same source loads the cached library). Nothing is kept: the first launch
+    makes its own launcher object from the cache. Best effort: another Triton's layout is left
+    to its first launch."""
+    try:
+        from triton.runtime import driver
+
+        driver.active.launcher_cls(compiled.src, compiled.metadata)
+    except Exception as exc:  # noqa: BLE001
+        log.debug("kernels: building the launcher of %s ahead failed: %s: %s", getattr(compiled, "name", compiled),
+                  type(exc).__name__, exc)
 
 
 def plan_marker(device: torch.device, classes) -> str | None:
