@@ -24,12 +24,15 @@ if started:
     from triton.runtime import driver
     out["key_remembered"] = tc.triton_key.__module__ == "fasttomo.kernels.triton.key"
     out["gluon_loaded"] = "triton.experimental.gluon" in sys.modules
-    out["driver_made"] = driver._active is not None
+    out["driver_before_device"] = driver._active is not None
+    import torch
+    out["context_before_device"] = torch.cuda.is_initialized()  # start() makes none (a dry run, a CPU run)
 out["device_started"] = prewarm.warm_device(0) if started else None
 prewarm.wait()
 if started:
     import torch
     out["context"] = torch.cuda.is_initialized()
+    out["driver_made"] = driver._active is not None
 print(json.dumps(out))
 """
 
@@ -50,7 +53,9 @@ def test_without_a_gpu_nothing_is_loaded():
                     reason="needs a CUDA GPU and triton")
 def test_on_a_gpu_the_kernels_the_cache_key_and_the_device_are_ready_after_wait():
     assert _child() == {"started": True, "again": False, "ops_loaded": True, "key_remembered": True,
-                        "gluon_loaded": True, "driver_made": True, "device_started": True, "context": True}
+                        "gluon_loaded": True, "driver_before_device": False, "context_before_device": False,
+                        "device_started": True,
+                        "context": True, "driver_made": True}
 
 
 # --------------------------------------------------------------------------------------- what it relies on

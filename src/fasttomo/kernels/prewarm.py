@@ -3,7 +3,7 @@
 Before the first kernel comes from Triton's cache, a GPU run pays for importing triton and the
 kernel module (about 0.8 s on an H200), for Triton's cache key (a hash of its own installation,
 about 0.4 s, read from Triton's cache folder where an earlier run left it:
-``kernels/triton/key.py``) and for Triton's CUDA driver object. ``start()`` runs
+``kernels/triton/key.py``). ``start()`` runs
 that work, and the import of Triton's gluon package (otherwise paid at the first launch), in a
 daemon thread from the command's entry point once the config is composed and valid (--help and
 config errors never import torch), while the main thread opens the run folder and reads the data;
@@ -13,7 +13,8 @@ then on. With a warm cache this brings the default run's first step on an H200 f
 to about 0.8 s (benchmarks/README.md).
 
 ``warm_device`` (called by the pipeline once the run's device is known, before it reads the data)
-creates the device's context and loads cuBLAS (otherwise loaded by the first matrix product) in a
+creates the device's context, loads cuBLAS (otherwise loaded by the first matrix product) and
+makes Triton's CUDA driver object (its utility library; otherwise made at the first launch) in a
 second thread. Any failure in a thread is ignored: the door
 (``dispatch``) loads the kernels itself and the run reports a device problem where it matters.
 """
@@ -38,9 +39,6 @@ def _work() -> None:
         from fasttomo.kernels.triton.key import remember_triton_key
 
         remember_triton_key()  # read from Triton's cache folder, or hashed once and left there
-        from triton.runtime import driver
-
-        driver.active.get_current_target()  # Triton's CUDA driver (its launcher library), else made at the first launch
     except Exception:  # noqa: BLE001  (a broken install is reported by the door, not here)
         pass
 
@@ -55,6 +53,13 @@ def _device_work(index: int) -> None:
         with torch.autocast(device_type="cuda", dtype=torch.bfloat16):
             a @ a  # and its bf16 path
         torch.cuda.synchronize(dev)
+        import importlib.util
+
+        if importlib.util.find_spec("triton") is not None:
+            from triton.runtime import driver
+
+            with torch.cuda.device(dev):
+                driver.active.get_current_target()  # Triton's CUDA driver, else made at the first launch
     except Exception:  # noqa: BLE001  (the run reports a broken device where it uses it)
         pass
 
