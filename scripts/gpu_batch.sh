@@ -16,7 +16,8 @@
 # in a thread beside the config's composition, against one after the other). Named only: camera16 (camera2k as camera does,
 # and again with precision.planes=bf16: the bf16 planes at camera scale, time and quality), runpyc
 # (run's measurement with one primed Python bytecode cache for every process: bench_default_run
-# --bytecode cached).
+# --bytecode cached), smem (probe_smem_scatter: a plane-gradient scatter through shared memory,
+# compiled by NVRTC, against global atomics).
 #
 # Everything goes to $GPU_BATCH_DIR (default /root/gpu_batch): the records, a log per step and
 # batch.log, one line per step ("STEP name rc=N Ss") and "DONE" at the end. Where the tree has no
@@ -121,7 +122,8 @@ for s in "${steps[@]}"; do
                --methods field-default --variant planes16="precision.planes=bf16" --out-dir "$DIR" ;;
     suite) suite ;;
     imports) step imports python3 scripts/bench_import_overlap.py --repeat 5 --out-dir "$DIR" ;;
-    *) echo "STEP $s unknown (kernels, step, run, runpyc, camera, camera16, quality, suite, imports)" >> "$DIR/batch.log" ;;
+    smem) step smem python3 scripts/probe_smem_scatter.py --out-dir "$DIR" ;;
+    *) echo "STEP $s unknown (kernels, step, run, runpyc, camera, camera16, quality, suite, imports, smem)" >> "$DIR/batch.log" ;;
   esac
 done
 echo DONE >> "$DIR/batch.log"

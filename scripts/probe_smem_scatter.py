@@ -1,0 +1,214 @@
+#!/usr/bin/env python
+"""probe_smem_scatter: can this GPU image accumulate the interpolation's plane gradients in shared
+memory, and how fast is that against global atomics?
+
+The texel-run backward is bound by its global fp32 atomics (docs/kernels.md). The counts say a
+backward that stages a whole coarse plane (scale 50 or 100) in shared memory and flushes it once
+would issue a small fraction of them, but Triton 3.6 (the device image's) has no scatter into
+shared memory. torch 2.8 and later compile CUDA C++ at run time through NVRTC
+(``torch.cuda._compile_kernel``, a private API): this probe asks whether that works here, and
+times the scatter at the heart of such a backward, alone:
+
+    bilinear scatter of N points x C channels into T planes of S x S texels (channels innermost),
+    weights and gradients given, every point's 4 corners:
+      smem    one block per (plane, slice of points): the plane in shared memory, zeroed, the
+              points' adds (atomicAdd on shared memory), one global atomic per touched texel
+      global  the same adds straight into global memory (what a backward without staging pays)
+      torch   index_add_ of the 4 corners (the reference, and torch's own cost)
+
+Points are uniform in the plane (independent pixels at a coarse scale), one thread a point, so the
+lanes of a warp hit unrelated texels. The parity check compares each kernel with a float64
+index_add_. Prints a table, writes benchmarks/results/probe_smem_scatter-<device>-<commit>.json.
+
+    python scripts/probe_smem_scatter.py                    # scale 50 (C 16) and 100 (C 4), T 8
+    python scripts/probe_smem_scatter.py --points 1638400 --sizes 50 --channels 16
+
+At the flagship (1.64 M points, T = 8, C = 48, 3 plane kinds) a scale's whole backward scatter is
+the measured call times 3 kinds x 48 / C channel passes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+SOURCE = r"""
+#define CH {channels}
+extern "C" __global__ void scatter_smem(const float* __restrict__ uv, const float* __restrict__ g,
+                                        float* __restrict__ out, int n, int size, int per_block) {{
+  extern __shared__ float tile[];
+  const int texels = size * size * CH;
+  const int t = blockIdx.y;
+  for (int i = threadIdx.x; i < texels; i += blockDim.x) tile[i] = 0.f;
+  __syncthreads();
+  const int start = blockIdx.x * per_block;
+  const int end = min(n, start + per_block);
+  for (int p = start + threadIdx.x; p < end; p += blockDim.x) {{
+    float x = uv[(size_t)(t * n + p) * 2] * (size - 1);
+    float y = uv[(size_t)(t * n + p) * 2 + 1] * (size - 1);
+    int x0 = min((int)x, size - 2), y0 = min((int)y, size - 2);
+    float fx = x - x0, fy = y - y0;
+    float w00 = (1.f - fx) * (1.f - fy), w01 = fx * (1.f - fy), w10 = (1.f - fx) * fy, w11 = fx * fy;
+    const float* gp = g + (size_t)(t * n + p) * CH;
+    float* b = tile + (y0 * size + x0) * CH;
+#pragma unroll
+    for (int c = 0; c < CH; ++c) {{
+      float v = gp[c];
+      atomicAdd(b + c, w00 * v);
+      atomicAdd(b + CH + c, w01 * v);
+      atomicAdd(b + size * CH + c, w10 * v);
+      atomicAdd(b + size * CH + CH + c, w11 * v);
+    }}
+  }}
+  __syncthreads();
+  float* o = out + (size_t)t * texels;
+  for (int i = threadIdx.x; i < texels; i += blockDim.x) {{
+    float v = tile[i];
+    if (v != 0.f) atomicAdd(o + i, v);
+  }}
+}}
+
+extern "C" __global__ void scatter_global(const float* __restrict__ uv, const float* __restrict__ g,
+                                          float* __restrict__ out, int n, int size, int per_block) {{
+  const int texels = size * size * CH;
+  const int t = blockIdx.y;
+  const int start = blockIdx.x * per_block;
+  const int end = min(n, start + per_block);
+  float* o = out + (size_t)t * texels;
+  for (int p = start + threadIdx.x; p < end; p += blockDim.x) {{
+    float x = uv[(size_t)(t * n + p) * 2] * (size - 1);
+    float y = uv[(size_t)(t * n + p) * 2 + 1] * (size - 1);
+    int x0 = min((int)x, size - 2), y0 = min((int)y, size - 2);
+    float fx = x - x0, fy = y - y0;
+    float w00 = (1.f - fx) * (1.f - fy), w01 = fx * (1.f - fy), w10 = (1.f - fx) * fy, w11 = fx * fy;
+    const float* gp = g + (size_t)(t * n + p) * CH;
+    float* b = o + (y0 * size + x0) * CH;
+#pragma unroll
+    for (int c = 0; c < CH; ++c) {{
+      float v = gp[c];
+      atomicAdd(b + c, w00 * v);
+      atomicAdd(b + CH + c, w01 * v);
+      atomicAdd(b + size * CH + c, w10 * v);
+      atomicAdd(b + size * CH + CH + c, w11 * v);
+    }}
+  }}
+}}
+"""
+
+
+def reference(uv: torch.Tensor, g: torch.Tensor, size: int, dtype=torch.float64) -> torch.Tensor:
+    """(T, size, size, C) by index_add_ of the four corners (the same corner and weight rules)."""
+    t_n, n, _ = uv.shape
+    c = g.shape[-1]
+    x = uv[..., 0].to(dtype) * (size - 1)
+    y = uv[..., 1].to(dtype) * (size - 1)
+    x0 = x.floor().clamp(max=size - 2).long()
+    y0 = y.floor().clamp(max=size - 2).long()
+    fx, fy = x - x0, y - y0
+    out = torch.zeros(t_n * size * size, c, dtype=dtype, device=uv.device)
+    base = torch.arange(t_n, device=uv.device)[:, None] * size * size
+    gd = g.to(dtype)
+    for dy, dx, w in ((0, 0, (1 - fx) * (1 - fy)), (0, 1, fx * (1 - fy)), (1, 0, (1 - fx) * fy), (1, 1, fx * fy)):
+        idx = (base + (y0 + dy) * size + x0 + dx).reshape(-1)
+        out.index_add_(0, idx, (w[..., None] * gd).reshape(-1, c))
+    return out.reshape(t_n, size, size, c)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--points", type=int, default=1_638_400, help="points a plane (the flagship's batch)")
+    ap.add_argument("--frames", type=int, default=8, help="planes (the flagship's T)")
+    ap.add_argument("--sizes", type=int, nargs="+", default=[50, 100])
+    ap.add_argument("--channels", type=int, nargs="+", default=None,
+                    help="channels a pass, one per size (default: the most of 16, 8, 4, 2 that fit 200 KiB, "
+                         "or 48 KiB where torch cannot configure more)")
+    ap.add_argument("--blocks", type=int, default=16, help="blocks a plane (each flushes its tile once)")
+    ap.add_argument("--repeat", type=int, default=20)
+    ap.add_argument("--out-dir", default=None)
+    args = ap.parse_args()
+
+    from benchlib import cuda_times_ms, device_name, write_result
+
+    if not torch.cuda.is_available():
+        raise SystemExit("probe_smem_scatter: needs a CUDA GPU")
+    dev = torch.device("cuda")
+    compile_kernel = getattr(torch.cuda, "_compile_kernel", None)
+    if compile_kernel is None:
+        raise SystemExit(f"probe_smem_scatter: torch {torch.__version__} has no torch.cuda._compile_kernel (NVRTC)")
+    smem_max = torch.cuda.get_device_properties(dev).shared_memory_per_block_optin
+    from torch.cuda._utils import _CudaKernel
+
+    large = hasattr(_CudaKernel, "set_shared_memory_config")  # > 48 KiB a block (torch 2.10 on)
+    limit = min(smem_max, 200 * 1024) if large else 48 * 1024 - 1
+    gen = torch.Generator(device=dev).manual_seed(0)
+    rows = []
+    print(f"torch {torch.__version__}, NVRTC through torch.cuda._compile_kernel; shared memory a block up to "
+          f"{limit} bytes ({'configurable' if large else 'not configurable past 48 KiB in this torch'})")
+    for k, size in enumerate(args.sizes):
+        if args.channels:
+            ch = args.channels[k]
+        else:
+            ch = next((c for c in (16, 8, 4, 2) if size * size * c * 4 <= limit), 1)
+        smem = size * size * ch * 4
+        if smem > limit:
+            raise SystemExit(f"probe_smem_scatter: {size}^2 x {ch} channels need {smem} bytes of shared memory; "
+                             f"this torch allows {limit} a block")
+        src = SOURCE.format(channels=ch)
+        try:
+            k_smem = compile_kernel(src, "scatter_smem")
+            k_glob = compile_kernel(src, "scatter_global")
+            if smem >= 48 * 1024:
+                k_smem.set_shared_memory_config(smem)
+        except Exception as exc:  # noqa: BLE001  (the answer to the probe's first question)
+            raise SystemExit(f"probe_smem_scatter: NVRTC compile failed: {type(exc).__name__}: {exc}") from exc
+        t_n, n = args.frames, args.points
+        uv = torch.rand(t_n, n, 2, device=dev, generator=gen)
+        g = torch.randn(t_n, n, ch, device=dev, generator=gen)
+        out = torch.zeros(t_n, size, size, ch, device=dev)
+        per_block = -(-n // args.blocks)
+        grid, block = (args.blocks, t_n, 1), (256, 1, 1)
+
+        def smem_call():
+            out.zero_()
+            k_smem(grid=grid, block=block, args=[uv, g, out, n, size, per_block], shared_mem=smem)
+
+        def global_call():
+            out.zero_()
+            k_glob(grid=grid, block=block, args=[uv, g, out, n, size, per_block])
+
+        def torch_call():
+            return reference(uv, g, size, dtype=torch.float32)
+
+        ref = reference(uv, g, size)
+        errs = {}
+        for name, fn in (("smem", smem_call), ("global", global_call)):
+            fn()
+            torch.cuda.synchronize()
+            errs[name] = float((out.double() - ref).norm() / ref.norm())
+        times = {name: statistics.median(cuda_times_ms(fn, args.repeat, 3, dev))
+                 for name, fn in (("smem", smem_call), ("global", global_call), ("torch", torch_call))}
+        passes = 3 * -(-48 // ch)
+        rows.append({"size": size, "channels_per_pass": ch, "shared_bytes": smem, "points": n, "frames": t_n,
+                     "blocks_per_plane": args.blocks, "smem_ms": times["smem"], "global_ms": times["global"],
+                     "torch_ms": times["torch"], "rel_err_smem": errs["smem"], "rel_err_global": errs["global"],
+                     "flagship_passes": passes, "flagship_smem_ms": times["smem"] * passes,
+                     "flagship_global_ms": times["global"] * passes})
+    print(f"{'size':>4s} {'C':>3s} {'smem KiB':>8s} {'smem ms':>8s} {'global ms':>9s} {'torch ms':>8s} "
+          f"{'err smem':>9s} {'err glob':>9s} {'x passes':>8s} {'smem':>7s} {'global':>7s}")
+    for r in rows:
+        print(f"{r['size']:4d} {r['channels_per_pass']:3d} {r['shared_bytes'] / 1024:8.1f} {r['smem_ms']:8.3f} "
+              f"{r['global_ms']:9.3f} {r['torch_ms']:8.3f} {r['rel_err_smem']:9.1e} {r['rel_err_global']:9.1e} "
+              f"{r['flagship_passes']:8d} {r['flagship_smem_ms']:7.2f} {r['flagship_global_ms']:7.2f}")
+    path = write_result("probe_smem_scatter", "coarse-planes", device_name(dev), rows,
+                        out_dir=Path(args.out_dir) if args.out_dir else None, shared_limit_bytes=limit)
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()
