@@ -5,8 +5,8 @@ memory, and how fast is that against global atomics?
 The texel-run backward is bound by its global fp32 atomics (docs/kernels.md). The counts say a
 backward that stages a whole coarse plane (scale 50 or 100) in shared memory and flushes it once
 would issue a small fraction of them, but Triton 3.6 (the device image's) has no scatter into
-shared memory. torch 2.8 and later compile CUDA C++ at run time through NVRTC
-(``torch.cuda._compile_kernel``, a private API): this probe asks whether that works here, and
+shared memory. torch compiles CUDA C++ at run time through NVRTC (``torch.cuda._compile_kernel``,
+a private API): this probe asks whether that works here, and
 times the scatter at the heart of such a backward, alone:
 
     bilinear scatter of N points x C channels into T planes of S x S texels (channels innermost),
@@ -144,7 +144,7 @@ def main() -> None:
     smem_max = torch.cuda.get_device_properties(dev).shared_memory_per_block_optin
     from torch.cuda._utils import _CudaKernel
 
-    large = hasattr(_CudaKernel, "set_shared_memory_config")  # > 48 KiB a block (torch 2.10 on)
+    large = hasattr(_CudaKernel, "set_shared_memory_config")  # > 48 KiB a block (newer torch)
     limit = min(smem_max, 200 * 1024) if large else 48 * 1024 - 1
     gen = torch.Generator(device=dev).manual_seed(0)
     rows = []
