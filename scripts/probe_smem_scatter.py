@@ -40,6 +40,27 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 SOURCE = r"""
 #define CH {channels}
+// point p of plane t: its 4 bilinear corners, CH channels each, added into the plane at dst
+// (the block's shared tile or the global output: inlined, so each keeps its own address space)
+__device__ __forceinline__ void add_corners(const float* __restrict__ uv, const float* __restrict__ g,
+                                            float* dst, int t, int n, int p, int size) {{
+  float x = uv[(size_t)(t * n + p) * 2] * (size - 1);
+  float y = uv[(size_t)(t * n + p) * 2 + 1] * (size - 1);
+  int x0 = min((int)x, size - 2), y0 = min((int)y, size - 2);
+  float fx = x - x0, fy = y - y0;
+  float w00 = (1.f - fx) * (1.f - fy), w01 = fx * (1.f - fy), w10 = (1.f - fx) * fy, w11 = fx * fy;
+  const float* gp = g + (size_t)(t * n + p) * CH;
+  float* b = dst + (y0 * size + x0) * CH;
+#pragma unroll
+  for (int c = 0; c < CH; ++c) {{
+    float v = gp[c];
+    atomicAdd(b + c, w00 * v);
+    atomicAdd(b + CH + c, w01 * v);
+    atomicAdd(b + size * CH + c, w10 * v);
+    atomicAdd(b + size * CH + CH + c, w11 * v);
+  }}
+}}
+
 extern "C" __global__ void scatter_smem(const float* __restrict__ uv, const float* __restrict__ g,
                                         float* __restrict__ out, int n, int size, int per_block) {{
   extern __shared__ float tile[];
@@ -47,25 +68,9 @@ extern "C" __global__ void scatter_smem(const float* __restrict__ uv, const floa
   const int t = blockIdx.y;
   for (int i = threadIdx.x; i < texels; i += blockDim.x) tile[i] = 0.f;
   __syncthreads();
-  const int start = blockIdx.x * per_block;
-  const int end = min(n, start + per_block);
-  for (int p = start + threadIdx.x; p < end; p += blockDim.x) {{
-    float x = uv[(size_t)(t * n + p) * 2] * (size - 1);
-    float y = uv[(size_t)(t * n + p) * 2 + 1] * (size - 1);
-    int x0 = min((int)x, size - 2), y0 = min((int)y, size - 2);
-    float fx = x - x0, fy = y - y0;
-    float w00 = (1.f - fx) * (1.f - fy), w01 = fx * (1.f - fy), w10 = (1.f - fx) * fy, w11 = fx * fy;
-    const float* gp = g + (size_t)(t * n + p) * CH;
-    float* b = tile + (y0 * size + x0) * CH;
-#pragma unroll
-    for (int c = 0; c < CH; ++c) {{
-      float v = gp[c];
-      atomicAdd(b + c, w00 * v);
-      atomicAdd(b + CH + c, w01 * v);
-      atomicAdd(b + size * CH + c, w10 * v);
-      atomicAdd(b + size * CH + CH + c, w11 * v);
-    }}
-  }}
+  const int end = min(n, (int)blockIdx.x * per_block + per_block);
+  for (int p = blockIdx.x * per_block + threadIdx.x; p < end; p += blockDim.x)
+    add_corners(uv, g, tile, t, n, p, size);
   __syncthreads();
   float* o = out + (size_t)t * texels;
   for (int i = threadIdx.x; i < texels; i += blockDim.x) {{
@@ -76,28 +81,10 @@ extern "C" __global__ void scatter_smem(const float* __restrict__ uv, const floa
 
 extern "C" __global__ void scatter_global(const float* __restrict__ uv, const float* __restrict__ g,
                                           float* __restrict__ out, int n, int size, int per_block) {{
-  const int texels = size * size * CH;
-  const int t = blockIdx.y;
-  const int start = blockIdx.x * per_block;
-  const int end = min(n, start + per_block);
-  float* o = out + (size_t)t * texels;
-  for (int p = start + threadIdx.x; p < end; p += blockDim.x) {{
-    float x = uv[(size_t)(t * n + p) * 2] * (size - 1);
-    float y = uv[(size_t)(t * n + p) * 2 + 1] * (size - 1);
-    int x0 = min((int)x, size - 2), y0 = min((int)y, size - 2);
-    float fx = x - x0, fy = y - y0;
-    float w00 = (1.f - fx) * (1.f - fy), w01 = fx * (1.f - fy), w10 = (1.f - fx) * fy, w11 = fx * fy;
-    const float* gp = g + (size_t)(t * n + p) * CH;
-    float* b = o + (y0 * size + x0) * CH;
-#pragma unroll
-    for (int c = 0; c < CH; ++c) {{
-      float v = gp[c];
-      atomicAdd(b + c, w00 * v);
-      atomicAdd(b + CH + c, w01 * v);
-      atomicAdd(b + size * CH + c, w10 * v);
-      atomicAdd(b + size * CH + CH + c, w11 * v);
-    }}
-  }}
+  float* o = out + (size_t)blockIdx.y * size * size * CH;
+  const int end = min(n, (int)blockIdx.x * per_block + per_block);
+  for (int p = blockIdx.x * per_block + threadIdx.x; p < end; p += blockDim.x)
+    add_corners(uv, g, o, blockIdx.y, n, p, size);
 }}
 """
 
