@@ -123,7 +123,8 @@ for s in "${steps[@]}"; do
     suite) suite ;;
     imports) step imports python3 scripts/bench_import_overlap.py --repeat 5 --out-dir "$DIR" ;;
     smem) step smem python3 scripts/probe_smem_scatter.py --out-dir "$DIR" ;;
-    *) echo "STEP $s unknown (kernels, step, run, runpyc, camera, camera16, quality, suite, imports, smem)" >> "$DIR/batch.log" ;;
+    *) echo "STEP $s unknown (kernels, step, run, runpyc, camera, camera16, quality, suite, imports, smem)" \
+         >> "$DIR/batch.log" ;;
   esac
 done
 echo DONE >> "$DIR/batch.log"

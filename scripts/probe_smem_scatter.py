@@ -11,14 +11,17 @@ times the scatter at the heart of such a backward, alone:
 
     bilinear scatter of N points x C channels into T planes of S x S texels (channels innermost),
     weights and gradients given, every point's 4 corners:
-      smem    one block per (plane, slice of points): the plane in shared memory, zeroed, the
-              points' adds (atomicAdd on shared memory), one global atomic per touched texel
-      global  the same adds straight into global memory (what a backward without staging pays)
+      smem    ``--blocks`` blocks a plane, each a slice of the points: the plane in shared memory,
+              zeroed, the points' adds (atomicAdd on shared memory: a compare-and-swap loop in
+              sm_90's machine code, not one instruction), one global atomic per touched texel
+      global  the same adds straight into global memory, one point a thread on a grid of its own
+              (what a backward without staging pays)
       torch   index_add_ of the 4 corners (the reference, and torch's own cost)
 
 Points are uniform in the plane (independent pixels at a coarse scale), one thread a point, so the
 lanes of a warp hit unrelated texels. The parity check compares each kernel with a float64
-index_add_. Prints a table, writes benchmarks/results/probe_smem_scatter-<device>-<commit>.json.
+index_add_. Prints a table (with each kernel's adds a second), writes
+benchmarks/results/probe_smem_scatter-coarse-planes-<device>-<commit>.json.
 
     python scripts/probe_smem_scatter.py                    # scale 50 (C 16) and 100 (C 4), T 8
     python scripts/probe_smem_scatter.py --points 1638400 --sizes 50 --channels 16
@@ -160,6 +163,7 @@ def main() -> None:
         out = torch.zeros(t_n, size, size, ch, device=dev)
         per_block = -(-n // args.blocks)
         grid, block = (args.blocks, t_n, 1), (256, 1, 1)
+        grid_g = (-(-n // 256), t_n, 1)  # global atomics want every SM busy: one point a thread
 
         def smem_call():
             out.zero_()
@@ -167,7 +171,7 @@ def main() -> None:
 
         def global_call():
             out.zero_()
-            k_glob(grid=grid, block=block, args=[uv, g, out, n, size, per_block])
+            k_glob(grid=grid_g, block=block, args=[uv, g, out, n, size, 256])
 
         def torch_call():
             return reference(uv, g, size, dtype=torch.float32)
@@ -181,16 +185,20 @@ def main() -> None:
         times = {name: statistics.median(cuda_times_ms(fn, args.repeat, 3, dev))
                  for name, fn in (("smem", smem_call), ("global", global_call), ("torch", torch_call))}
         passes = 3 * -(-48 // ch)
+        adds = t_n * n * 4 * ch  # per call
         rows.append({"size": size, "channels_per_pass": ch, "shared_bytes": smem, "points": n, "frames": t_n,
                      "blocks_per_plane": args.blocks, "smem_ms": times["smem"], "global_ms": times["global"],
                      "torch_ms": times["torch"], "rel_err_smem": errs["smem"], "rel_err_global": errs["global"],
-                     "flagship_passes": passes, "flagship_smem_ms": times["smem"] * passes,
-                     "flagship_global_ms": times["global"] * passes})
+                     "adds_per_call": adds, "smem_G_adds_per_s": adds / times["smem"] / 1e6,
+                     "global_G_adds_per_s": adds / times["global"] / 1e6, "flagship_passes": passes,
+                     "flagship_smem_ms": times["smem"] * passes, "flagship_global_ms": times["global"] * passes})
     print(f"{'size':>4s} {'C':>3s} {'smem KiB':>8s} {'smem ms':>8s} {'global ms':>9s} {'torch ms':>8s} "
-          f"{'err smem':>9s} {'err glob':>9s} {'x passes':>8s} {'smem':>7s} {'global':>7s}")
+          f"{'G adds/s smem':>13s} {'global':>7s} {'err smem':>9s} {'err glob':>9s} {'x passes':>8s} {'smem':>7s} "
+          f"{'global':>7s}")
     for r in rows:
         print(f"{r['size']:4d} {r['channels_per_pass']:3d} {r['shared_bytes'] / 1024:8.1f} {r['smem_ms']:8.3f} "
-              f"{r['global_ms']:9.3f} {r['torch_ms']:8.3f} {r['rel_err_smem']:9.1e} {r['rel_err_global']:9.1e} "
+              f"{r['global_ms']:9.3f} {r['torch_ms']:8.3f} {r['smem_G_adds_per_s']:13.0f} "
+              f"{r['global_G_adds_per_s']:7.0f} {r['rel_err_smem']:9.1e} {r['rel_err_global']:9.1e} "
               f"{r['flagship_passes']:8d} {r['flagship_smem_ms']:7.2f} {r['flagship_global_ms']:7.2f}")
     path = write_result("probe_smem_scatter", "coarse-planes", device_name(dev), rows,
                         out_dir=Path(args.out_dir) if args.out_dir else None, shared_limit_bytes=limit)

@@ -104,12 +104,40 @@ def test_a_later_process_reads_the_kept_key_instead_of_hashing(tmp_path):
     first = _run(READ_BACK, tmp_path)
     (kept,) = tmp_path.glob("fasttomo-triton-key-*.txt")
     assert kept.read_text() == first["returned"] == first["module"]
-    planted = first["version"] + "-planted"  # what only a read of the file can return
+    planted = first["version"] + "f" * 64 + "-" + "e" * 64  # well formed: only a read of the file returns it
     kept.write_text(planted)
     assert _run(READ_BACK, tmp_path) == {"returned": planted, "module": planted, "version": first["version"]}
-    kept.write_text("not a key")  # a file this Triton did not write: hashed again and replaced
-    assert _run(READ_BACK, tmp_path)["module"] == first["returned"]
-    assert kept.read_text() == first["returned"]
+    for bad in ("not a key", first["returned"][:40]):  # foreign or truncated: hashed again and replaced
+        kept.write_text(bad)
+        assert _run(READ_BACK, tmp_path)["module"] == first["returned"]
+        assert kept.read_text() == first["returned"]
+    assert [f.name for f in tmp_path.iterdir()] == [kept.name]  # no temporary file left beside it
+
+
+@needs_triton
+def test_the_stamp_covers_every_file_tritons_own_key_reads():
+    """The key file's name follows the files ``triton_key`` itself opens (the installed Triton's,
+    recorded in a fresh process): a change to any of them names another file."""
+    code = r"""
+import builtins, json, os
+import triton, triton.runtime.cache as tc
+from fasttomo.kernels.triton.key import stamped_files
+opened, real_open = [], builtins.open
+def spy(file, *a, **k):
+    opened.append(os.path.realpath(os.fspath(file)))
+    return real_open(file, *a, **k)
+builtins.open = spy
+tc.triton_key.cache_clear()
+tc.triton_key()
+builtins.open = real_open
+root = os.path.dirname(os.path.dirname(os.path.abspath(tc.__file__)))
+stamped = {os.path.realpath(f) for f in stamped_files(root)}
+print(json.dumps({"opened": len(opened), "missing": sorted(set(opened) - stamped)}))
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got["opened"] > 10 and got["missing"] == [], got
 
 
 def test_the_stamp_changes_with_each_file_triton_hashes_and_its_version(tmp_path):
@@ -123,6 +151,11 @@ def test_the_stamp_changes_with_each_file_triton_hashes_and_its_version(tmp_path
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text("x")
         os.utime(path, ns=(10**18, 10**18))
+    linked = tmp_path / "elsewhere" / "amd"  # a source build links a backend in
+    linked.mkdir(parents=True)
+    (linked / "driver.py").write_text("x")
+    os.utime(linked / "driver.py", ns=(10**18, 10**18))
+    (root / "backends" / "amd").symlink_to(linked, target_is_directory=True)
     base = install_stamp(str(root), "3.6.0")
     assert install_stamp(str(root), "3.6.0") == base
     assert install_stamp(str(root), "3.6.1") != base
@@ -135,3 +168,5 @@ def test_the_stamp_changes_with_each_file_triton_hashes_and_its_version(tmp_path
         path.write_text("x")
         os.utime(path, ns=(10**18, 10**18))
     assert install_stamp(str(root), "3.6.0") == base
+    os.utime(linked / "driver.py", ns=(10**18, 10**18 + 1))
+    assert install_stamp(str(root), "3.6.0") != base

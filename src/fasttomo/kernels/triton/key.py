@@ -7,16 +7,20 @@ process. On an H200 it took about 0.4 s of every GPU run's start, and the run's 
 it. ``remember_triton_key`` keeps the key in Triton's cache folder, in a file named by the sizes
 and modification times of the files Triton hashes (and Triton's version and folder), so a later
 process reads it instead of hashing: a reinstalled or changed Triton has other stamps, hence
-another file, and computes the key again. Triton does the same substitution itself for its warm-up
-worker processes (``triton.runtime.cache.triton_key = lambda: key``); here it is done once in the
-background load (``kernels/prewarm.py``), before any kernel is looked up. An empty cache folder
+another file, and computes the key again. Newer Tritons make the same substitution themselves for
+their warm-up worker processes (``triton.runtime.cache.triton_key = lambda: key``); here it is
+done once in the background load (``kernels/prewarm.py``), before any kernel is looked up
+(modules that imported the function by name, Triton's autotuner among them, keep hashing once). An empty cache folder
 (a fresh ``TRITON_CACHE_DIR``) has no key file: that run hashes, as it compiles.
 """
 
 from __future__ import annotations
 
 import hashlib
+import importlib.machinery
 import os
+import re
+import tempfile
 
 HASHED = ("compiler", "backends", "language")
 """The folders of Triton's package whose Python files its key hashes (besides runtime/cache.py
@@ -33,25 +37,39 @@ def cache_folder() -> str:
         return os.environ.get("TRITON_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".triton", "cache")
 
 
-def install_stamp(root: str, version: str) -> str:
-    """A digest of the path, size and modification time of every file Triton's key hashes under
-    its package folder ``root``, with its ``version``: it changes whenever one of them may have."""
-    parts = [version, os.path.abspath(root)]
+def stamped_files(root: str) -> list[str]:
+    """The files under Triton's package folder ``root`` whose stamps make the key file's name:
+    runtime/cache.py, every module file (any of Python's module suffixes) under the folders the key
+    hashes, symbolic links followed (a source build links its backends in), and _C/libtriton."""
+    suffixes = tuple(importlib.machinery.all_suffixes())
     files = [os.path.join(root, "runtime", "cache.py")]
     for sub in HASHED:
-        for dirpath, dirnames, filenames in os.walk(os.path.join(root, sub)):
+        for dirpath, dirnames, filenames in os.walk(os.path.join(root, sub), followlinks=True):
             dirnames.sort()
-            files += [os.path.join(dirpath, f) for f in sorted(filenames) if f.endswith(".py")]
+            files += [os.path.join(dirpath, f) for f in sorted(filenames) if f.endswith(suffixes)]
     lib = os.path.join(root, "_C")
     if os.path.isdir(lib):
         files += [os.path.join(lib, f) for f in sorted(os.listdir(lib)) if f.startswith("libtriton.")]
-    for path in files:
+    return files
+
+
+def install_stamp(root: str, version: str) -> str:
+    """A digest of the path, size and modification time of each of :func:`stamped_files`, with
+    Triton's ``version`` and folder: it changes whenever one of the hashed files may have."""
+    parts = [version, os.path.abspath(root)]
+    for path in stamped_files(root):
         try:
             st = os.stat(path)
             parts.append(f"{os.path.relpath(path, root)}:{st.st_size}:{st.st_mtime_ns}")
         except OSError:
             parts.append(f"{os.path.relpath(path, root)}:missing")
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:32]
+
+
+def well_formed(key: str, version: str) -> bool:
+    """Whether ``key`` has the shape of a key Triton 3.x makes: its version, then sha256 digests
+    joined by '-' (a truncated or foreign file is hashed again)."""
+    return re.fullmatch(re.escape(version) + r"[0-9a-f]{64}(-[0-9a-f]{64})*", key) is not None
 
 
 def remember_triton_key() -> str | None:
@@ -73,16 +91,18 @@ def remember_triton_key() -> str | None:
             key = f.read()
     except OSError:
         key = ""
-    if not key.startswith(triton.__version__):  # absent, or not a key this Triton wrote
+    if not well_formed(key, triton.__version__):  # absent, or not a key this Triton wrote
         key = original()
+        tmp = None
         try:
             os.makedirs(os.path.dirname(path), exist_ok=True)
-            tmp = f"{path}.{os.getpid()}.tmp"
-            with open(tmp, "w", encoding="utf-8") as f:
+            fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".fasttomo-triton-key-")
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
                 f.write(key)
             os.replace(tmp, path)  # whole or absent for a process reading it beside us
         except OSError:  # a read-only cache: the next process hashes again
-            pass
+            if tmp is not None and os.path.exists(tmp):
+                os.unlink(tmp)
 
     def triton_key() -> str:
         return key
