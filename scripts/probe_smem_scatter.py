@@ -14,6 +14,8 @@ times the scatter at the heart of such a backward, alone:
       smem    ``--blocks`` blocks a plane, each a slice of the points: the plane in shared memory,
               zeroed, the points' adds (atomicAdd on shared memory: a compare-and-swap loop in
               sm_90's machine code, not one instruction), one global atomic per touched texel
+      fixed   smem with the tile in 32-bit fixed point (2^22 / max|g|), whose shared adds are native
+              integer instructions; its sums do not depend on their order
       global  the same adds straight into global memory, one point a thread on a grid of its own
               (what a backward without staging pays)
       torch   index_add_ of the 4 corners (the reference, and torch's own cost)
@@ -43,43 +45,68 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 SOURCE = r"""
 #define CH {channels}
+struct AsFloat {{  // the value as it is
+  __device__ float operator()(float v) const {{ return v; }}
+}};
+struct AsFixed {{  // 32-bit fixed point: integer adds on shared memory are one native instruction on
+  float scale;     // sm_90 (float adds a compare-and-swap loop), and exact, so their order does not matter
+  __device__ int operator()(float v) const {{ return __float2int_rn(v * scale); }}
+}};
+
 // point p of plane t: its 4 bilinear corners, CH channels each, added into the plane at dst
 // (the block's shared tile or the global output: inlined, so each keeps its own address space)
-__device__ __forceinline__ void add_corners(const float* __restrict__ uv, const float* __restrict__ g,
-                                            float* dst, int t, int n, int p, int size) {{
+template <typename T, typename Conv>
+__device__ __forceinline__ void add_corners(const float* __restrict__ uv, const float* __restrict__ g, T* dst,
+                                            int t, int n, int p, int size, Conv conv) {{
   float x = uv[(size_t)(t * n + p) * 2] * (size - 1);
   float y = uv[(size_t)(t * n + p) * 2 + 1] * (size - 1);
   int x0 = min((int)x, size - 2), y0 = min((int)y, size - 2);
   float fx = x - x0, fy = y - y0;
   float w00 = (1.f - fx) * (1.f - fy), w01 = fx * (1.f - fy), w10 = (1.f - fx) * fy, w11 = fx * fy;
   const float* gp = g + (size_t)(t * n + p) * CH;
-  float* b = dst + (y0 * size + x0) * CH;
+  T* b = dst + (y0 * size + x0) * CH;
 #pragma unroll
   for (int c = 0; c < CH; ++c) {{
     float v = gp[c];
-    atomicAdd(b + c, w00 * v);
-    atomicAdd(b + CH + c, w01 * v);
-    atomicAdd(b + size * CH + c, w10 * v);
-    atomicAdd(b + size * CH + CH + c, w11 * v);
+    atomicAdd(b + c, conv(w00 * v));
+    atomicAdd(b + CH + c, conv(w01 * v));
+    atomicAdd(b + size * CH + c, conv(w10 * v));
+    atomicAdd(b + size * CH + CH + c, conv(w11 * v));
+  }}
+}}
+
+// one block: a slice of one plane's points into the plane staged in shared memory, then one global
+// add per touched texel (scale 0: float tile; else a fixed-point tile of value x scale)
+template <typename T, typename Conv>
+__device__ __forceinline__ void staged(const float* __restrict__ uv, const float* __restrict__ g,
+                                       float* __restrict__ out, int n, int size, int per_block, Conv conv,
+                                       float scale) {{
+  extern __shared__ __align__(16) unsigned char raw[];
+  T* tile = reinterpret_cast<T*>(raw);
+  const int texels = size * size * CH;
+  const int t = blockIdx.y;
+  for (int i = threadIdx.x; i < texels; i += blockDim.x) tile[i] = 0;
+  __syncthreads();
+  const int end = min(n, (int)blockIdx.x * per_block + per_block);
+  for (int p = blockIdx.x * per_block + threadIdx.x; p < end; p += blockDim.x)
+    add_corners(uv, g, tile, t, n, p, size, conv);
+  __syncthreads();
+  float* o = out + (size_t)t * texels;
+  for (int i = threadIdx.x; i < texels; i += blockDim.x) {{
+    T v = tile[i];
+    if (v != 0) atomicAdd(o + i, scale == 0.f ? (float)v : (float)v / scale);
   }}
 }}
 
 extern "C" __global__ void scatter_smem(const float* __restrict__ uv, const float* __restrict__ g,
                                         float* __restrict__ out, int n, int size, int per_block) {{
-  extern __shared__ float tile[];
-  const int texels = size * size * CH;
-  const int t = blockIdx.y;
-  for (int i = threadIdx.x; i < texels; i += blockDim.x) tile[i] = 0.f;
-  __syncthreads();
-  const int end = min(n, (int)blockIdx.x * per_block + per_block);
-  for (int p = blockIdx.x * per_block + threadIdx.x; p < end; p += blockDim.x)
-    add_corners(uv, g, tile, t, n, p, size);
-  __syncthreads();
-  float* o = out + (size_t)t * texels;
-  for (int i = threadIdx.x; i < texels; i += blockDim.x) {{
-    float v = tile[i];
-    if (v != 0.f) atomicAdd(o + i, v);
-  }}
+  staged<float>(uv, g, out, n, size, per_block, AsFloat(), 0.f);
+}}
+
+extern "C" __global__ void scatter_smem_fixed(const float* __restrict__ uv, const float* __restrict__ g,
+                                              float* __restrict__ out, int n, int size, int per_block,
+                                              double scale) {{  // a Python float arrives as a double
+  staged<int>(uv, g, out, n, size, per_block, AsFixed{{(float)scale}}, (float)scale);
 }}
 
 extern "C" __global__ void scatter_global(const float* __restrict__ uv, const float* __restrict__ g,
@@ -87,7 +114,7 @@ extern "C" __global__ void scatter_global(const float* __restrict__ uv, const fl
   float* o = out + (size_t)blockIdx.y * size * size * CH;
   const int end = min(n, (int)blockIdx.x * per_block + per_block);
   for (int p = blockIdx.x * per_block + threadIdx.x; p < end; p += blockDim.x)
-    add_corners(uv, g, o, blockIdx.y, n, p, size);
+    add_corners(uv, g, o, blockIdx.y, n, p, size, AsFloat());
 }}
 """
 
@@ -153,8 +180,10 @@ def main() -> None:
         try:
             k_smem = compile_kernel(src, "scatter_smem")
             k_glob = compile_kernel(src, "scatter_global")
+            k_fixed = compile_kernel(src, "scatter_smem_fixed")
             if smem >= 48 * 1024:
                 k_smem.set_shared_memory_config(smem)
+                k_fixed.set_shared_memory_config(smem)
         except Exception as exc:  # noqa: BLE001  (the answer to the probe's first question)
             raise SystemExit(f"probe_smem_scatter: NVRTC compile failed: {type(exc).__name__}: {exc}") from exc
         t_n, n = args.frames, args.points
@@ -169,6 +198,13 @@ def main() -> None:
             out.zero_()
             k_smem(grid=grid, block=block, args=[uv, g, out, n, size, per_block], shared_mem=smem)
 
+        # fixed point: 2^22 / max|g| leaves a block's texel +-512 max|g| (2^31 / scale) of range
+        scale = float(2 ** 22 / g.abs().max().item())
+
+        def fixed_call():
+            out.zero_()
+            k_fixed(grid=grid, block=block, args=[uv, g, out, n, size, per_block, scale], shared_mem=smem)
+
         def global_call():
             out.zero_()
             k_glob(grid=grid_g, block=block, args=[uv, g, out, n, size, 256])
@@ -178,27 +214,30 @@ def main() -> None:
 
         ref = reference(uv, g, size)
         errs = {}
-        for name, fn in (("smem", smem_call), ("global", global_call)):
+        for name, fn in (("smem", smem_call), ("fixed", fixed_call), ("global", global_call)):
             fn()
             torch.cuda.synchronize()
             errs[name] = float((out.double() - ref).norm() / ref.norm())
         times = {name: statistics.median(cuda_times_ms(fn, args.repeat, 3, dev))
-                 for name, fn in (("smem", smem_call), ("global", global_call), ("torch", torch_call))}
+                 for name, fn in (("smem", smem_call), ("fixed", fixed_call), ("global", global_call),
+                                  ("torch", torch_call))}
         passes = 3 * -(-48 // ch)
         adds = t_n * n * 4 * ch  # per call
         rows.append({"size": size, "channels_per_pass": ch, "shared_bytes": smem, "points": n, "frames": t_n,
-                     "blocks_per_plane": args.blocks, "smem_ms": times["smem"], "global_ms": times["global"],
+                     "blocks_per_plane": args.blocks, "smem_ms": times["smem"], "fixed_ms": times["fixed"],
+                     "rel_err_fixed": errs["fixed"], "fixed_scale": scale, "global_ms": times["global"],
                      "torch_ms": times["torch"], "rel_err_smem": errs["smem"], "rel_err_global": errs["global"],
                      "adds_per_call": adds, "smem_G_adds_per_s": adds / times["smem"] / 1e6,
                      "global_G_adds_per_s": adds / times["global"] / 1e6, "flagship_passes": passes,
                      "flagship_smem_ms": times["smem"] * passes, "flagship_global_ms": times["global"] * passes})
-    print(f"{'size':>4s} {'C':>3s} {'smem KiB':>8s} {'smem ms':>8s} {'global ms':>9s} {'torch ms':>8s} "
-          f"{'G adds/s smem':>13s} {'global':>7s} {'err smem':>9s} {'err glob':>9s} {'x passes':>8s} {'smem':>7s} "
-          f"{'global':>7s}")
+    print(f"{'size':>4s} {'C':>3s} {'smem KiB':>8s} {'smem ms':>8s} {'fixed ms':>8s} {'global ms':>9s} "
+          f"{'torch ms':>8s} {'G adds/s smem':>13s} {'global':>7s} {'err smem':>9s} {'err fixed':>9s} "
+          f"{'err glob':>9s} {'x passes':>8s} {'smem':>7s} {'global':>7s}")
     for r in rows:
         print(f"{r['size']:4d} {r['channels_per_pass']:3d} {r['shared_bytes'] / 1024:8.1f} {r['smem_ms']:8.3f} "
-              f"{r['global_ms']:9.3f} {r['torch_ms']:8.3f} {r['smem_G_adds_per_s']:13.0f} "
-              f"{r['global_G_adds_per_s']:7.0f} {r['rel_err_smem']:9.1e} {r['rel_err_global']:9.1e} "
+              f"{r['fixed_ms']:8.3f} {r['global_ms']:9.3f} {r['torch_ms']:8.3f} {r['smem_G_adds_per_s']:13.0f} "
+              f"{r['global_G_adds_per_s']:7.0f} {r['rel_err_smem']:9.1e} {r['rel_err_fixed']:9.1e} "
+              f"{r['rel_err_global']:9.1e} "
               f"{r['flagship_passes']:8d} {r['flagship_smem_ms']:7.2f} {r['flagship_global_ms']:7.2f}")
     path = write_result("probe_smem_scatter", "coarse-planes", device_name(dev), rows,
                         out_dir=Path(args.out_dir) if args.out_dir else None, shared_limit_bytes=limit)
