@@ -17,7 +17,8 @@
 # and again with precision.planes=bf16: the bf16 planes at camera scale, time and quality), runpyc
 # (run's measurement with one primed Python bytecode cache for every process: bench_default_run
 # --bytecode cached), smem (probe_smem_scatter: a plane-gradient scatter through shared memory,
-# compiled by NVRTC, against global atomics).
+# compiled by NVRTC, against global atomics; probe_smem_backward: a coarse scale's whole backward
+# that way against the Triton texel runs, at scales 50 and 100).
 #
 # Everything goes to $GPU_BATCH_DIR (default /root/gpu_batch): the records, a log per step and
 # batch.log, one line per step ("STEP name rc=N Ss") and "DONE" at the end. Where the tree has no
@@ -122,7 +123,10 @@ for s in "${steps[@]}"; do
                --methods field-default --variant planes16="precision.planes=bf16" --out-dir "$DIR" ;;
     suite) suite ;;
     imports) step imports python3 scripts/bench_import_overlap.py --repeat 5 --out-dir "$DIR" ;;
-    smem) step smem python3 scripts/probe_smem_scatter.py --out-dir "$DIR" ;;
+    smem)
+      step smem-scatter python3 scripts/probe_smem_scatter.py --out-dir "$DIR"
+      step smem-backward-50 python3 scripts/probe_smem_backward.py --scale 50 --chunk 4 --out-dir "$DIR"
+      step smem-backward-100 python3 scripts/probe_smem_backward.py --scale 100 --chunk 1 --out-dir "$DIR" ;;
     *) echo "STEP $s unknown (kernels, step, run, runpyc, camera, camera16, quality, suite, imports, smem)" \
          >> "$DIR/batch.log" ;;
   esac
