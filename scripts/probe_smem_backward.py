@@ -33,11 +33,8 @@ from __future__ import annotations
 
 import argparse
 import ctypes
-import os
 import statistics
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import torch
@@ -181,35 +178,13 @@ extern "C" __global__ void coarse_bwd_fixed(const float* __restrict__ grad, cons
 }}
 """
 
-# The CUDA names the source uses, for a C++ compiler on the CPU: one thread a block (so each
-# block's loops run in order and its barriers hold), blocks one after another.
-EMULATION = r"""
-#include <math.h>
-#include <stdlib.h>
-#include <cstddef>
-#include <algorithm>
-#define __global__
-#define __device__
-#define __forceinline__ inline
-#define __restrict__
-#define __align__(n)
-#define __syncthreads()
-struct Dim {{ unsigned x, y, z; }};
-static thread_local Dim threadIdx, blockIdx, blockDim, gridDim;
-static unsigned char* g_shared;
-#define extern_shared_raw unsigned char* raw = g_shared;
-using std::min;
-static inline float atomicAdd(float* a, float v) {{ float o = *a; *a += v; return o; }}
-static inline int atomicAdd(int* a, int v) {{ int o = *a; *a += v; return o; }}
-static inline int __float2int_rn(float v) {{ return (int)nearbyintf(v); }}
-{source}
-extern "C" void run(const char* which, int gx, int gy, int gz, size_t shared, void** a, double scale) {{
-  static unsigned char* buf = nullptr;
-  buf = (unsigned char*)realloc(buf, shared + 64);
-  g_shared = buf;
-  blockDim = Dim{{1, 1, 1}}; threadIdx = Dim{{0, 0, 0}}; gridDim = Dim{{(unsigned)gx, (unsigned)gy, (unsigned)gz}};
-  for (int z = 0; z < gz; ++z) for (int y = 0; y < gy; ++y) for (int x = 0; x < gx; ++x) {{
-    blockIdx = Dim{{(unsigned)x, (unsigned)y, (unsigned)z}};
+# the kernels' launch on the CPU (scripts/cuda_emulation.py): blocks one after another
+GLUE = r"""
+extern "C" void run(const char* which, int gx, int gy, int gz, size_t shared, void** a, double scale) {
+  set_shared(shared);
+  gridDim = Dim{(unsigned)gx, (unsigned)gy, (unsigned)gz};
+  for (int z = 0; z < gz; ++z) for (int y = 0; y < gy; ++y) for (int x = 0; x < gx; ++x) {
+    blockIdx = Dim{(unsigned)x, (unsigned)y, (unsigned)z};
     const float** f = (const float**)a;
     int* i = (int*)a[6];
     if (which[0] == 'f')
@@ -218,8 +193,8 @@ extern "C" void run(const char* which, int gx, int gy, int gz, size_t shared, vo
     else
       coarse_bwd(f[0], f[1], f[2], f[3], (float*)a[4], (float*)a[5], i[0], i[1], i[2], i[3], i[4], i[5], i[6],
                  i[7], i[8], i[9]);
-  }}
-}}
+  }
+}
 """
 
 
@@ -248,14 +223,9 @@ def emulate(args) -> int:
     m_ = mats.clone().requires_grad_()
     x_ = planes.clone().requires_grad_()
     (reference.tilted_kplanes(pts, m_, x_, lay) * grad).sum().backward()
-    src = EMULATION.format(source=SOURCE.format(channels=C, chunk=chunk)).replace(
-        "extern __shared__ __align__(16) unsigned char raw[];", "extern_shared_raw")
-    work = Path(tempfile.mkdtemp(prefix="probe_smem_backward_"))
-    (work / "k.cpp").write_text(src)
-    cxx = os.environ.get("CXX", "c++")
-    subprocess.run([cxx, "-O1", "-std=c++17", "-shared", "-fPIC", str(work / "k.cpp"), "-o", str(work / "k.so")],
-                   check=True)
-    lib = ctypes.CDLL(str(work / "k.so"))
+    from cuda_emulation import build
+
+    lib = build(SOURCE.format(channels=C, chunk=chunk), "extern __shared__ __align__(16) unsigned char raw[];", GLUE)
     blocks = 4
     per_block = -(-n // blocks)
     f32 = {k: v.float().contiguous() for k, v in dict(grad=grad, pts=pts, mats=mats, planes=planes).items()}
@@ -272,7 +242,7 @@ def emulate(args) -> int:
         errors[which] = {
             "planes": float((gplanes.double() - x_.grad).norm() / x_.grad.norm()),
             "matrices": float((gm - m_.grad).norm() / m_.grad.norm())}
-    print(f"emulated on the CPU ({cxx}), T={T} C={C} chunk={chunk} resolution {R}, {n} points, "
+    print(f"emulated on the CPU, T={T} C={C} chunk={chunk} resolution {R}, {n} points, "
           f"relative errors against the float64 twin: {errors}")
     ok = all(e["planes"] < 1e-4 and e["matrices"] < 1e-4 for e in errors.values())
     print("parity: ok" if ok else "parity: FAILED")

@@ -27,6 +27,8 @@ benchmarks/results/probe_smem_scatter-coarse-planes-<device>-<commit>.json.
 
     python scripts/probe_smem_scatter.py                    # scale 50 (C 16) and 100 (C 4), T 8
     python scripts/probe_smem_scatter.py --points 1638400 --sizes 50 --channels 16
+    python scripts/probe_smem_scatter.py --emulate    # no GPU: the CUDA source compiled for the CPU
+                                                      # (scripts/cuda_emulation.py) against the reference
 
 At the flagship (1.64 M points, T = 8, C = 48, 3 plane kinds) a scale's whole backward scatter is
 the measured call times 3 kinds x 48 / C channel passes.
@@ -119,6 +121,52 @@ extern "C" __global__ void scatter_global(const float* __restrict__ uv, const fl
 """
 
 
+# the kernels' launch on the CPU (scripts/cuda_emulation.py): blocks one after another
+GLUE = r"""
+extern "C" void run(const char* which, int gx, int gy, size_t shared, void** a, int n, int size, int per_block,
+                    double scale) {
+  set_shared(shared);
+  gridDim = Dim{(unsigned)gx, (unsigned)gy, 1};
+  for (int y = 0; y < gy; ++y) for (int x = 0; x < gx; ++x) {
+    blockIdx = Dim{(unsigned)x, (unsigned)y, 0};
+    const float* uv = (const float*)a[0];
+    const float* g = (const float*)a[1];
+    float* out = (float*)a[2];
+    if (which[0] == 's') scatter_smem(uv, g, out, n, size, per_block);
+    else if (which[0] == 'f') scatter_smem_fixed(uv, g, out, n, size, per_block, scale);
+    else scatter_global(uv, g, out, n, size, per_block);
+  }
+}
+"""
+
+
+def emulate() -> int:
+    """The CUDA source compiled for the CPU, each kernel on a small case, against :func:`reference`."""
+    import ctypes
+
+    from cuda_emulation import build
+
+    gen = torch.Generator().manual_seed(0)
+    t_n, n, size, ch, blocks = 3, 500, 6, 4, 4
+    uv = torch.rand(t_n, n, 2, generator=gen)
+    uv[0, :5] = 1.0  # on the far border: the last cell, fraction 1
+    g = torch.randn(t_n, n, ch, generator=gen)
+    ref = reference(uv, g, size)
+    lib = build(SOURCE.format(channels=ch), "extern __shared__ __align__(16) unsigned char raw[];", GLUE)
+    errs = {}
+    for which in ("smem", "fixed", "global"):
+        out = torch.zeros(t_n, size, size, ch)
+        arr = (ctypes.c_void_p * 3)(uv.data_ptr(), g.data_ptr(), out.data_ptr())
+        per_block = -(-n // blocks)
+        lib.run(which.encode(), blocks, t_n, ctypes.c_size_t(size * size * ch * 4), arr, n, size, per_block,
+                ctypes.c_double(2.0 ** 20))
+        errs[which] = float((out.double() - ref).norm() / ref.norm())
+    ok = all(e < (1e-5 if w == "fixed" else 1e-6) for w, e in errs.items())
+    print(f"emulated on the CPU, {t_n} planes of {size}^2 x {ch}, {n} points each: relative errors against "
+          f"the float64 reference {errs}\nparity: {'ok' if ok else 'FAILED'}")
+    return 0 if ok else 1
+
+
 def reference(uv: torch.Tensor, g: torch.Tensor, size: int, dtype=torch.float64) -> torch.Tensor:
     """(T, size, size, C) by index_add_ of the four corners (the same corner and weight rules)."""
     t_n, n, _ = uv.shape
@@ -148,7 +196,10 @@ def main() -> None:
     ap.add_argument("--blocks", type=int, default=16, help="blocks a plane (each flushes its tile once)")
     ap.add_argument("--repeat", type=int, default=20)
     ap.add_argument("--out-dir", default=None)
+    ap.add_argument("--emulate", action="store_true", help="check the CUDA source on the CPU (no GPU)")
     args = ap.parse_args()
+    if args.emulate:
+        raise SystemExit(emulate())
 
     from benchlib import cuda_times_ms, device_name, write_result
 

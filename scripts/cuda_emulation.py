@@ -1,0 +1,51 @@
+"""cuda_emulation: compile a probe's CUDA C++ source for the CPU, to check its logic without a GPU.
+
+The header below defines the CUDA names the probes use for a C++ compiler: every block runs with
+one thread, so a block's strided loops run in order and its barriers hold; atomics are plain adds;
+``extern __shared__`` buffers point at one host buffer (the source's declaration line is given to
+:func:`build` to be replaced). The caller's ``glue`` defines ``extern "C"`` functions that set
+``gridDim`` / ``blockIdx`` and call the kernels; ctypes loads the library.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import subprocess
+import tempfile
+from pathlib import Path
+
+HEADER = r"""
+#include <math.h>
+#include <stdlib.h>
+#include <cstddef>
+#include <algorithm>
+#define __global__
+#define __device__
+#define __forceinline__ inline
+#define __restrict__
+#define __align__(n)
+#define __syncthreads()
+struct Dim { unsigned x, y, z; };
+static Dim threadIdx = {0, 0, 0}, blockIdx = {0, 0, 0}, blockDim = {1, 1, 1}, gridDim = {1, 1, 1};
+static unsigned char* g_shared = nullptr;
+using std::min;
+static inline float atomicAdd(float* a, float v) { float o = *a; *a += v; return o; }
+static inline int atomicAdd(int* a, int v) { int o = *a; *a += v; return o; }
+static inline int __float2int_rn(float v) { return (int)nearbyintf(v); }
+static void set_shared(size_t bytes) { g_shared = (unsigned char*)realloc(g_shared, bytes + 64); }
+"""
+
+
+def build(source: str, shared_decl: str, glue: str) -> ctypes.CDLL:
+    """The library of ``source`` (its ``shared_decl`` line made a pointer to the host buffer) and
+    ``glue``, compiled with $CXX (default c++)."""
+    if shared_decl not in source:
+        raise ValueError(f"cuda_emulation: {shared_decl!r} is not in the source")
+    code = HEADER + source.replace(shared_decl, "unsigned char* raw = g_shared;") + glue
+    work = Path(tempfile.mkdtemp(prefix="cuda_emulation_"))
+    (work / "k.cpp").write_text(code)
+    cxx = os.environ.get("CXX", "c++")
+    subprocess.run([cxx, "-O1", "-std=c++17", "-shared", "-fPIC", str(work / "k.cpp"), "-o", str(work / "k.so")],
+                   check=True)
+    return ctypes.CDLL(str(work / "k.so"))
