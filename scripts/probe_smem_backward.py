@@ -284,6 +284,13 @@ def main() -> int:
     planes = torch.randn(lay.numel, device=dev, generator=gen) * 0.5 + 1.0
     grad = torch.randn(n, lay.n_features, device=dev, generator=gen)
     smem = shared_bytes(S, S, S, args.chunk)
+    from torch.cuda._utils import _CudaKernel
+
+    optin = torch.cuda.get_device_properties(dev).shared_memory_per_block_optin
+    limit = optin if hasattr(_CudaKernel, "set_shared_memory_config") else 48 * 1024 - 1
+    if smem > limit:
+        raise SystemExit(f"probe_smem_backward: scale {S} with --chunk {args.chunk} needs {smem} bytes of shared "
+                         f"memory a block; this torch and device allow {limit}: take a smaller --chunk")
     chunks = C // args.chunk
     per_block = -(-n // args.slices)
     grid, block = (args.slices, T, chunks), (args.threads, 1, 1)
