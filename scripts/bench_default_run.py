@@ -24,11 +24,11 @@ otherwise compile every imported module from source in each process (an image wh
 carry no .pyc files and cannot take them). The default, ``as-is``, leaves the interpreter as it
 is. The record says which, and what the interpreter does (``bytecode_state``).
 
-``--profile`` adds a run under cProfile (every thread under Python 3.12, the main thread's before;
-on a GPU with the cache warm) after the
-timed ones: the record's ``profile`` lists the functions with the most cumulative and the most
-own time, and the pstats file is kept in ``--out-dir`` when one is given, to see
-where the seconds beyond ``import torch`` go on a machine this one cannot reach.
+``--profile`` adds a run under cProfile (every thread under Python 3.12, only the main thread
+before; on a GPU with the cache warm) after the timed ones: the record's ``profile`` lists the
+functions with the most cumulative and the most own time, and the pstats file is kept in
+``--out-dir`` when one is given, to see where the seconds beyond ``import torch`` go on a machine
+this one cannot reach.
 
 Prints a table, writes benchmarks/results/default_run-phantom[-pyc]-<device>-<commit>.json (-pyc:
 ``--bytecode cached``).

@@ -54,8 +54,7 @@ def test_without_a_gpu_nothing_is_loaded():
 def test_on_a_gpu_the_kernels_the_cache_key_and_the_device_are_ready_after_wait():
     assert _child() == {"started": True, "again": False, "ops_loaded": True, "key_remembered": True,
                         "gluon_loaded": True, "driver_before_device": False, "context_before_device": False,
-                        "device_started": True,
-                        "context": True, "driver_made": True}
+                        "device_started": True, "context": True, "driver_made": True}
 
 
 # --------------------------------------------------------------------------------------- what it relies on

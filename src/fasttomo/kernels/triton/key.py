@@ -10,8 +10,9 @@ process reads it instead of hashing: a reinstalled or changed Triton has other s
 another file, and computes the key again. Newer Tritons make the same substitution themselves for
 their warm-up worker processes (``triton.runtime.cache.triton_key = lambda: key``); here it is
 done once in the background load (``kernels/prewarm.py``), before any kernel is looked up
-(modules that imported the function by name, Triton's autotuner among them, keep hashing once). An empty cache folder
-(a fresh ``TRITON_CACHE_DIR``) has no key file: that run hashes, as it compiles.
+(modules that imported the function by name, Triton's autotuner among them, keep hashing once).
+An empty cache folder (a fresh ``TRITON_CACHE_DIR``) has no key file: that run hashes, as it
+compiles.
 """
 
 from __future__ import annotations
@@ -23,8 +24,8 @@ import re
 import tempfile
 
 HASHED = ("compiler", "backends", "language")
-"""The folders of Triton's package whose Python files its key hashes (besides runtime/cache.py
-and _C/libtriton)."""
+"""The folders of Triton's package whose modules its key hashes (besides runtime/cache.py and
+_C/libtriton)."""
 
 
 def cache_folder() -> str:
