@@ -178,7 +178,7 @@ extern "C" __global__ void coarse_bwd_fixed(const float* __restrict__ grad, cons
 }}
 """
 
-# the kernels' launch on the CPU (scripts/cuda_emulation.py): blocks one after another
+# the kernels' launch on the CPU (scripts/cuda_probe.py): blocks one after another
 GLUE = r"""
 extern "C" void run(const char* which, int gx, int gy, int gz, size_t shared, void** a, double scale) {
   set_shared(shared);
@@ -223,7 +223,7 @@ def emulate(args) -> int:
     m_ = mats.clone().requires_grad_()
     x_ = planes.clone().requires_grad_()
     (reference.tilted_kplanes(pts, m_, x_, lay) * grad).sum().backward()
-    from cuda_emulation import build
+    from cuda_probe import build
 
     lib = build(SOURCE.format(channels=C, chunk=chunk), "extern __shared__ __align__(16) unsigned char raw[];", GLUE)
     blocks = 4
@@ -267,8 +267,9 @@ def main() -> int:
 
     if not torch.cuda.is_available():
         raise SystemExit("probe_smem_backward: needs a CUDA GPU (or --emulate)")
-    compile_kernel = getattr(torch.cuda, "_compile_kernel", None)
-    if compile_kernel is None:
+    from cuda_probe import compile_kernel
+
+    if not hasattr(torch.cuda, "_compile_kernel"):
         raise SystemExit(f"probe_smem_backward: torch {torch.__version__} has no torch.cuda._compile_kernel")
     from fasttomo.kernels.triton import kplanes as kp
 

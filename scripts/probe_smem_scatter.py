@@ -28,7 +28,7 @@ benchmarks/results/probe_smem_scatter-coarse-planes-<device>-<commit>.json.
     python scripts/probe_smem_scatter.py                    # scale 50 (C 16) and 100 (C 4), T 8
     python scripts/probe_smem_scatter.py --points 1638400 --sizes 50 --channels 16
     python scripts/probe_smem_scatter.py --emulate    # no GPU: the CUDA source compiled for the CPU
-                                                      # (scripts/cuda_emulation.py) against the reference
+                                                      # (scripts/cuda_probe.py) against the reference
 
 At the flagship (1.64 M points, T = 8, C = 48, 3 plane kinds) a scale's whole backward scatter is
 the measured call times 3 kinds x 48 / C channel passes.
@@ -121,7 +121,7 @@ extern "C" __global__ void scatter_global(const float* __restrict__ uv, const fl
 """
 
 
-# the kernels' launch on the CPU (scripts/cuda_emulation.py): blocks one after another
+# the kernels' launch on the CPU (scripts/cuda_probe.py): blocks one after another
 GLUE = r"""
 extern "C" void run(const char* which, int gx, int gy, size_t shared, void** a, int n, int size, int per_block,
                     double scale) {
@@ -144,7 +144,7 @@ def emulate() -> int:
     """The CUDA source compiled for the CPU, each kernel on a small case, against :func:`reference`."""
     import ctypes
 
-    from cuda_emulation import build
+    from cuda_probe import build
 
     gen = torch.Generator().manual_seed(0)
     t_n, n, size, ch, blocks = 3, 500, 6, 4, 4
@@ -206,8 +206,9 @@ def main() -> None:
     if not torch.cuda.is_available():
         raise SystemExit("probe_smem_scatter: needs a CUDA GPU")
     dev = torch.device("cuda")
-    compile_kernel = getattr(torch.cuda, "_compile_kernel", None)
-    if compile_kernel is None:
+    from cuda_probe import compile_kernel
+
+    if not hasattr(torch.cuda, "_compile_kernel"):
         raise SystemExit(f"probe_smem_scatter: torch {torch.__version__} has no torch.cuda._compile_kernel (NVRTC)")
     smem_max = torch.cuda.get_device_properties(dev).shared_memory_per_block_optin
     from torch.cuda._utils import _CudaKernel

@@ -1,5 +1,5 @@
 """The CUDA probes (scripts/probe_smem_scatter.py, scripts/probe_smem_backward.py): their CUDA
-sources, compiled for the CPU (scripts/cuda_emulation.py: one thread a block), give their
+sources, compiled for the CPU (scripts/cuda_probe.py: one thread a block), give their
 references (a float64 index_add_; the torch twin's plane and frame-matrix gradients), so a GPU
 session spends its time on timing them."""
 

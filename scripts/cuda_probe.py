@@ -1,6 +1,11 @@
-"""cuda_emulation: compile a probe's CUDA C++ source for the CPU, to check its logic without a GPU.
+"""cuda_probe: what the CUDA probes (probe_smem_scatter.py, probe_smem_backward.py) share.
 
-The header below defines the CUDA names the probes use for a C++ compiler: every block runs with
+``compile_kernel`` compiles a kernel through torch's NVRTC route (``torch.cuda._compile_kernel``),
+first loading NVRTC from the nvidia-cuda-nvrtc wheel beside torch where the process cannot find it
+by its name (torch looks for ``libnvrtc.so.<major>`` on the library path only).
+
+``build`` compiles a probe's CUDA C++ source for the CPU, to check its logic without a GPU. The
+header below defines the CUDA names the probes use for a C++ compiler: every block runs with
 one thread, so a block's strided loops run in order and its barriers hold; atomics are plain adds;
 ``extern __shared__`` buffers point at one host buffer (the source's declaration line is given to
 :func:`build` to be replaced). The caller's ``glue`` defines ``extern "C"`` functions that set
@@ -10,10 +15,30 @@ one thread, so a block's strided loops run in order and its barriers hold; atomi
 from __future__ import annotations
 
 import ctypes
+import glob
+import importlib.util
 import os
 import subprocess
 import tempfile
 from pathlib import Path
+
+
+def compile_kernel(source: str, name: str):
+    """``torch.cuda._compile_kernel(source, name)``; where NVRTC is not found by its name, the
+    wheel's library is loaded by its path (process-wide) and the compile tried once more."""
+    import torch
+
+    try:
+        return torch.cuda._compile_kernel(source, name)
+    except OSError:
+        spec = importlib.util.find_spec("nvidia.cuda_nvrtc")
+        folders = list(spec.submodule_search_locations or []) if spec else []
+        libs = [lib for f in folders for lib in sorted(glob.glob(os.path.join(f, "lib", "libnvrtc.so*")))
+                if "builtins" not in lib and ".alt." not in lib]
+        if not libs:
+            raise
+        ctypes.CDLL(libs[0], mode=ctypes.RTLD_GLOBAL)
+        return torch.cuda._compile_kernel(source, name)
 
 HEADER = r"""
 #include <math.h>
