@@ -23,13 +23,31 @@ import tempfile
 from pathlib import Path
 
 
-def compile_kernel(source: str, name: str):
-    """``torch.cuda._compile_kernel(source, name)``; where NVRTC is not found by its name, the
-    wheel's library is loaded by its path (process-wide) and the compile tried once more."""
+def shared_limit(probe: str) -> int:
+    """The bytes of shared memory a probe's block may take on this GPU with this torch (blocks past
+    48 KiB need ``set_shared_memory_config``, which older torches lack); exits naming what is
+    missing where there is no GPU or no NVRTC route."""
+    import torch
+
+    if not torch.cuda.is_available():
+        raise SystemExit(f"{probe}: needs a CUDA GPU (or --emulate)")
+    if not hasattr(torch.cuda, "_compile_kernel"):
+        raise SystemExit(f"{probe}: torch {torch.__version__} has no torch.cuda._compile_kernel (NVRTC)")
+    from torch.cuda._utils import _CudaKernel
+
+    if not hasattr(_CudaKernel, "set_shared_memory_config"):
+        return 48 * 1024 - 1
+    return torch.cuda.get_device_properties(torch.cuda.current_device()).shared_memory_per_block_optin
+
+
+def compile_kernel(source: str, name: str, shared: int = 0):
+    """``torch.cuda._compile_kernel(source, name)``, configured for ``shared`` bytes of dynamic shared
+    memory a block where that is 48 KiB or more; where NVRTC is not found by its name, the wheel's
+    library is loaded by its path (process-wide) and the compile tried once more."""
     import torch
 
     try:
-        return torch.cuda._compile_kernel(source, name)
+        kernel = torch.cuda._compile_kernel(source, name)
     except OSError:
         spec = importlib.util.find_spec("nvidia.cuda_nvrtc")
         folders = list(spec.submodule_search_locations or []) if spec else []
@@ -38,7 +56,10 @@ def compile_kernel(source: str, name: str):
         if not libs:
             raise
         ctypes.CDLL(libs[0], mode=ctypes.RTLD_GLOBAL)
-        return torch.cuda._compile_kernel(source, name)
+        kernel = torch.cuda._compile_kernel(source, name)
+    if shared >= 48 * 1024:
+        kernel.set_shared_memory_config(shared)
+    return kernel
 
 HEADER = r"""
 #include <math.h>

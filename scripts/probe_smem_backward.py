@@ -265,12 +265,9 @@ def main() -> int:
     from bench_kernels import ray_points, rotations
     from benchlib import cuda_times_ms, device_name, write_result
 
-    if not torch.cuda.is_available():
-        raise SystemExit("probe_smem_backward: needs a CUDA GPU (or --emulate)")
-    from cuda_probe import compile_kernel
+    from cuda_probe import compile_kernel, shared_limit
 
-    if not hasattr(torch.cuda, "_compile_kernel"):
-        raise SystemExit(f"probe_smem_backward: torch {torch.__version__} has no torch.cuda._compile_kernel")
+    limit = shared_limit("probe_smem_backward")
     from fasttomo.kernels.triton import kplanes as kp
 
     dev = torch.device("cuda")
@@ -285,10 +282,6 @@ def main() -> int:
     planes = torch.randn(lay.numel, device=dev, generator=gen) * 0.5 + 1.0
     grad = torch.randn(n, lay.n_features, device=dev, generator=gen)
     smem = shared_bytes(S, S, S, args.chunk)
-    from torch.cuda._utils import _CudaKernel
-
-    optin = torch.cuda.get_device_properties(dev).shared_memory_per_block_optin
-    limit = optin if hasattr(_CudaKernel, "set_shared_memory_config") else 48 * 1024 - 1
     if smem > limit:
         raise SystemExit(f"probe_smem_backward: scale {S} with --chunk {args.chunk} needs {smem} bytes of shared "
                          f"memory a block; this torch and device allow {limit}: take a smaller --chunk")
@@ -298,11 +291,8 @@ def main() -> int:
     parts = torch.empty(args.slices * chunks, T, 9, device=dev)
     gplanes = torch.empty(lay.numel, device=dev)
     try:
-        k_float = compile_kernel(SOURCE.format(channels=C, chunk=args.chunk), "coarse_bwd")
-        k_fixed = compile_kernel(SOURCE.format(channels=C, chunk=args.chunk), "coarse_bwd_fixed")
-        if smem >= 48 * 1024:
-            k_float.set_shared_memory_config(smem)
-            k_fixed.set_shared_memory_config(smem)
+        k_float = compile_kernel(SOURCE.format(channels=C, chunk=args.chunk), "coarse_bwd", smem)
+        k_fixed = compile_kernel(SOURCE.format(channels=C, chunk=args.chunk), "coarse_bwd_fixed", smem)
     except Exception as exc:  # noqa: BLE001
         raise SystemExit(f"probe_smem_backward: NVRTC compile or configure failed: {type(exc).__name__}: {exc}")
     ints = launch_args(lay, n, per_block)

@@ -203,18 +203,12 @@ def main() -> None:
 
     from benchlib import cuda_times_ms, device_name, write_result
 
-    if not torch.cuda.is_available():
-        raise SystemExit("probe_smem_scatter: needs a CUDA GPU")
+    from cuda_probe import compile_kernel, shared_limit
+
+    optin = shared_limit("probe_smem_scatter")
+    large = optin >= 48 * 1024
+    limit = min(optin, 200 * 1024)
     dev = torch.device("cuda")
-    from cuda_probe import compile_kernel
-
-    if not hasattr(torch.cuda, "_compile_kernel"):
-        raise SystemExit(f"probe_smem_scatter: torch {torch.__version__} has no torch.cuda._compile_kernel (NVRTC)")
-    smem_max = torch.cuda.get_device_properties(dev).shared_memory_per_block_optin
-    from torch.cuda._utils import _CudaKernel
-
-    large = hasattr(_CudaKernel, "set_shared_memory_config")  # > 48 KiB a block (newer torch)
-    limit = min(smem_max, 200 * 1024) if large else 48 * 1024 - 1
     gen = torch.Generator(device=dev).manual_seed(0)
     rows = []
     print(f"torch {torch.__version__}, NVRTC through torch.cuda._compile_kernel; shared memory a block up to "
@@ -230,12 +224,9 @@ def main() -> None:
                              f"this torch allows {limit} a block")
         src = SOURCE.format(channels=ch)
         try:
-            k_smem = compile_kernel(src, "scatter_smem")
+            k_smem = compile_kernel(src, "scatter_smem", smem)
             k_glob = compile_kernel(src, "scatter_global")
-            k_fixed = compile_kernel(src, "scatter_smem_fixed")
-            if smem >= 48 * 1024:
-                k_smem.set_shared_memory_config(smem)
-                k_fixed.set_shared_memory_config(smem)
+            k_fixed = compile_kernel(src, "scatter_smem_fixed", smem)
         except Exception as exc:  # noqa: BLE001  (the answer to the probe's first question)
             raise SystemExit(f"probe_smem_scatter: NVRTC compile failed: {type(exc).__name__}: {exc}") from exc
         t_n, n = args.frames, args.points
