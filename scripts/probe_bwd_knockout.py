@@ -1,0 +1,149 @@
+#!/usr/bin/env python
+"""probe_bwd_knockout: what bounds the texel-run backward, by knocking out one part at a time.
+
+The shipped interpolation backward (``kplanes_bwd_runs_kernel``, texel runs) was designed as if
+its global atomics bound it (docs/kernels.md). Two measurements disagree: rows of 64 points, which
+the counts give 1.26x fewer flushes, were no faster than rows of 16, and one scale of 50 took as
+long as one of 100 (6.13 / 6.22 ms, ``probe_smem_backward``) although scale 100 flushes 1.45x more
+per tap. This probe times variants of the same kernel, each a copy of ``kernels/triton/kplanes.py``
+with one textual change (the results are wrong on purpose; only the times are kept):
+
+    shipped          the source as is (through the same copy, so that only the change differs)
+    stores           every texel-run atomic add a plain store (same addresses and masks)
+    no_run_flushes   no flushes inside a row's walk (the row's last cell is still flushed)
+    no_pick          the carried corner sums not picked (each step starts its 4 sums afresh)
+    one_tap          each cell's 4 corner loads read one address (3 of 4 gathers hit the first)
+    no_gathers       the corner values made from their offsets, no plane loads at all
+
+at the flagship's points (8192 rays x 200 samples, T = 8, C = 48) on the flagship layout
+(scales 50 / 100 / 200) and on each scale alone, with the gradients a training step asks for
+(planes and frames: need_gm, no dL/dq). CUDA events, medians of ``--repeat``. Prints a table and
+writes benchmarks/results/probe_bwd_knockout-flagship-<device>-<commit>.json.
+
+    python scripts/probe_bwd_knockout.py [--repeat 20] [--out-dir DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import importlib.util
+import re
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "scripts"))
+sys.path.insert(0, str(ROOT / "src"))
+
+from fasttomo.kernels.layout import PlaneLayout  # noqa: E402
+
+ATOMIC_PO = re.compile(r"tl\.atomic_add\(po(.*), sem=\"relaxed\"\)")
+
+
+def _stores(text: str) -> str:
+    return ATOMIC_PO.sub(r"tl.store(po\1)", text)
+
+
+def _no_run_flushes(text: str) -> str:
+    return "\n".join(line for line in text.splitlines() if not ("tl.atomic_add(po" in line and "mask=(~(" in line))
+
+
+def _no_pick(text: str) -> str:
+    return re.sub(r"_pick\(acc00, acc01, acc10, acc11, [^)]*\)", "0.0", text.replace("def _pick(", "def _pick_unused("))
+
+
+def _one_tap(text: str) -> str:
+    for old in ("tl.load(p + C, mask", "tl.load(p + row_stride, mask", "tl.load(p + row_stride + C, mask"):
+        text = text.replace(old, "tl.load(p, mask")
+    return text
+
+
+def _no_gathers(text: str) -> str:
+    for i, name in enumerate(("v00", "v01", "v10", "v11")):
+        text = re.sub(rf"{name} = tl\.load\([^\n]*\)\.to\(tl\.float32\)",
+                      f"{name} = (p00[:, None] + c[None, :] + {i}).to(tl.float32) * 1e-6", text)
+    return text
+
+
+VARIANTS = {  # name: (change, lines of kplanes.py it changes or removes)
+    "shipped": (lambda t: t, 0),
+    "stores": (_stores, 8),
+    "no_run_flushes": (_no_run_flushes, 4),
+    "no_pick": (_no_pick, 5),
+    "one_tap": (_one_tap, 3),
+    "no_gathers": (_no_gathers, 4),
+}
+
+
+def variant_module(name: str, source: str, folder: Path):
+    """A copy of the kernel module with variant ``name``'s change, imported from ``folder``."""
+    change, expected = VARIANTS[name]
+    text = change(source)
+    changed = sum(1 for line in difflib.ndiff(source.splitlines(), text.splitlines()) if line.startswith("- "))
+    if changed != expected:
+        raise SystemExit(f"probe_bwd_knockout: variant {name} should change {expected} lines of kplanes.py and "
+                         f"changed {changed}: the kernel changed; update the probe's substitutions")
+    path = folder / f"kplanes_knockout_{name}.py"
+    path.write_text(text)
+    spec = importlib.util.spec_from_file_location(f"kplanes_knockout_{name}", path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--repeat", type=int, default=20)
+    ap.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
+    ap.add_argument("--check", action="store_true",
+                    help="only build every variant's source and import it (no GPU needed)")
+    ap.add_argument("--out-dir", default=None)
+    args = ap.parse_args()
+    from fasttomo.kernels.triton import kplanes as kp
+
+    source = Path(kp.__file__).read_text()
+    folder = Path(tempfile.mkdtemp(prefix="probe_bwd_knockout_"))
+    mods = {name: variant_module(name, source, folder) for name in args.variants}
+    if args.check:
+        print(f"{len(mods)} variants built and imported from {folder}")
+        return 0
+
+    from bench_kernels import ray_points, rotations
+    from benchlib import cuda_times_ms, device_name, write_result
+
+    dev = torch.device("cuda")
+    gen = torch.Generator(device=dev).manual_seed(0)
+    T, C = 8, 48
+    pts = ray_points(8192, 200, dev, gen)
+    mats = rotations(T, dev, gen)
+    layouts = {"flagship": PlaneLayout(T, C, ((50,) * 3, (100,) * 3, (200,) * 3))}
+    layouts.update({f"scale{s}": PlaneLayout(T, C, ((s,) * 3,)) for s in (50, 100, 200)})
+    rows = []
+    for case, lay in layouts.items():
+        planes = torch.randn(lay.numel, device=dev, generator=gen) * 0.5 + 1.0
+        grad = torch.randn(pts.shape[0], lay.n_features, device=dev, generator=gen)
+        fwd_ms = statistics.median(cuda_times_ms(lambda: kp.kplanes_forward(pts, mats, planes, lay, False),
+                                                 args.repeat, 3, dev))
+        row = {"variant": case, "forward_ms": fwd_ms}
+        for name, mod in mods.items():
+            def call(mod=mod):
+                return mod.kplanes_backward(grad, pts, mats, planes, lay, need_dq=False, need_gm=True)
+            row[f"{name}_ms"] = statistics.median(cuda_times_ms(call, args.repeat, 3, dev))
+        rows.append(row)
+        print(f"{case:<9} fwd {fwd_ms:6.2f} | " + "  ".join(f"{n} {row[f'{n}_ms']:6.2f}" for n in mods), flush=True)
+    path = write_result("probe_bwd_knockout", "flagship", device_name(dev), rows,
+                        out_dir=Path(args.out_dir) if args.out_dir else None,
+                        note="backward ms with need_gm (planes and frames), need_dq off; variants are timing "
+                             "knockouts whose results are wrong on purpose")
+    print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
