@@ -6,7 +6,7 @@ its global atomics bound it (docs/kernels.md). Two measurements disagree: rows o
 the counts give 1.26x fewer flushes, were no faster than rows of 16, and one scale of 50 took as
 long as one of 100 (6.13 / 6.22 ms, ``probe_smem_backward``) although scale 100 flushes 1.45x more
 per tap. This probe times variants of the same kernel, each a copy of ``kernels/triton/kplanes.py``
-with one textual change (the results are wrong on purpose; only the times are kept):
+with one textual change: knockouts (their results are wrong on purpose; only the times are kept)
 
     shipped          the source as is (through the same copy, so that only the change differs)
     stores           every texel-run atomic add a plain store (same addresses and masks)
@@ -14,6 +14,14 @@ with one textual change (the results are wrong on purpose; only the times are ke
     no_pick          the carried corner sums not picked (each step starts its 4 sums afresh)
     one_tap          each cell's 4 corner loads read one address (3 of 4 gathers hit the first)
     no_gathers       the corner values made from their offsets, no plane loads at all
+
+and candidates, which compute the same result another way (checked against the shipped kernel):
+
+    sep_pick         the carried sums shifted along u, then v (16 selects a plane, not 24)
+    unroll2_nocap    the walk unrolled by 2, no register cap (208 registers, no spills)
+    stages2_nocap    the walk software-pipelined in 2 stages, no register cap (203 registers;
+                     both counts from a Triton 3.9 compile for sm_90a on the CPU)
+    rows4            4 rows a program instead of 8
 
 at the flagship's points (8192 rays x 200 samples, T = 8, C = 48) on the flagship layout
 (scales 50 / 100 / 200) and on each scale alone, with the gradients a training step asks for
@@ -70,19 +78,54 @@ def _no_gathers(text: str) -> str:
     return text
 
 
-VARIANTS = {  # name: (change, lines of kplanes.py it changes or removes)
-    "shipped": (lambda t: t, 0),
-    "stores": (_stores, 8),
-    "no_run_flushes": (_no_run_flushes, 4),
-    "no_pick": (_no_pick, 5),
-    "one_tap": (_one_tap, 3),
-    "no_gathers": (_no_gathers, 4),
+def _sep_pick(text: str) -> str:
+    """The carried sums shifted along u, then along v: 16 selects a plane instead of 24 (the same
+    values reach each corner, so the sums are the same bits)."""
+    old = ("    n00 = _pick(acc00, acc01, acc10, acc11, du, dv) + g * (gu * gv)[:, None]\n"
+           "    n01 = _pick(acc00, acc01, acc10, acc11, du + 1, dv) + g * (fu * gv)[:, None]\n"
+           "    n10 = _pick(acc00, acc01, acc10, acc11, du, dv + 1) + g * (gu * fv)[:, None]\n"
+           "    n11 = _pick(acc00, acc01, acc10, acc11, du + 1, dv + 1) + g * (fu * fv)[:, None]\n")
+    new = ("    u0 = (du == 0)[:, None]\n"
+           "    u1 = (du == 1)[:, None]\n"
+           "    um = (du == -1)[:, None]\n"
+           "    s00 = tl.where(u0, acc00, tl.where(u1, acc01, 0.0))\n"
+           "    s01 = tl.where(u0, acc01, tl.where(um, acc00, 0.0))\n"
+           "    s10 = tl.where(u0, acc10, tl.where(u1, acc11, 0.0))\n"
+           "    s11 = tl.where(u0, acc11, tl.where(um, acc10, 0.0))\n"
+           "    v0 = (dv == 0)[:, None]\n"
+           "    v1 = (dv == 1)[:, None]\n"
+           "    vm = (dv == -1)[:, None]\n"
+           "    n00 = tl.where(v0, s00, tl.where(v1, s10, 0.0)) + g * (gu * gv)[:, None]\n"
+           "    n01 = tl.where(v0, s01, tl.where(v1, s11, 0.0)) + g * (fu * gv)[:, None]\n"
+           "    n10 = tl.where(v0, s10, tl.where(vm, s00, 0.0)) + g * (gu * fv)[:, None]\n"
+           "    n11 = tl.where(v0, s11, tl.where(vm, s01, 0.0)) + g * (fu * fv)[:, None]\n")
+    return text.replace(old, new)
+
+
+def _loop(option: str):
+    return lambda text: text.replace("for k in range(RUN):", f"for k in tl.range(RUN, {option}):")
+
+
+# name: (change, lines of kplanes.py it changes or removes, KPlanesTuning fields, same result as shipped)
+VARIANTS = {
+    "shipped": (lambda t: t, 0, {}, True),
+    # knockouts: one part removed or cheapened, the result wrong on purpose
+    "stores": (_stores, 8, {}, False),
+    "no_run_flushes": (_no_run_flushes, 4, {}, False),
+    "no_pick": (_no_pick, 5, {}, False),
+    "one_tap": (_one_tap, 3, {}, False),
+    "no_gathers": (_no_gathers, 4, {}, False),
+    # candidates: the same result, another way
+    "sep_pick": (_sep_pick, 4, {}, True),
+    "unroll2_nocap": (_loop("loop_unroll_factor=2"), 1, {"run_maxnreg": None}, True),
+    "stages2_nocap": (_loop("num_stages=2"), 1, {"run_maxnreg": None}, True),
+    "rows4": (lambda t: t, 0, {"run_rows": 4}, True),
 }
 
 
 def variant_module(name: str, source: str, folder: Path):
     """A copy of the kernel module with variant ``name``'s change, imported from ``folder``."""
-    change, expected = VARIANTS[name]
+    change, expected = VARIANTS[name][:2]
     text = change(source)
     changed = sum(1 for line in difflib.ndiff(source.splitlines(), text.splitlines()) if line.startswith("- "))
     if changed != expected:
@@ -131,16 +174,25 @@ def main() -> int:
         fwd_ms = statistics.median(cuda_times_ms(lambda: kp.kplanes_forward(pts, mats, planes, lay, False),
                                                  args.repeat, 3, dev))
         row = {"variant": case, "forward_ms": fwd_ms}
+        ref = None
         for name, mod in mods.items():
-            def call(mod=mod):
-                return mod.kplanes_backward(grad, pts, mats, planes, lay, need_dq=False, need_gm=True)
+            tuning = mod.KPlanesTuning(**VARIANTS[name][2])
+
+            def call(mod=mod, tuning=tuning):
+                return mod.kplanes_backward(grad, pts, mats, planes, lay, need_dq=False, need_gm=True, tuning=tuning)
+            if VARIANTS[name][3]:  # a candidate: its plane and frame gradients against the shipped kernel's
+                gp, _, gm = call()
+                ref = ref or kp.kplanes_backward(grad, pts, mats, planes, lay, need_dq=False, need_gm=True)
+                row[f"{name}_err_planes"] = float((gp - ref[0]).norm() / ref[0].norm())
+                row[f"{name}_err_frames"] = float((gm - ref[2]).norm() / ref[2].norm())
             row[f"{name}_ms"] = statistics.median(cuda_times_ms(call, args.repeat, 3, dev))
         rows.append(row)
         print(f"{case:<9} fwd {fwd_ms:6.2f} | " + "  ".join(f"{n} {row[f'{n}_ms']:6.2f}" for n in mods), flush=True)
     path = write_result("probe_bwd_knockout", "flagship", device_name(dev), rows,
                         out_dir=Path(args.out_dir) if args.out_dir else None,
-                        note="backward ms with need_gm (planes and frames), need_dq off; variants are timing "
-                             "knockouts whose results are wrong on purpose")
+                        note="backward ms with need_gm (planes and frames), need_dq off; knockouts' results are wrong "
+                             "on purpose, candidates' (sep_pick, unroll2_nocap, stages2_nocap, rows4) are checked "
+                             "against the shipped kernel (err_*)")
     print(f"wrote {path}")
     return 0
 
