@@ -29,6 +29,8 @@ at the flagship's points (8192 rays x 200 samples, T = 8, C = 48) on the flagshi
 writes benchmarks/results/probe_bwd_knockout-flagship-<device>-<commit>.json.
 
     python scripts/probe_bwd_knockout.py [--repeat 20] [--out-dir DIR]
+    python scripts/probe_bwd_knockout.py --cpu-check     # no GPU: every variant through Triton's
+                                                         # interpreter on a tiny case
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from __future__ import annotations
 import argparse
 import difflib
 import importlib.util
+import os
 import re
 import statistics
 import sys
@@ -140,14 +143,48 @@ def variant_module(name: str, source: str, folder: Path):
     return mod
 
 
+def cpu_check(kp, mods: dict) -> int:
+    """Each variant on 128 points along rays (one scale, T = 2) through the interpreter."""
+    from bench_kernels import ray_points, rotations
+
+    cpu = torch.device("cpu")
+    gen = torch.Generator().manual_seed(0)
+    lay = PlaneLayout(2, 16, ((9, 8, 7),))
+    pts, mats = ray_points(4, 32, cpu, gen), rotations(2, cpu, gen)
+    planes = torch.randn(lay.numel, generator=gen)
+    grad = torch.randn(pts.shape[0], lay.n_features, generator=gen)
+
+    def grads(mod, fields):
+        gp, _, gm = mod.kplanes_backward(grad, pts, mats, planes, lay, need_dq=False, need_gm=True,
+                                         tuning=mod.KPlanesTuning(min_programs_per_sm=0, **fields))
+        return gp, gm
+
+    ref = grads(kp, {})
+    bad = []
+    for name, mod in mods.items():
+        gp, gm = grads(mod, VARIANTS[name][2])
+        err = max(float((gp - ref[0]).norm() / ref[0].norm()), float((gm - ref[1]).norm() / ref[1].norm()))
+        same = VARIANTS[name][3]
+        print(f"  {name:<15} {'candidate' if same else 'knockout':<9} relative difference {err:.1e}")
+        if (err > 1e-6) if same else (err < 1e-3):
+            bad.append(name)
+    print("cpu check: " + ("ok" if not bad else "FAILED: " + ", ".join(bad)))
+    return 1 if bad else 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--repeat", type=int, default=20)
     ap.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
     ap.add_argument("--check", action="store_true",
                     help="only build every variant's source and import it (no GPU needed)")
+    ap.add_argument("--cpu-check", action="store_true",
+                    help="run every variant on a tiny case through Triton's interpreter (no GPU): candidates "
+                         "must give the shipped kernel's gradients, knockouts other ones")
     ap.add_argument("--out-dir", default=None)
     args = ap.parse_args()
+    if args.cpu_check:
+        os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported
     from fasttomo.kernels.triton import kplanes as kp
 
     source = Path(kp.__file__).read_text()
@@ -156,6 +193,8 @@ def main() -> int:
     if args.check:
         print(f"{len(mods)} variants built and imported from {folder}")
         return 0
+    if args.cpu_check:
+        return cpu_check(kp, mods)
 
     from bench_kernels import ray_points, rotations
     from benchlib import cuda_times_ms, device_name, write_result
