@@ -4,6 +4,7 @@
     python scripts/bench_step.py                                  # flagship, default variants
     python scripts/bench_step.py --case small128                  # 4096 rays x 128, T=4, C=16, 128
     python scripts/bench_step.py --case default --steps 20        # the embedded default config
+    python scripts/bench_step.py --case camera2k --variants triton-bf16 --profile 5   # where it goes
     python scripts/bench_step.py --variants triton-fp32 triton-bf16-eager --extra pose=refine
     torchrun --standalone --nproc-per-node=2 scripts/bench_step.py --variants triton-fp32-eager
 
@@ -39,6 +40,12 @@ CASES = {
     "small128": ["data.width=128", "data.height=128", "model.n_rotations=4", "model.channels=16",
                  "model.resolutions=[128]", "sampler.batch_size=4096", "projector.samples_per_ray=128"],
     "default": [],
+    # the camera2k series' sized step (docs/camera-scale.md: 8192 rays x 768 samples, planes
+    # 256/512/1024 over a box four times wider than thick, T = 2, C = 8) on the embedded phantom's
+    # 64 x 64 images with a box of the same shape: the points, planes and sample spacing in texels
+    # are camera2k's, the images are small
+    "camera2k": ["data.thickness=16", "model.resolutions=[256,512,1024]", "projector.samples_per_ray=768",
+                 "sampler.batch_size=8192"],
 }
 PHASES = ("sampler", "forward", "backward", "optimizer")
 
@@ -77,6 +84,38 @@ def _phase_times(trainer, comps, steps: int) -> dict:
     return {f"{p}_ms": round(sorted(v)[len(v) // 2], 3) for p, v in rows.items()}
 
 
+def _kernel_profile(trainer, comps, steps: int, top: int = 25) -> dict:
+    """The CUDA kernels of ``steps`` EAGER steps (torch.profiler): per kernel name its launches and
+    GPU ms per step, the ``top`` by time, and the sum of every kernel's time per step (against the
+    captured step's time: what is left is launch gaps the graph does not remove)."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    dev = comps.device
+    graph, trainer.cuda_graph = trainer.cuda_graph, False
+    try:
+        trainer.train_step(comps.sampler.next_batch())  # the eager body's own first launches, unprofiled
+        torch.cuda.synchronize(dev)
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(steps):
+                trainer.train_step(comps.sampler.next_batch())
+            torch.cuda.synchronize(dev)
+    finally:
+        trainer.cuda_graph = graph
+    per_name: dict[str, list[float]] = {}
+    for e in prof.events():
+        if e.device_type != DeviceType.CUDA:  # launches and other host-side records
+            continue
+        us = e.time_range.elapsed_us()
+        acc = per_name.setdefault(e.name, [0, 0.0])
+        acc[0] += 1
+        acc[1] += us
+    rows = sorted(([n, c / steps, t / steps / 1e3] for n, (c, t) in per_name.items()), key=lambda r: -r[2])
+    return {"steps": steps, "kernel_ms_per_step": round(sum(r[2] for r in rows), 3),
+            "launches_per_step": round(sum(r[1] for r in rows), 1),
+            "top": [[n[:160], round(c, 2), round(t, 4)] for n, c, t in rows[:top]]}
+
+
 def main(argv: list[str] | None = None) -> int:
     from benchlib import cuda_times_ms, device_name, median, write_result
     from fasttomo.run.build import build, make_trainer
@@ -91,6 +130,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--phase-steps", type=int, default=10, help="eager steps timed per phase (0: none)")
+    p.add_argument("--profile", type=int, default=0,
+                   help="eager steps under torch.profiler per variant: the kernels by GPU time (CUDA only; 0: none)")
     p.add_argument("--extra", nargs="*", default=[], help="more config overrides for every variant")
     p.add_argument("--label", default="", help="appended to the record's case name (an A/B's two sides)")
     p.add_argument("--no-write", action="store_true")
@@ -149,6 +190,8 @@ def main(argv: list[str] | None = None) -> int:
             row["peak_mem_GB"] = round(torch.cuda.max_memory_allocated(dev) / 1e9, 3)
         if args.phase_steps and world == 1:
             row["phases_eager"] = _phase_times(trainer, comps, args.phase_steps)
+        if args.profile and world == 1 and dev.type == "cuda":
+            row["kernels_eager"] = _kernel_profile(trainer, comps, args.profile)
         if world > 1:  # the replicas must agree: every rank's parameters and reduced loss
             import torch.distributed as dist
 
@@ -175,6 +218,13 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{r['variant']:<20}{str(r['cuda_graph']):>6}{r['median_ms']:>11.2f}{r['rays_per_s'] / 1e6:>10.3f}"
                   f"{r['points_per_s'] / 1e9:>9.3f}{r.get('peak_mem_GB', 0.0):>9.2f}{r['final_loss']:>12.4e}  "
                   + "/".join(f"{ph.get(f'{q}_ms', float('nan')):.2f}" for q in PHASES))
+        for r in rows:
+            prof = r.get("kernels_eager")
+            if prof:
+                print(f"{r['variant']}: kernels of an eager step {prof['kernel_ms_per_step']:.2f} ms in "
+                      f"{prof['launches_per_step']:.0f} launches; the most time:")
+                for name, calls, ms in prof["top"]:
+                    print(f"  {ms:8.3f} ms {calls:6.1f}x  {name[:100]}")
         if not args.no_write:
             case = args.case if world == 1 else f"{args.case}-ddp{world}"
             case += f"-{args.label}" if args.label else ""
