@@ -159,7 +159,7 @@ def fused_forward(x, w1, b1, w2, b2, w3, b3, bf16: bool, block_n: int = 128):
     return out
 
 
-def fused_backward(x, dout, w1, b1, w2, b2, w3, bf16: bool, programs: int, block_n: int = 64):
+def fused_backward(x, dout, w1, b1, w2, b2, w3, bf16: bool, programs: int, block_n: int = 64, warps: int = 8):
     """(dx, dW1, db1, dW2, db2, dW3, db3) with nn.Linear's shapes."""
     N, F = x.shape
     H = w1.shape[0]
@@ -169,7 +169,7 @@ def fused_backward(x, dout, w1, b1, w2, b2, w3, bf16: bool, programs: int, block
     part = torch.empty(programs, width, device=x.device, dtype=torch.float32)
     mlp_bwd_kernel[(programs,)](x, dout.contiguous(), w1, b1, w2, b2, w3.reshape(-1), dx, part, N, F, programs,
                                 FP=FP, H=H, BLOCK_N=block_n, BF16=bf16, PREC="tf32" if bf16 else "ieee",
-                                num_warps=8)
+                                num_warps=warps)
     s = part.sum(0)
     dw1 = s[:H * FP].reshape(H, FP)[:, :F]
     o = H * FP
@@ -235,6 +235,9 @@ def main() -> int:
     ap.add_argument("--hidden", type=int, default=64)
     ap.add_argument("--repeat", type=int, default=20)
     ap.add_argument("--case", default=None, help="the record's case name (default: from the shape)")
+    ap.add_argument("--sweep", action="store_true",
+                    help="bf16 only: also time the backward for points a block 32 / 64, 4 / 8 warps and 2-16 "
+                         "programs an SM (its registers bound how many programs an SM holds)")
     ap.add_argument("--cpu-check", action="store_true", help="Triton's interpreter on a tiny case (no GPU)")
     ap.add_argument("--out-dir", default=None)
     args = ap.parse_args()
@@ -279,6 +282,19 @@ def main() -> int:
         errs = "  ".join(f"{k[4:]} {v:.1e}" for k, v in row.items() if k.startswith("err_"))
         print(f"{row['variant']}: twin fwd {row['twin_fwd_ms']:.3f} fwd+bwd {row['twin_fwd_bwd_ms']:.3f} ms | fused fwd "
               f"{row['fused_fwd_ms']:.3f} fwd+bwd {row['fused_fwd_bwd_ms']:.3f} ms | {errs}", flush=True)
+    if args.sweep:
+        x, params, dout = make(args.points, args.features, args.hidden, dev, True)
+        sms = torch.cuda.get_device_properties(dev).multi_processor_count
+        for block_n in (32, 64):
+            for warps in (4, 8):
+                for per_sm in (2, 4, 8, 16):
+                    def bwd(block_n=block_n, warps=warps, per_sm=per_sm):
+                        fused_backward(x, dout, *params[:5], True, per_sm * sms, block_n, warps)
+                    ms = statistics.median(cuda_times_ms(bwd, args.repeat, 3, dev))
+                    rows.append({"variant": f"bf16 backward {block_n} points a block, {warps} warps, {per_sm} an SM",
+                                 "fused_bwd_ms": ms})
+                    print(f"  backward: {block_n} points a block, {warps} warps, {per_sm} programs an SM: {ms:.3f} ms",
+                          flush=True)
     case = args.case or f"n{args.points}-f{args.features}-h{args.hidden}"
     path = write_result("probe_fused_mlp", case, device_name(dev), rows,
                         out_dir=Path(args.out_dir) if args.out_dir else None, programs=programs)
