@@ -236,8 +236,10 @@ def main() -> int:
     ap.add_argument("--repeat", type=int, default=20)
     ap.add_argument("--case", default=None, help="the record's case name (default: from the shape)")
     ap.add_argument("--sweep", action="store_true",
-                    help="bf16 only: also time the backward for points a block 32 / 64, 4 / 8 warps and 2-16 "
+                    help="bf16 only: also time the backward for --sweep-blocks points a block, --sweep-warps and 2-16 "
                          "programs an SM (its registers bound how many programs an SM holds)")
+    ap.add_argument("--sweep-blocks", type=int, nargs="+", default=[32, 64], help="points a block (16 or more)")
+    ap.add_argument("--sweep-warps", type=int, nargs="+", default=[4, 8])
     ap.add_argument("--cpu-check", action="store_true", help="Triton's interpreter on a tiny case (no GPU)")
     ap.add_argument("--out-dir", default=None)
     args = ap.parse_args()
@@ -285,8 +287,8 @@ def main() -> int:
     if args.sweep:
         x, params, dout = make(args.points, args.features, args.hidden, dev, True)
         sms = torch.cuda.get_device_properties(dev).multi_processor_count
-        for block_n in (32, 64):
-            for warps in (4, 8):
+        for block_n in args.sweep_blocks:
+            for warps in args.sweep_warps:
                 for per_sm in (2, 4, 8, 16):
                     def bwd(block_n=block_n, warps=warps, per_sm=per_sm):
                         fused_backward(x, dout, *params[:5], True, per_sm * sms, block_n, warps)
