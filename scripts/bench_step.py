@@ -131,7 +131,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--phase-steps", type=int, default=10, help="eager steps timed per phase (0: none)")
     p.add_argument("--profile", type=int, default=0,
-                   help="eager steps under torch.profiler per variant: the kernels by GPU time (CUDA only; 0: none)")
+                   help="eager steps under torch.profiler per variant: the kernels (memcpy and memset too) by GPU "
+                        "time (one CUDA process only; 0: none)")
     p.add_argument("--extra", nargs="*", default=[], help="more config overrides for every variant")
     p.add_argument("--label", default="", help="appended to the record's case name (an A/B's two sides)")
     p.add_argument("--no-write", action="store_true")

@@ -3,25 +3,28 @@
 
 The camera2k step (bench_step --case camera2k --profile) spends about 4 ms of its 14.6 ms (bf16,
 one H100) in the decoder: Linear(F, H)-ReLU-Linear(H, H)-ReLU-Linear(H, 1) on 6.3 M points with
-F = 48, H = 64, run by cuBLAS and torch's elementwise kernels, which write and read every (N, H)
-activation through memory. This probe is the decoder as two Triton kernels that keep the
-activations in registers (so F up to 128; the flagship's F = 1152 is not for this design):
+F = 48, H = 32 (model.hidden; the flagship's is 64), run by cuBLAS and torch's elementwise
+kernels, which write and read every (N, H) activation through memory. This probe is the decoder
+as two Triton kernels that keep the activations in registers (so F up to 128; the flagship's
+F = 1152 is not for this design):
 
     forward   a program owns BLOCK_N points: x (BLOCK_N, F) -> z1 = x W1^T + b1 -> h1 = relu(z1)
               -> z2 = h1 W2^T + b2 -> h2 = relu(z2) -> out = h2 w3 + b3; writes out (N,) only
     backward  persistent programs (a few per SM) walk blocks of points: recompute z1, z2, then
               dz2 = dout w3 [z2 > 0], dh1 = dz2 W2, dz1 = dh1 [z1 > 0], dx = dz1 W1 (written), and
               sum dW1 = dz1^T x, dW2 = dz2^T h1, dw3 = h2^T dout and the biases' sums in registers;
-              each program writes its partial sums once, summed on the host in a fixed order
+              each program writes its partial sums once, added up by one torch reduction (the
+              same order every call)
 
 In bf16 the products take bf16 operands with fp32 sums and the activations are rounded to bf16
-before the next product, as autocast does for the twin (``reference.decoder_mlp``); in fp32 the
-products are IEEE fp32 (no TF32), as torch's default. Parity against the twin under the same
-precision (forward output, dL/dx and every weight's gradient through autograd), then CUDA-event
-medians of the fused pair against the twin's forward and backward. Prints a table, writes
-benchmarks/results/probe_fused_mlp-<case>-<device>-<commit>.json.
+before the next product, as autocast does for the twin (``reference.decoder_mlp``; autocast also
+rounds the biases, the last layer's weights and the output to bf16, which this keeps in fp32); in
+fp32 the products are IEEE fp32 (no TF32), as torch's default. Parity against the twin under the
+same precision (forward output, dL/dx and every weight's gradient through autograd), then
+CUDA-event medians of the fused pair against the twin's forward and backward. Prints a table,
+writes benchmarks/results/probe_fused_mlp-<case>-<device>-<commit>.json.
 
-    python scripts/probe_fused_mlp.py                       # camera2k: N = 8192 x 768, F = 48, H = 64
+    python scripts/probe_fused_mlp.py                       # camera2k: N = 8192 x 768, F = 48, H = 32
     python scripts/probe_fused_mlp.py --points 6291456 --features 96     # other widths, F <= 128
     python scripts/probe_fused_mlp.py --cpu-check           # no GPU: Triton's interpreter, a tiny fp32 case
 """
@@ -159,7 +162,7 @@ def fused_forward(x, w1, b1, w2, b2, w3, b3, bf16: bool, block_n: int = 128):
     return out
 
 
-def fused_backward(x, dout, w1, b1, w2, b2, w3, bf16: bool, programs: int, block_n: int = 64, warps: int = 8):
+def fused_backward(x, dout, w1, b1, w2, b2, w3, bf16: bool, programs: int, block_n: int = 32, warps: int = 4):
     """(dx, dW1, db1, dW2, db2, dW3, db3) with nn.Linear's shapes."""
     N, F = x.shape
     H = w1.shape[0]
@@ -232,7 +235,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--points", type=int, default=8192 * 768)
     ap.add_argument("--features", type=int, default=48)
-    ap.add_argument("--hidden", type=int, default=64)
+    ap.add_argument("--hidden", type=int, default=32, help="H (the camera2k decoder's: 32; the flagship's: 64)")
     ap.add_argument("--repeat", type=int, default=20)
     ap.add_argument("--case", default=None, help="the record's case name (default: from the shape)")
     ap.add_argument("--sweep", action="store_true",
@@ -267,6 +270,8 @@ def main() -> int:
 
         def twin_fwd_bwd():
             from fasttomo.kernels import reference
+            for t in (xs, *ps):  # as a step after zero_grad(set_to_none=True): no add into old gradients
+                t.grad = None
             with torch.autocast(device_type="cuda", dtype=torch.bfloat16, enabled=bf16):
                 out = reference.decoder_mlp(xs, *ps)
             out.float().backward(dout)

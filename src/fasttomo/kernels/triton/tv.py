@@ -38,7 +38,7 @@ def _group_block(pid, blk_ptr, itab_ptr, ftab_ptr, G: tl.constexpr, BLOCK: tl.co
     b0 = tl.load(blk_ptr + grp)
     off = tl.load(itab_ptr + grp * 4 + 0)
     # a group's sizes fit 32 bits (the door takes buffers below 2**31 elements; the element indices
-    # are int32); in 64 bits each `%` below is a call to a software division (16 a program)
+    # are int32); in 64 bits each `%` below is a call to a software division (16 a thread)
     WC = tl.load(itab_ptr + grp * 4 + 1).to(tl.int32)
     HWC = tl.load(itab_ptr + grp * 4 + 2).to(tl.int32)
     numel = tl.load(itab_ptr + grp * 4 + 3).to(tl.int32)
