@@ -18,7 +18,9 @@
 # (run's measurement with one primed Python bytecode cache for every process: bench_default_run
 # --bytecode cached), smem (probe_smem_scatter: a plane-gradient scatter through shared memory,
 # compiled by NVRTC, against global atomics; probe_smem_backward: a coarse scale's whole backward
-# that way against the Triton texel runs, at scales 50 and 100).
+# that way against the Triton texel runs, at scales 50 and 100), camerastep (bench_step camera2k,
+# bf16 and fp32, with its kernels profiled), fusedmlp (probe_fused_mlp at camera2k's shape with the
+# backward's sweep), knockout (probe_bwd_knockout: the texel-run backward's knockouts and candidates).
 #
 # Everything goes to $GPU_BATCH_DIR (default /root/gpu_batch): the records, a log per step and
 # batch.log, one line per step ("STEP name rc=N Ss") and "DONE" at the end. Where the tree has no
@@ -127,8 +129,12 @@ for s in "${steps[@]}"; do
       step smem-scatter python3 scripts/probe_smem_scatter.py --out-dir "$DIR"
       step smem-backward-50 python3 scripts/probe_smem_backward.py --scale 50 --chunk 4 --out-dir "$DIR"
       step smem-backward-100 python3 scripts/probe_smem_backward.py --scale 100 --chunk 1 --out-dir "$DIR" ;;
-    *) echo "STEP $s unknown (kernels, step, run, runpyc, camera, camera16, quality, suite, imports, smem)" \
-         >> "$DIR/batch.log" ;;
+    camerastep) step camerastep python3 scripts/bench_step.py --case camera2k --variants triton-bf16 triton-fp32 \
+                  --profile 3 ;;
+    fusedmlp) step fused-mlp python3 scripts/probe_fused_mlp.py --case camera2k --sweep --out-dir "$DIR" ;;
+    knockout) step knockout python3 scripts/probe_bwd_knockout.py --out-dir "$DIR" ;;
+    *) echo "STEP $s unknown (kernels, step, run, runpyc, camera, camera16, quality, suite, imports, smem," \
+         "camerastep, fusedmlp, knockout)" >> "$DIR/batch.log" ;;
   esac
 done
 echo DONE >> "$DIR/batch.log"

@@ -44,7 +44,8 @@ def test_start_returns_and_poll_copies_the_folder(tmp_path):
         assert _batch(["start", "nosuchstep"], tmp_path / "b").returncode == 0
         res = _batch(["poll", "60"], tmp_path / "b", OUT=str(out))
         assert res.returncode == 0 and res.stdout.splitlines()[-1] == "DONE"
-        known = "kernels, step, run, runpyc, camera, camera16, quality, suite, imports, smem"
+        known = ("kernels, step, run, runpyc, camera, camera16, quality, suite, imports, smem, camerastep, fusedmlp, "
+                 "knockout")
         assert f"STEP nosuchstep unknown ({known})" in res.stdout
     assert (out / "batch.log").read_text().count("BEGIN") == 1
     assert len(list((tmp_path / "b").glob("batch-*.log"))) == 1
