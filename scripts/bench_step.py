@@ -84,36 +84,51 @@ def _phase_times(trainer, comps, steps: int) -> dict:
     return {f"{p}_ms": round(sorted(v)[len(v) // 2], 3) for p, v in rows.items()}
 
 
-def _kernel_profile(trainer, comps, steps: int, top: int = 25) -> dict:
-    """The CUDA kernels of ``steps`` EAGER steps (torch.profiler): per kernel name its launches and
-    GPU ms per step, the ``top`` by time, and the sum of every kernel's time per step (against the
-    captured step's time: what is left is launch gaps the graph does not remove)."""
+def _profile(trainer, comps, steps: int, top: int = 25) -> dict:
+    """``steps`` EAGER steps under torch.profiler: the ``top`` ops (aten, fasttomo, autograd nodes) by
+    their own time per step, each with its input shapes (GPU time on CUDA, CPU time on the CPU:
+    there the native kernels called from Python are no op and not listed) and, on CUDA, the ``top``
+    kernels (memcpy and memset too) by GPU time with the sum of every kernel's time per step
+    (against the captured step's time: what is left is launch gaps the graph does not remove)."""
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
     dev = comps.device
+    cuda = dev.type == "cuda"
     graph, trainer.cuda_graph = trainer.cuda_graph, False
     try:
         trainer.train_step(comps.sampler.next_batch())  # the eager body's own first launches, unprofiled
-        torch.cuda.synchronize(dev)
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        if cuda:
+            torch.cuda.synchronize(dev)
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+        with profile(activities=activities, record_shapes=True) as prof:
             for _ in range(steps):
                 trainer.train_step(comps.sampler.next_batch())
-            torch.cuda.synchronize(dev)
+            if cuda:
+                torch.cuda.synchronize(dev)
     finally:
         trainer.cuda_graph = graph
-    per_name: dict[str, list[float]] = {}
-    for e in prof.events():
-        if e.device_type != DeviceType.CUDA:  # launches and other host-side records
-            continue
-        us = e.time_range.elapsed_us()
-        acc = per_name.setdefault(e.name, [0, 0.0])
-        acc[0] += 1
-        acc[1] += us
-    rows = sorted(([n, c / steps, t / steps / 1e3] for n, (c, t) in per_name.items()), key=lambda r: -r[2])
-    return {"steps": steps, "kernel_ms_per_step": round(sum(r[2] for r in rows), 3),
-            "launches_per_step": round(sum(r[1] for r in rows), 1),
-            "top": [[n[:160], round(c, 2), round(t, 4)] for n, c, t in rows[:top]]}
+    ops = []
+    for e in prof.key_averages(group_by_input_shape=True):
+        us = e.self_device_time_total if cuda else e.self_cpu_time_total
+        if us > 0 and "::" in e.key:  # aten and fasttomo ops, autograd nodes (not runtime calls)
+            ops.append([e.key, str(e.input_shapes)[:160], e.count / steps, us / steps / 1e3])
+    ops.sort(key=lambda r: -r[3])
+    out = {"steps": steps, "ops_time": "GPU" if cuda else "CPU",
+           "ops_top": [[n, shp, round(c, 2), round(t, 4)] for n, shp, c, t in ops[:top]]}
+    if cuda:
+        per_name: dict[str, list[float]] = {}
+        for e in prof.events():
+            if e.device_type != DeviceType.CUDA:  # launches and other host-side records
+                continue
+            acc = per_name.setdefault(e.name, [0, 0.0])
+            acc[0] += 1
+            acc[1] += e.time_range.elapsed_us()
+        rows = sorted(([n, c / steps, t / steps / 1e3] for n, (c, t) in per_name.items()), key=lambda r: -r[2])
+        out.update(kernel_ms_per_step=round(sum(r[2] for r in rows), 3),
+                   launches_per_step=round(sum(r[1] for r in rows), 1),
+                   top=[[n[:160], round(c, 2), round(t, 4)] for n, c, t in rows[:top]])
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -131,8 +146,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--phase-steps", type=int, default=10, help="eager steps timed per phase (0: none)")
     p.add_argument("--profile", type=int, default=0,
-                   help="eager steps under torch.profiler per variant: the kernels (memcpy and memset too) by GPU "
-                        "time (one CUDA process only; 0: none)")
+                   help="eager steps under torch.profiler per variant: the ops (with their input shapes) by "
+                        "their own GPU time (CPU time on the CPU) and, on CUDA, the kernels (memcpy and memset "
+                        "too) by GPU time (one process only; 0: none)")
     p.add_argument("--extra", nargs="*", default=[], help="more config overrides for every variant")
     p.add_argument("--label", default="", help="appended to the record's case name (an A/B's two sides)")
     p.add_argument("--no-write", action="store_true")
@@ -191,8 +207,8 @@ def main(argv: list[str] | None = None) -> int:
             row["peak_mem_GB"] = round(torch.cuda.max_memory_allocated(dev) / 1e9, 3)
         if args.phase_steps and world == 1:
             row["phases_eager"] = _phase_times(trainer, comps, args.phase_steps)
-        if args.profile and world == 1 and dev.type == "cuda":
-            row["kernels_eager"] = _kernel_profile(trainer, comps, args.profile)
+        if args.profile and world == 1:
+            row["kernels_eager"] = _profile(trainer, comps, args.profile)
         if world > 1:  # the replicas must agree: every rank's parameters and reduced loss
             import torch.distributed as dist
 
@@ -221,11 +237,16 @@ def main(argv: list[str] | None = None) -> int:
                   + "/".join(f"{ph.get(f'{q}_ms', float('nan')):.2f}" for q in PHASES))
         for r in rows:
             prof = r.get("kernels_eager")
-            if prof:
+            if not prof:
+                continue
+            if "top" in prof:
                 print(f"{r['variant']}: kernels of an eager step {prof['kernel_ms_per_step']:.2f} ms in "
                       f"{prof['launches_per_step']:.0f} launches; the most time:")
                 for name, calls, ms in prof["top"]:
                     print(f"  {ms:8.3f} ms {calls:6.1f}x  {name[:100]}")
+            print(f"{r['variant']}: the ops of an eager step by their own {prof['ops_time']} time:")
+            for name, shapes, calls, ms in prof["ops_top"]:
+                print(f"  {ms:8.3f} ms {calls:6.1f}x  {name} {shapes[:80]}")
         if not args.no_write:
             case = args.case if world == 1 else f"{args.case}-ddp{world}"
             case += f"-{args.label}" if args.label else ""
