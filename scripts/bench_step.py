@@ -111,7 +111,9 @@ def _profile(trainer, comps, steps: int, top: int = 25) -> dict:
     ops = []
     for e in prof.key_averages(group_by_input_shape=True):
         us = e.self_device_time_total if cuda else e.self_cpu_time_total
-        if us > 0 and "::" in e.key:  # aten and fasttomo ops, autograd nodes (not runtime calls)
+        # host-side ops (aten, fasttomo, autograd nodes), not the kernels (device-side records, whose
+        # names have "::" too) nor runtime calls
+        if us > 0 and e.device_type == DeviceType.CPU and "::" in e.key:
             ops.append([e.key, str(e.input_shapes)[:160], e.count / steps, us / steps / 1e3])
     ops.sort(key=lambda r: -r[3])
     out = {"steps": steps, "ops_time": "GPU" if cuda else "CPU",
