@@ -213,7 +213,7 @@ def make(N: int, F: int, H: int, device, bf16: bool, seed: int = 0):
 def compare(x, params, dout, bf16: bool, programs: int) -> dict:
     ref = twin(x, params, bf16, dout)
     out = fused_forward(x, *params, bf16)
-    got = (out, *fused_backward(x, dout, params[0], params[1], params[2], params[3], params[4], bf16, programs))
+    got = (out, *fused_backward(x, dout, *params[:5], bf16, programs))
     names = ("out", "dx", "dW1", "db1", "dW2", "db2", "dW3", "db3")
     return {f"err_{k}": float((a.float() - b.float()).norm() / b.float().norm().clamp_min(1e-30))
             for k, a, b in zip(names, got, ref)}
@@ -260,25 +260,18 @@ def main() -> int:
     for bf16 in (True, False):
         x, params, dout = make(args.points, args.features, args.hidden, dev, bf16)
         row = {"variant": "bf16" if bf16 else "fp32", **compare(x, params, dout, bf16, programs)}
-        xs = x.detach().requires_grad_(True)
-        ps = [p.detach().requires_grad_(True) for p in params]
-
         def twin_fwd():
+            from fasttomo.kernels import reference
+
             with torch.no_grad(), torch.autocast(device_type="cuda", dtype=torch.bfloat16, enabled=bf16):
-                from fasttomo.kernels import reference
                 return reference.decoder_mlp(x, *params)
 
-        def twin_fwd_bwd():
-            from fasttomo.kernels import reference
-            for t in (xs, *ps):  # as a step after zero_grad(set_to_none=True): no add into old gradients
-                t.grad = None
-            with torch.autocast(device_type="cuda", dtype=torch.bfloat16, enabled=bf16):
-                out = reference.decoder_mlp(xs, *ps)
-            out.float().backward(dout)
+        def twin_fwd_bwd():  # fresh leaves each call: no add into old gradients, as after zero_grad
+            twin(x, params, bf16, dout)
 
         def fused_fwd_bwd():
             fused_forward(x, *params, bf16)
-            fused_backward(x, dout, params[0], params[1], params[2], params[3], params[4], bf16, programs)
+            fused_backward(x, dout, *params[:5], bf16, programs)
 
         row["twin_fwd_ms"] = statistics.median(cuda_times_ms(twin_fwd, args.repeat, 3, dev))
         row["twin_fwd_bwd_ms"] = statistics.median(cuda_times_ms(twin_fwd_bwd, args.repeat, 3, dev))
