@@ -20,7 +20,14 @@
 # compiled by NVRTC, against global atomics; probe_smem_backward: a coarse scale's whole backward
 # that way against the Triton texel runs, at scales 50 and 100), camerastep (bench_step camera2k,
 # bf16 and fp32, with its kernels profiled), fusedmlp (probe_fused_mlp at camera2k's shape with the
-# backward's sweep), knockout (probe_bwd_knockout: the texel-run backward's knockouts and candidates).
+# backward's sweep), knockout (probe_bwd_knockout: the texel-run backward's knockouts and candidates),
+# decoder (the fused decoder's GPU tests: tests/kernels/test_kernels_gpu.py, test_compile_ahead.py
+# and tests/train/test_cuda_graph.py).
+#
+# An A/B against another commit in the same job, on the same machine: GPU_BATCH_BASE names a folder
+# holding that commit's tree (git archive <commit> | tar -x -C <folder>, carried along) and
+# GPU_BATCH_BASE_COMMIT its hash; a step named base-STEP runs STEP there (its records under base/,
+# marked with that commit), e.g. `start camerastep base-camerastep`.
 #
 # Everything goes to $GPU_BATCH_DIR (default /root/gpu_batch): the records, a log per step and
 # batch.log, one line per step ("STEP name rc=N Ss") and "DONE" at the end. Where the tree has no
@@ -44,7 +51,12 @@ case $mode in
     done
     cat "$DIR/batch.log" 2>/dev/null
     if [ -n "${OUT:-}" ] && [ -d "$DIR" ]; then
-      cp -r "$DIR/." "$OUT/"
+      if [ "$(find "$DIR" -type f | wc -l)" -le 8 ]; then
+        cp -r "$DIR/." "$OUT/"
+      else  # a lent machine sends back 8 files at most: the log, and the rest in one archive
+        cp "$DIR/batch.log" "$OUT/" 2>/dev/null
+        tar -czf "$OUT/gpu_batch.tgz" -C "$DIR" --exclude=./batch.log .
+      fi
     fi
     exit 0 ;;
   start)
@@ -104,8 +116,19 @@ EOF
 steps=("$@")
 [ ${#steps[@]} -eq 0 ] && steps=(kernels step run camera quality suite imports)
 echo "BEGIN $(date -u +%FT%TZ) commit=${FASTTOMO_COMMIT:-$(git rev-parse --short HEAD)} steps=${steps[*]}" >> "$DIR/batch.log"
+base() {  # base STEP: STEP in the tree of GPU_BATCH_BASE (another commit), records under $DIR/base
+  if [ -z "${GPU_BATCH_BASE:-}" ] || [ -z "${GPU_BATCH_BASE_COMMIT:-}" ] || [ ! -f "$GPU_BATCH_BASE/scripts/gpu_batch.sh" ]; then
+    echo "STEP base-$1 needs GPU_BATCH_BASE (a tree of another commit) and GPU_BATCH_BASE_COMMIT" >> "$DIR/batch.log"
+    return
+  fi
+  (cd "$GPU_BATCH_BASE" && GPU_BATCH_DIR="$DIR/base" FASTTOMO_COMMIT="$GPU_BATCH_BASE_COMMIT" \
+     PYTHONPATH="$PWD/src:$PYTHONPATH" bash scripts/gpu_batch.sh run "$1")
+  grep '^STEP' "$DIR/base/batch.log" | tail -n 1 | sed 's/^STEP /STEP base-/' >> "$DIR/batch.log"
+}
+
 for s in "${steps[@]}"; do
   case $s in
+    base-*) base "${s#base-}" ;;
     kernels) step kernels python3 scripts/bench_kernels.py --case flagship ;;
     step)
       for case in flagship small128; do
@@ -133,8 +156,10 @@ for s in "${steps[@]}"; do
                   --profile 3 ;;
     fusedmlp) step fused-mlp python3 scripts/probe_fused_mlp.py --case camera2k --sweep --out-dir "$DIR" ;;
     knockout) step knockout python3 scripts/probe_bwd_knockout.py --out-dir "$DIR" ;;
+    decoder) step decoder python3 -m pytest -q -m gpu -p no:cacheprovider -o addopts='' \
+               tests/kernels/test_kernels_gpu.py tests/kernels/test_compile_ahead.py tests/train/test_cuda_graph.py ;;
     *) echo "STEP $s unknown (kernels, step, run, runpyc, camera, camera16, quality, suite, imports, smem," \
-         "camerastep, fusedmlp, knockout)" >> "$DIR/batch.log" ;;
+         "camerastep, fusedmlp, knockout, decoder; base-STEP)" >> "$DIR/batch.log" ;;
   esac
 done
 echo DONE >> "$DIR/batch.log"

@@ -1,31 +1,17 @@
 #!/usr/bin/env python
-"""probe_fused_mlp: what a fused decoder would save at camera scale, before it is built into the door.
+"""probe_fused_mlp: the fused decoder's kernels (``kernels/triton/mlp.py``) against the twin, alone.
 
-The camera2k step (bench_step --case camera2k --profile) spends about 4 ms of its 14.6 ms (bf16,
-one H100) in the decoder: Linear(F, H)-ReLU-Linear(H, H)-ReLU-Linear(H, 1) on 6.3 M points with
-F = 48, H = 32 (model.hidden; the flagship's is 64), run by cuBLAS and torch's elementwise
-kernels, which write and read every (N, H) activation through memory. This probe is the decoder
-as two Triton kernels that keep the activations in registers (so F up to 128; the flagship's
-F = 1152 is not for this design):
-
-    forward   a program owns BLOCK_N points: x (BLOCK_N, F) -> z1 = x W1^T + b1 -> h1 = relu(z1)
-              -> z2 = h1 W2^T + b2 -> h2 = relu(z2) -> out = h2 w3 + b3; writes out (N,) only
-    backward  persistent programs (a few per SM) walk blocks of points: recompute z1, z2, then
-              dz2 = dout w3 [z2 > 0], dh1 = dz2 W2, dz1 = dh1 [z1 > 0], dx = dz1 W1 (written), and
-              sum dW1 = dz1^T x, dW2 = dz2^T h1, dw3 = h2^T dout and the biases' sums in registers;
-              each program writes its partial sums once, added up by one torch reduction (the
-              same order every call)
-
-In bf16 the products take bf16 operands with fp32 sums and the activations are rounded to bf16
-before the next product, as autocast does for the twin (``reference.decoder_mlp``; autocast also
-rounds the biases, the last layer's weights and the output to bf16, which this keeps in fp32); in
-fp32 the products are IEEE fp32 (no TF32), as torch's default. Parity against the twin under the
-same precision (forward output, dL/dx and every weight's gradient through autograd), then
-CUDA-event medians of the fused pair against the twin's forward and backward. Prints a table,
-writes benchmarks/results/probe_fused_mlp-<case>-<device>-<commit>.json.
+Linear(F, H)-ReLU-Linear(H, H)-ReLU-Linear(H, 1) on N points, as the camera2k step runs it (6.3 M
+points, F = 48, H = 32: model.hidden; the flagship's F = 1152 is not for this design). Parity
+against the twin under the same precision (forward output, dL/dx and every weight's gradient
+through autograd; in bf16 the twin runs under autocast, ``reference.decoder_mlp``), then
+CUDA-event medians of the fused pair against the twin's forward and forward + backward, in bf16
+(the path the door takes) and fp32 (which the door leaves to cuBLAS). ``--sweep`` also times the
+backward's launch settings (points a block, warps, programs an SM). Prints a table, writes
+benchmarks/results/probe_fused_mlp-<case>-<device>-<commit>.json.
 
     python scripts/probe_fused_mlp.py                       # camera2k: N = 8192 x 768, F = 48, H = 32
-    python scripts/probe_fused_mlp.py --points 6291456 --features 96     # other widths, F <= 128
+    python scripts/probe_fused_mlp.py --points 6291456 --hidden 64       # other widths (the door's limits)
     python scripts/probe_fused_mlp.py --cpu-check           # no GPU: Triton's interpreter, a tiny fp32 case
 """
 
@@ -46,140 +32,17 @@ sys.path.insert(0, str(ROOT / "src"))
 if "--cpu-check" in sys.argv:
     os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported
 
-import triton  # noqa: E402
-import triton.language as tl  # noqa: E402
+from fasttomo.kernels.triton import mlp  # noqa: E402  (imports triton)
 
 
-@triton.jit
-def _layers(x, w1t, b1, w2t, b2, BF16: tl.constexpr, PREC: tl.constexpr):
-    """(z1, h1, z2, h2) of a block; x (BN, FP), w1t (FP, H), w2t (H, H)."""
-    z1 = tl.dot(x, w1t, input_precision=PREC) + b1[None, :]
-    h1 = tl.maximum(z1, 0.0)
-    if BF16:
-        h1 = h1.to(tl.bfloat16)
-    z2 = tl.dot(h1, w2t, input_precision=PREC) + b2[None, :]
-    h2 = tl.maximum(z2, 0.0)
-    return z1, h1, z2, h2
+def fused_forward(x, w1, b1, w2, b2, w3, b3, bf16: bool):
+    return mlp.mlp_forward(x, w1, b1, w2, b2, w3, b3, bf16)
 
 
-@triton.jit
-def _weights(w1_ptr, w2_ptr, F, fo, ho, BF16: tl.constexpr):
-    """W1^T (FP, H) and W2^T (H, H) from nn.Linear's (H, F) and (H, H), in the products' dtype."""
-    fm = fo < F
-    w1t = tl.load(w1_ptr + ho[None, :] * F + fo[:, None], mask=fm[:, None], other=0.0)
-    w2t = tl.load(w2_ptr + ho[None, :] * ho.shape[0] + ho[:, None])
-    if BF16:
-        w1t = w1t.to(tl.bfloat16)
-        w2t = w2t.to(tl.bfloat16)
-    return w1t, w2t
-
-
-@triton.jit
-def mlp_fwd_kernel(x_ptr, w1_ptr, b1_ptr, w2_ptr, b2_ptr, w3_ptr, b3_ptr, out_ptr, N, F,
-                   FP: tl.constexpr, H: tl.constexpr, BLOCK_N: tl.constexpr, BF16: tl.constexpr,
-                   PREC: tl.constexpr):
-    pid = tl.program_id(0)
-    n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
-    fo = tl.arange(0, FP)
-    ho = tl.arange(0, H)
-    nm = n < N
-    x = tl.load(x_ptr + n[:, None].to(tl.int64) * F + fo[None, :], mask=nm[:, None] & (fo < F)[None, :], other=0.0)
-    w1t, w2t = _weights(w1_ptr, w2_ptr, F, fo, ho, BF16)
-    b1 = tl.load(b1_ptr + ho)
-    b2 = tl.load(b2_ptr + ho)
-    z1, h1, z2, h2 = _layers(x, w1t, b1, w2t, b2, BF16, PREC)
-    if BF16:
-        h2 = h2.to(tl.bfloat16).to(tl.float32)
-    out = tl.sum(h2 * tl.load(w3_ptr + ho)[None, :], axis=1) + tl.load(b3_ptr)
-    tl.store(out_ptr + n, out, mask=nm)
-
-
-@triton.jit
-def mlp_bwd_kernel(x_ptr, dout_ptr, w1_ptr, b1_ptr, w2_ptr, b2_ptr, w3_ptr, dx_ptr, part_ptr, N, F, NPROG,
-                   FP: tl.constexpr, H: tl.constexpr, BLOCK_N: tl.constexpr, BF16: tl.constexpr,
-                   PREC: tl.constexpr):
-    pid = tl.program_id(0)
-    fo = tl.arange(0, FP)
-    ho = tl.arange(0, H)
-    fm = fo < F
-    w1t, w2t = _weights(w1_ptr, w2_ptr, F, fo, ho, BF16)
-    b1 = tl.load(b1_ptr + ho)
-    b2 = tl.load(b2_ptr + ho)
-    w3 = tl.load(w3_ptr + ho)
-    dw1 = tl.zeros([H, FP], dtype=tl.float32)
-    dw2 = tl.zeros([H, H], dtype=tl.float32)
-    db1 = tl.zeros([H], dtype=tl.float32)
-    db2 = tl.zeros([H], dtype=tl.float32)
-    dw3 = tl.zeros([H], dtype=tl.float32)
-    db3 = tl.zeros([BLOCK_N], dtype=tl.float32)
-    for blk in range(pid, tl.cdiv(N, BLOCK_N), NPROG):
-        n = blk * BLOCK_N + tl.arange(0, BLOCK_N)
-        nm = n < N
-        xoff = n[:, None].to(tl.int64) * F + fo[None, :]
-        x = tl.load(x_ptr + xoff, mask=nm[:, None] & fm[None, :], other=0.0)
-        z1, h1, z2, h2 = _layers(x, w1t, b1, w2t, b2, BF16, PREC)
-        dout = tl.load(dout_ptr + n, mask=nm, other=0.0)
-        if BF16:
-            h2 = h2.to(tl.bfloat16)
-        dw3 += tl.sum(h2.to(tl.float32) * dout[:, None], axis=0)
-        db3 += dout
-        dz2 = tl.where(z2 > 0.0, dout[:, None] * w3[None, :], 0.0)
-        if BF16:
-            dz2 = dz2.to(tl.bfloat16)
-        dh1 = tl.dot(dz2, tl.trans(w2t), input_precision=PREC)
-        dz1 = tl.where(z1 > 0.0, dh1, 0.0)
-        if BF16:
-            dz1 = dz1.to(tl.bfloat16)
-        dw2 += tl.dot(tl.trans(dz2), h1, input_precision=PREC)
-        db2 += tl.sum(dz2.to(tl.float32), axis=0)
-        dw1 += tl.dot(tl.trans(dz1), x, input_precision=PREC)
-        db1 += tl.sum(dz1.to(tl.float32), axis=0)
-        dx = tl.dot(dz1, tl.trans(w1t), input_precision=PREC)
-        tl.store(dx_ptr + xoff, dx, mask=nm[:, None] & fm[None, :])
-    # this program's partial sums: dW1 (H, FP), dW2 (H, H), db1, db2, dw3 (H each), db3
-    base = part_ptr + pid.to(tl.int64) * (H * FP + H * H + 3 * H + 1)
-    tl.store(base + ho[:, None] * FP + fo[None, :], dw1)
-    base += H * FP
-    tl.store(base + ho[:, None] * H + ho[None, :], dw2)
-    base += H * H
-    tl.store(base + ho, db1)
-    tl.store(base + H + ho, db2)
-    tl.store(base + 2 * H + ho, dw3)
-    tl.store(base + 3 * H, tl.sum(db3, axis=0))
-
-
-def _fp(F: int) -> int:
-    return max(16, triton.next_power_of_2(F))
-
-
-def fused_forward(x, w1, b1, w2, b2, w3, b3, bf16: bool, block_n: int = 128):
-    N, F = x.shape
-    H = w1.shape[0]
-    out = torch.empty(N, device=x.device, dtype=torch.float32)
-    mlp_fwd_kernel[(triton.cdiv(N, block_n),)](x, w1, b1, w2, b2, w3.reshape(-1), b3, out, N, F, FP=_fp(F), H=H,
-                                                 BLOCK_N=block_n, BF16=bf16, PREC="tf32" if bf16 else "ieee",
-                                                 num_warps=4)
-    return out
-
-
-def fused_backward(x, dout, w1, b1, w2, b2, w3, bf16: bool, programs: int, block_n: int = 32, warps: int = 4):
+def fused_backward(x, dout, w1, b1, w2, b2, w3, bf16: bool, programs=None, block_n=mlp.BWD_BLOCK_N,
+                   warps=mlp.BWD_WARPS):
     """(dx, dW1, db1, dW2, db2, dW3, db3) with nn.Linear's shapes."""
-    N, F = x.shape
-    H = w1.shape[0]
-    FP = _fp(F)
-    dx = torch.empty(N, F, device=x.device, dtype=x.dtype)
-    width = H * FP + H * H + 3 * H + 1
-    part = torch.empty(programs, width, device=x.device, dtype=torch.float32)
-    mlp_bwd_kernel[(programs,)](x, dout.contiguous(), w1, b1, w2, b2, w3.reshape(-1), dx, part, N, F, programs,
-                                FP=FP, H=H, BLOCK_N=block_n, BF16=bf16, PREC="tf32" if bf16 else "ieee",
-                                num_warps=warps)
-    s = part.sum(0)
-    dw1 = s[:H * FP].reshape(H, FP)[:, :F]
-    o = H * FP
-    dw2 = s[o:o + H * H].reshape(H, H)
-    o += H * H
-    db1, db2, dw3, db3 = s[o:o + H], s[o + H:o + 2 * H], s[o + 2 * H:o + 3 * H].reshape(1, H), s[o + 3 * H:]
-    return dx, dw1, db1, dw2, db2, dw3, db3
+    return mlp.mlp_backward(x, dout, w1, b1, w2, b2, w3, bf16, True, programs, block_n, warps)
 
 
 def twin(x, params, bf16: bool, dout):
@@ -210,7 +73,7 @@ def make(N: int, F: int, H: int, device, bf16: bool, seed: int = 0):
     return x, params, dout
 
 
-def compare(x, params, dout, bf16: bool, programs: int) -> dict:
+def compare(x, params, dout, bf16: bool, programs: int | None = None) -> dict:
     ref = twin(x, params, bf16, dout)
     out = fused_forward(x, *params, bf16)
     got = (out, *fused_backward(x, dout, *params[:5], bf16, programs))
@@ -248,14 +111,15 @@ def main() -> int:
     args = ap.parse_args()
     if args.cpu_check:
         return cpu_check()
-    if _fp(args.features) > 128 or args.hidden not in (16, 32, 64, 128):
-        raise SystemExit("probe_fused_mlp: a block's features and activations live in registers: --features up to "
-                         "128 and --hidden a power of two from 16 to 128")
+    if not (1 <= args.features <= mlp.MAX_FEATURES and args.hidden in mlp.HIDDEN):
+        raise SystemExit(f"probe_fused_mlp: a block's features and activations live in registers: --features up to "
+                         f"{mlp.MAX_FEATURES} and --hidden one of {list(mlp.HIDDEN)}")
 
     from benchlib import cuda_times_ms, device_name, write_result
 
     dev = torch.device("cuda")
-    programs = 4 * torch.cuda.get_device_properties(dev).multi_processor_count
+    sms = torch.cuda.get_device_properties(dev).multi_processor_count
+    programs = mlp.BWD_PROGRAMS_PER_SM * sms
     rows = []
     for bf16 in (True, False):
         x, params, dout = make(args.points, args.features, args.hidden, dev, bf16)
@@ -284,7 +148,6 @@ def main() -> int:
               f"{row['fused_fwd_ms']:.3f} fwd+bwd {row['fused_fwd_bwd_ms']:.3f} ms | {errs}", flush=True)
     if args.sweep:
         x, params, dout = make(args.points, args.features, args.hidden, dev, True)
-        sms = torch.cuda.get_device_properties(dev).multi_processor_count
         for block_n in args.sweep_blocks:
             for warps in args.sweep_warps:
                 for per_sm in (2, 4, 8, 16):

@@ -9,6 +9,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tarfile
 from pathlib import Path
 
 import pytest
@@ -45,10 +46,45 @@ def test_start_returns_and_poll_copies_the_folder(tmp_path):
         res = _batch(["poll", "60"], tmp_path / "b", OUT=str(out))
         assert res.returncode == 0 and res.stdout.splitlines()[-1] == "DONE"
         known = ("kernels, step, run, runpyc, camera, camera16, quality, suite, imports, smem, camerastep, fusedmlp, "
-                 "knockout")
+                 "knockout, decoder; base-STEP")
         assert f"STEP nosuchstep unknown ({known})" in res.stdout
     assert (out / "batch.log").read_text().count("BEGIN") == 1
     assert len(list((tmp_path / "b").glob("batch-*.log"))) == 1
+
+
+def test_poll_sends_more_than_eight_files_as_one_archive(tmp_path):
+    """A lent machine sends back 8 files at most: beyond that, poll copies the log and packs the
+    rest (records in sub-folders too) into gpu_batch.tgz."""
+    b, out = tmp_path / "b", tmp_path / "out"
+    (b / "base").mkdir(parents=True)
+    out.mkdir()
+    (b / "batch.log").write_text("BEGIN\nDONE\n")
+    for i in range(8):
+        (b / f"r{i}.json").write_text(str(i))
+    (b / "base" / "r8.json").write_text("8")
+    res = _batch(["poll", "10"], b, OUT=str(out))
+    assert res.returncode == 0 and sorted(p.name for p in out.iterdir()) == ["batch.log", "gpu_batch.tgz"]
+    with tarfile.open(out / "gpu_batch.tgz") as t:
+        names = sorted(os.path.normpath(n) for n in t.getnames() if n.endswith(".json"))
+    assert names == sorted([f"r{i}.json" for i in range(8)] + ["base/r8.json"])
+
+
+def test_a_base_step_runs_in_the_other_tree(tmp_path):
+    """base-STEP runs STEP with the script of GPU_BATCH_BASE's tree, its log and records under base/
+    marked with GPU_BATCH_BASE_COMMIT; its line lands in the batch's log. Without a base tree the
+    log says what it needs."""
+    tree = tmp_path / "other"
+    (tree / "scripts").mkdir(parents=True)
+    (tree / "scripts" / "gpu_batch.sh").write_text(SCRIPT.read_text().replace("knockout, decoder;", "knockout, OTHER;"))
+    res = _batch(["run", "base-nosuchstep"], tmp_path / "b", FASTTOMO_COMMIT="abc1234", GPU_BATCH_BASE=str(tree),
+                 GPU_BATCH_BASE_COMMIT="def5678")
+    assert res.returncode == 0, res.stderr
+    log = (tmp_path / "b" / "batch.log").read_text().splitlines()
+    assert "commit=abc1234 steps=base-nosuchstep" in log[0] and log[-1] == "DONE"
+    assert log[1].startswith("STEP base-nosuchstep unknown (") and "OTHER" in log[1]
+    assert "commit=def5678 steps=nosuchstep" in (tmp_path / "b" / "base" / "batch.log").read_text()
+    res = _batch(["run", "base-camerastep"], tmp_path / "c", FASTTOMO_COMMIT="abc1234")
+    assert "STEP base-camerastep needs GPU_BATCH_BASE" in (tmp_path / "c" / "batch.log").read_text()
 
 
 def test_refuses_an_unknown_mode_and_a_tree_without_a_commit(tmp_path):

@@ -122,13 +122,15 @@ def test_the_marker_names_the_plan(monkeypatch, tmp_path):
     assert path is not None and path.startswith(str(tmp_path)) and path.endswith(".done")
     assert ahead.plan_marker(torch.device("cuda"), list(reversed(classes))) == path
     assert marker(planes_bf16=True)[0] != path
+    assert marker(decoder=(48, 32))[0] != path  # the fused decoder's pair
 
 
 def test_planning_a_run_imports_no_symbolic_shapes():
     """Collecting a plan runs the launchers on meta tensors; their sums of partial results must not
     reach torch's meta reductions, which import sympy and torch's symbolic shapes (3.1 s of a warm
     H200 run at f89d2a5, where torch compiles their sources), a cost the run has no other use for.
-    The plan of the default run with the frames' gradient, plane TV and volume TV, in a fresh process."""
+    The plan of the default run with the frames' gradient, plane TV, volume TV and (bf16) the fused
+    decoder, in a fresh process."""
     pytest.importorskip("triton")
     code = r"""
 import json, sys
@@ -139,7 +141,7 @@ lay = PlaneLayout(2, 16, ((8, 8, 8), (16, 16, 16)))
 calls = []
 for bf16 in (True, False):  # bf16 features and planes, and fp32
     jobs = ahead.plan_jobs(lay, 4096, train_out_bf16=bf16, need_dq=True, need_gm=True, plane_tv=True,
-                           volume_tv=((8, 16, 16), True), planes_bf16=bf16)
+                           volume_tv=((8, 16, 16), True), planes_bf16=bf16, decoder=(48, 32) if bf16 else None)
     calls += ahead._collect(torch.device("cpu"), jobs)
 print(json.dumps({"calls": len(calls), "sympy": "sympy" in sys.modules,
                   "symbolic_shapes": "torch.fx.experimental.symbolic_shapes" in sys.modules}))
@@ -147,7 +149,7 @@ print(json.dumps({"calls": len(calls), "sympy": "sympy" in sys.modules,
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr[-3000:]
     got = json.loads(p.stdout.strip().splitlines()[-1])
-    assert got["calls"] >= 16 and not got["sympy"] and not got["symbolic_shapes"], got
+    assert got["calls"] >= 18 and not got["sympy"] and not got["symbolic_shapes"], got
 
 
 def test_a_cpu_field_compiles_nothing_ahead_and_imports_no_triton():

@@ -340,20 +340,115 @@ def test_cuda_graph_capture_replays():
         assert rel(a, b) < 1e-5
 
 
-def test_the_decoder_on_a_gpu_is_its_nn_sequential():
-    """decoder_mlp has no GPU fast path: on CUDA the Decoder takes the twin (path 'torch'), the
-    same calls as its nn.Sequential, so fp32 and bf16-autocast outputs and gradients are its bits."""
+# ------------------------------------------------------------------------------- the decoder
+def _decoder(features=48, hidden=32, seed=0):
     from fasttomo.models.decoder import Decoder
 
-    dec = Decoder(48, "hybrid", 32, generator=torch.Generator().manual_seed(0)).cuda()
-    x = torch.randn(5000, 48, device="cuda", requires_grad=True)
-    for autocast in (False, True):
+    return Decoder(features, "hybrid", hidden, generator=torch.Generator().manual_seed(seed)).cuda()
+
+
+def _grads(out, x, dec, g):
+    return torch.autograd.grad(out.float(), [x, *dec.parameters()] if x.requires_grad else list(dec.parameters()), g)
+
+
+def test_the_decoder_outside_bf16_autocast_is_its_nn_sequential():
+    """In fp32, and under bf16 autocast for widths the fused kernels do not take or with
+    kernels.backend=torch, the Decoder takes the twin (path 'torch'): the same calls as its
+    nn.Sequential, so outputs and gradients are its bits."""
+    for features, hidden, autocast, backend in ((48, 32, False, "auto"), (96, 32, True, "auto"), (48, 128, True, "auto"),
+                                                (48, 32, True, "torch")):
+        dispatch.configure(backend)
+        dec = _decoder(features, hidden)
+        x = torch.randn(5000, features, device="cuda", requires_grad=True)
         dispatch.reset_counters()
         with torch.autocast("cuda", dtype=torch.bfloat16, enabled=autocast):
             out, ref = dec(x), dec.net(x).squeeze(-1)
-        assert dispatch.counters == {"decoder_mlp": {"torch": 1}}
+        assert dispatch.counters == {"decoder_mlp": {"torch": 1}}, (features, hidden, autocast, backend)
         assert out.dtype == ref.dtype == (torch.bfloat16 if autocast else torch.float32)
         assert torch.equal(out, ref)
-        g = torch.autograd.grad(out.float().square().sum(), [x, *dec.parameters()])
-        g_ref = torch.autograd.grad(ref.float().square().sum(), [x, *dec.parameters()])
-        assert all(torch.equal(a, b) for a, b in zip(g, g_ref))
+        g = torch.randn(5000, device="cuda")
+        assert all(torch.equal(a, b) for a, b in zip(_grads(out, x, dec, g), _grads(ref, x, dec, g)))
+
+
+@pytest.mark.parametrize("features,hidden", [(48, 32), (48, 64), (20, 16), (64, 64)])
+@pytest.mark.parametrize("x_dtype", [torch.bfloat16, torch.float32])
+def test_the_bf16_decoder_takes_the_fused_kernels_and_is_as_close_as_the_twin(features, hidden, x_dtype):
+    """Under bf16 autocast the Decoder takes the fused kernels (path 'triton', fp32 output): output
+    and every gradient (features bf16, as the fused interpolation writes them, or fp32) are as
+    close to the fp32 decoder's as the bf16 twin's are, the backward is the same bits twice (its
+    partial sums add in one order), and without dL/dx the weights' gradients are the same bits."""
+    dec = _decoder(features, hidden)
+    n = 10007  # not a multiple of any block
+    x = (torch.rand(n, features, device="cuda") * 2).to(x_dtype).requires_grad_()
+    g = torch.randn(n, device="cuda")
+    oracle = dec.net(x.float()).squeeze(-1)
+    want = _grads(oracle, x, dec, g)
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        twin = dec.net(x).squeeze(-1)
+        dispatch.reset_counters()
+        out, again = dec(x), dec(x)
+    assert dispatch.counters == {"decoder_mlp": {"triton": 2}} and out.dtype == torch.float32
+    got, got_again, twin_g = _grads(out, x, dec, g), _grads(again, x, dec, g), _grads(twin, x, dec, g)
+    assert dispatch.counters["decoder_mlp_bwd"] == {"triton": 2}
+    assert got[0].dtype == x_dtype and all(a.dtype == torch.float32 for a in got[1:])
+    assert all(torch.equal(a, b) for a, b in zip(got, got_again))
+    errs = {"out": (rel(out, oracle), rel(twin.float(), oracle))}
+    for name, a, t, w in zip(("x", "w1", "b1", "w2", "b2", "w3", "b3"), got, twin_g, want):
+        errs[name] = (rel(a, w), rel(t, w))
+    assert all(fused <= 1.5 * twin_err + 2e-3 for fused, twin_err in errs.values()), errs
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        weights_only = _grads(dec(x.detach()), x.detach(), dec, g)
+    assert all(torch.equal(a, b) for a, b in zip(weights_only, got[1:]))
+
+
+def test_the_fused_decoder_double_backward_runs_the_twin():
+    dec = _decoder()
+    x = torch.randn(300, 48, device="cuda", requires_grad=True)
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        out = dec(x)
+        ref = dec.net(x).squeeze(-1)
+    dispatch.reset_counters()
+    (gx,) = torch.autograd.grad(out.square().sum(), [x], create_graph=True)
+    assert dispatch.counters == {"decoder_mlp_bwd": {"torch": 1}}
+    (rx,) = torch.autograd.grad(ref.float().square().sum(), [x], create_graph=True)
+    assert rel(gx, rx) < 2e-2
+    w1 = dec.net[0].weight
+    assert rel(torch.autograd.grad(gx.sum(), [w1])[0], torch.autograd.grad(rx.sum(), [w1])[0]) < 5e-2
+
+
+def test_opcheck_decoder_mlp():
+    from fasttomo.kernels.triton import ops  # noqa: F401
+    dec = _decoder(20, 16)
+    params = [p.detach().requires_grad_() for p in dec.parameters()]
+    for x, bf16 in ((torch.randn(77, 20, device="cuda", dtype=torch.bfloat16, requires_grad=True), True),
+                    (torch.randn(77, 20, device="cuda", requires_grad=True), False)):
+        _opcheck(torch.ops.fasttomo.decoder_mlp.default, (x, *params, bf16))
+        g = torch.randn(77, device="cuda")
+        for need_dx in (True, False):
+            _opcheck(torch.ops.fasttomo.decoder_mlp_bwd.default,
+                     (g, x.detach(), *(p.detach() for p in params[:5]), bf16, need_dx))
+
+
+def test_the_fused_decoder_in_a_captured_step():
+    """The fused pair inside CUDA-graph capture: a replay on new features gives the eager bits."""
+    dec = _decoder()
+    x = torch.rand(4099, 48, device="cuda").to(torch.bfloat16).requires_grad_()
+    params = [x, *dec.parameters()]
+
+    def step():
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            return torch.autograd.grad(dec(x).square().mean(), params)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(2):
+            step()
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static = step()
+    with torch.no_grad():
+        x.copy_(torch.rand_like(x))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert all(torch.equal(a, b) for a, b in zip(static, step()))

@@ -206,6 +206,35 @@ def _checks():
             (gg,) = torch.autograd.grad(got * 0.3, [v])
             record(f"volume_tv[{'x'.join(map(str, shape))}-{kind}]", {"out": _rel(got, ref), "grad": _rel(gg, gr)})
 
+    # the fused decoder in fp32 (the interpreter's bf16 products are wrong in Triton 3.9; the bf16
+    # path, the one the door takes, is checked on the GPU): values and every gradient through the
+    # op's autograd, ragged N and F, each hidden width; dx skipped when not asked for; create_graph
+    # through the twin
+    from fasttomo.kernels.triton import mlp
+
+    for n, f, h in ((300, 20, 32), (37, 48, 16), (5, 64, 64)):
+        x = torch.randn(n, f).requires_grad_()
+        ps = [(torch.randn(*shape) * 0.3).requires_grad_() for shape in ((h, f), (h,), (h, h), (h,), (1, h), (1,))]
+        ref = reference.decoder_mlp(x, *ps)
+        got = torch.ops.fasttomo.decoder_mlp(x, *ps, False)
+        g = torch.randn(n)
+        gr = torch.autograd.grad(ref, [x, *ps], g)
+        dispatch.reset_counters()
+        gg = torch.autograd.grad(got, [x, *ps], g)
+        errs = {"out": _rel(got, ref) + float(got.dtype != torch.float32)}
+        for name, a, b in zip(("x", "w1", "b1", "w2", "b2", "w3", "b3"), gg, gr):
+            errs[f"d_{name}"] = _rel(a, b) + float(a.shape != b.shape)
+        errs["spy"] = float(dispatch.counters.get("decoder_mlp_bwd") != {"triton": 1})
+        dx, *dw = mlp.mlp_backward(x.detach(), g, *(p.detach() for p in ps[:5]), False, need_dx=False, programs=2)
+        errs["no_dx"] = float(dx.shape != (0, f)) + _rel(dw[0], gr[1])
+        dispatch.reset_counters()
+        (c1,) = torch.autograd.grad(torch.ops.fasttomo.decoder_mlp(x, *ps, False).square().sum(), [x],
+                                    create_graph=True)
+        (c2,) = torch.autograd.grad(reference.decoder_mlp(x, *ps).square().sum(), [x], create_graph=True)
+        errs["create_graph"] = _rel(c1, c2) + float(dispatch.counters.get("decoder_mlp_bwd") != {"torch": 1})
+        errs["double"] = _rel(torch.autograd.grad(c1.sum(), [ps[0]])[0], torch.autograd.grad(c2.sum(), [ps[0]])[0])
+        record(f"decoder_mlp[n{n}-f{f}-h{h}]", errs)
+
     # the SIRT projector pair, with int32 and with int64 offsets (the variant above 2**31 elements)
     from fasttomo.geometry.so3 import rot_y, rot_z
     from fasttomo.kernels.triton import tomo
@@ -233,6 +262,7 @@ NAMES = (
     + [f"plane_tv[{l}]" for l in ("T2_C5_two_scales_aniso", "T1_C3_one_scale", "T3_C16_rect")]
     + [f"volume_tv[{s}-{k}]" for s in ("5x6x7", "2x3x2x5", "2x2x2") for k in ("squared", "l1")]
     + ["tomo[int64=False]", "tomo[int64=True]"]
+    + [f"decoder_mlp[{c}]" for c in ("n300-f20-h32", "n37-f48-h16", "n5-f64-h64")]
 )
 
 

@@ -122,12 +122,19 @@ def _route(op: str, reason: Optional[str]) -> bool:
             f"{op}: kernels.backend=triton but the fast path cannot take this input: {reason}. "
             f"Fix the input or set kernels.backend=auto to fall back to the pure-torch twin.")
     _note(op, "triton" if reason is None else "torch", reason)
-    if reason is None and _ahead["started"]:
+    if reason is None:
+        _wait_ahead()
+    return reason is None
+
+
+def _wait_ahead() -> None:
+    """Before a fused launch: join the compile-ahead pool if one runs (its kernels are in Triton's
+    caches from here on)."""
+    if _ahead["started"]:
         _ahead["started"] = False
         from fasttomo.kernels.triton import ahead
 
-        ahead.wait()  # the kernels compiled ahead (compile_ahead) are in Triton's caches from here on
-    return reason is None
+        ahead.wait()
 
 
 def _note(op: str, path: str, reason: Optional[str]) -> None:
@@ -262,16 +269,58 @@ def decoder_mlp_native(device: torch.device, dtype: torch.dtype, features: int, 
     return _why_not_native_mlp(device, dtype, features, hidden) is None
 
 
+def fused_mlp_fits(features: int, hidden: int) -> bool:
+    """Whether a hybrid decoder of these widths is one the fused GPU kernels take
+    (``kernels/triton/mlp.py``: F up to 64, H 16, 32 or 64)."""
+    return 1 <= features <= _FUSED_MLP_FEATURES and hidden in _FUSED_MLP_HIDDEN
+
+
+_FUSED_MLP_FEATURES, _FUSED_MLP_HIDDEN = 64, (16, 32, 64)  # kernels/triton/mlp.py's MAX_FEATURES, HIDDEN
+
+
+def _why_not_fused_mlp(x: torch.Tensor, params) -> Optional[str]:
+    """None when the fused GPU decoder takes these tensors: CUDA, bf16 autocast (in fp32 cuBLAS runs
+    the twin faster, docs/kernels.md; fp16 has no fused kernels), fp32 weights, (N, F) bf16 or
+    fp32 features of widths ``fused_mlp_fits``."""
+    if _state["backend"] == "torch":
+        return "kernels.backend=torch"
+    if not x.is_cuda:
+        return f"tensor on {x.device.type}, fast path needs CUDA"
+    if not (torch.is_autocast_enabled("cuda") and torch.get_autocast_dtype("cuda") == torch.bfloat16):
+        return "no bf16 autocast (the fused decoder is bf16's; cuBLAS runs fp32 faster)"
+    if any(p.device != x.device or p.dtype != torch.float32 for p in params):
+        return "weights not float32 on the features' device"
+    w1, w3 = params[0], params[4]
+    if x.dim() != 2 or x.dtype not in (torch.bfloat16, torch.float32) or x.shape[1] != w1.shape[1]:
+        return f"features {tuple(x.shape)} {x.dtype}, fast path needs (N, {w1.shape[1]}) bf16 or float32"
+    if not fused_mlp_fits(w1.shape[1], w1.shape[0]) or tuple(w3.shape) != (1, w1.shape[0]):
+        return (f"a decoder of {w1.shape[1]} features and {w1.shape[0]} hidden units: the fused kernels take up to "
+                f"{_FUSED_MLP_FEATURES} features and {list(_FUSED_MLP_HIDDEN)} hidden units")
+    if not 0 < x.shape[0] < _INT32_MAX:
+        return f"{x.shape[0]} points"
+    if _load_ops() is None:
+        return f"triton unavailable ({_ops_error})"
+    return None
+
+
 def decoder_mlp(x: torch.Tensor, w1: torch.Tensor, b1: torch.Tensor, w2: torch.Tensor, b2: torch.Tensor,
                 w3: torch.Tensor, b3: torch.Tensor) -> torch.Tensor:
     """The hybrid decoder (Linear-ReLU-Linear-ReLU-Linear; semantics: ``reference.decoder_mlp``):
     the native CPU kernels (path 'cpu') for CPU float32/float64 inputs under ``backend=auto``
-    outside autocast; the twin elsewhere (on a GPU: cuBLAS GEMMs under autocast, path 'torch')."""
+    outside autocast; the fused Triton kernels (path 'triton') under CUDA bf16 autocast where
+    ``_why_not_fused_mlp`` allows (their output is fp32, the twin's bf16); the twin elsewhere
+    (cuBLAS GEMMs, path 'torch'). The decoder never raises under ``backend=triton``: where the
+    fused kernels are not taken, cuBLAS is the faster path or the widths are not theirs."""
     params = (w1, b1, w2, b2, w3, b3)
     reason = _why_not_cpu_mlp(x, params)
     if reason is None:
         _note("decoder_mlp", "cpu", None)
         return _cpu_mlp.decoder_mlp(x, *params, native=True)
+    reason = _why_not_fused_mlp(x, params)
+    if reason is None:
+        _note("decoder_mlp", "triton", None)
+        _wait_ahead()
+        return torch.ops.fasttomo.decoder_mlp(x, *params, True)
     _note("decoder_mlp", "torch", reason)
     return reference.decoder_mlp(x, *params)
 
@@ -293,7 +342,8 @@ def compile_ahead(field, points_per_step: int, *, out_bf16: bool, need_dq: bool,
                   volume_tv: tuple | None = None) -> int:
     """Start compiling, in background threads, the fused kernels a K-Planes ``field``'s run will
     launch (``kernels/triton/ahead.py``): training calls of ``points_per_step`` points (bf16
-    features when ``out_bf16``; dL/dq when ``need_dq``; the frames' gradient when they learn),
+    features and the fused decoder when ``out_bf16``; dL/dq when ``need_dq``; the frames' gradient
+    when they learn),
     no-grad calls, the plane TV when ``plane_tv`` and, given ``volume_tv`` = ((D, H, W), l1),
     the volume TV. The first fused launch waits for them. Returns the number of kernels being
     compiled: 0 when the fast path is not taken (a CPU field, ``kernels.backend=torch``, no
@@ -306,10 +356,21 @@ def compile_ahead(field, points_per_step: int, *, out_bf16: bool, need_dq: bool,
     rot = getattr(field, "rot_params", None)
     jobs = ahead.plan_jobs(layout, int(points_per_step), train_out_bf16=out_bf16, need_dq=need_dq,
                            need_gm=rot is not None and rot.requires_grad, plane_tv=plane_tv, volume_tv=volume_tv,
-                           planes_bf16=bool(getattr(field, "planes_bf16", False)))
+                           planes_bf16=bool(getattr(field, "planes_bf16", False)),
+                           decoder=_fused_decoder_widths(field) if out_bf16 else None)
     started = ahead.start(planes.device, jobs, ahead.kernels())
     _ahead["started"] = _ahead["started"] or started > 0
     return started
+
+
+def _fused_decoder_widths(field) -> tuple | None:
+    """(F, H) of a field's hybrid decoder when the fused kernels take it under bf16 autocast."""
+    decoder = getattr(field, "decoder", None)
+    if getattr(decoder, "kind", None) != "hybrid" or _state["backend"] == "torch":
+        return None
+    w1 = decoder.net[0].weight
+    F_in, H = w1.shape[1], w1.shape[0]
+    return (F_in, H) if fused_mlp_fits(F_in, H) else None
 
 
 def compile_ahead_summary() -> dict | None:

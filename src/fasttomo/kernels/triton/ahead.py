@@ -38,6 +38,7 @@ from concurrent.futures import ThreadPoolExecutor
 import torch
 
 from fasttomo.kernels.triton import kplanes as kp
+from fasttomo.kernels.triton import mlp
 from fasttomo.kernels.triton import tv
 from fasttomo.kernels.triton.key import cache_folder
 from fasttomo.kernels.triton.launch import COMPILE_ONLY
@@ -228,14 +229,17 @@ def summary() -> dict | None:
 
 
 def plan_jobs(layout, n_points: int, *, train_out_bf16: bool, need_dq: bool, need_gm: bool,
-              plane_tv: bool, volume_tv: tuple | None, planes_bf16: bool = False) -> list:
+              plane_tv: bool, volume_tv: tuple | None, planes_bf16: bool = False,
+              decoder: tuple | None = None) -> list:
     """The compile jobs of a field run whose training batch has ``n_points`` points: the
     interpolation's forward as training calls it (bf16 features under bf16 autocast) and its
     backward (the gradient in the features' dtype; dL/dq when the points need a gradient, dL/dM
     when the frames do), the forward in fp32 for both integer classes of the no-grad callers
     (validation chunks, export slabs, renders: a point count divisible by 16 or not), the plane
     TV's pair when ``plane_tv`` and the volume TV's when ``volume_tv`` = (shape, l1); with
-    ``planes_bf16`` the interpolation reads a bf16 copy of the planes (the plane TV the planes)."""
+    ``planes_bf16`` the interpolation reads a bf16 copy of the planes (the plane TV the planes);
+    given ``decoder`` = (F, H), the fused decoder's pair as bf16 training calls it (the no-grad
+    callers run in fp32, where the door takes cuBLAS)."""
     T, numel, F = layout.n_rot, layout.numel, layout.n_features
     planes, mats = meta(numel), meta(T, 3, 3)
     sampled = meta(numel, dtype=torch.bfloat16) if planes_bf16 else planes
@@ -256,6 +260,12 @@ def plan_jobs(layout, n_points: int, *, train_out_bf16: bool, need_dq: bool, nee
     if plane_tv:
         jobs.append(lambda: tv.plane_tv_forward(planes, layout))
         jobs.append(lambda: tv.plane_tv_backward(meta(), planes, layout))
+    if decoder is not None:
+        F_in, H = decoder
+        x, w1, b, w2, w3 = (meta(n_points, F_in, dtype=torch.bfloat16), meta(H, F_in), meta(H), meta(H, H),
+                            meta(1, H))
+        jobs.append(lambda: mlp.mlp_forward(x, w1, b, w2, b, w3, meta(1), True))
+        jobs.append(lambda: mlp.mlp_backward(x, meta(n_points), w1, b, w2, b, w3, True))
     if volume_tv is not None:
         shape, l1 = volume_tv
         jobs.append(lambda: tv.volume_tv_forward(meta(*shape), l1))
@@ -266,4 +276,5 @@ def plan_jobs(layout, n_points: int, *, train_out_bf16: bool, need_dq: bool, nee
 def kernels() -> tuple:
     """The JITFunctions ``plan_jobs``' jobs launch."""
     return (kp.kplanes_fwd_kernel, kp.kplanes_bwd_kernel, kp.kplanes_bwd_runs_kernel, tv.plane_tv_fwd_kernel,
-            tv.plane_tv_bwd_kernel, tv.volume_tv_fwd_kernel, tv.volume_tv_bwd_kernel)
+            tv.plane_tv_bwd_kernel, tv.volume_tv_fwd_kernel, tv.volume_tv_bwd_kernel, mlp.mlp_fwd_kernel,
+            mlp.mlp_bwd_kernel)

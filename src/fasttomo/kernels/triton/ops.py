@@ -33,6 +33,7 @@ from fasttomo.kernels import reference
 from fasttomo.kernels.counters import count as _count
 from fasttomo.kernels.layout import PlaneLayout
 from fasttomo.kernels.triton import kplanes as _kp
+from fasttomo.kernels.triton import mlp as _mlp
 from fasttomo.kernels.triton import tomo as _tomo
 from fasttomo.kernels.triton import tv as _tv
 
@@ -227,6 +228,66 @@ def _vtv_backward(ctx, grad):
 
 
 torch.library.register_autograd("fasttomo::volume_tv", _vtv_backward, setup_context=_vtv_setup, lib=_LIB)
+
+
+# ------------------------------------------------------------------------- the hybrid decoder
+@_op("decoder_mlp(Tensor x, Tensor w1, Tensor b1, Tensor w2, Tensor b2, Tensor w3, Tensor b3, bool bf16) -> Tensor")
+def decoder_mlp(x: torch.Tensor, w1: torch.Tensor, b1: torch.Tensor, w2: torch.Tensor, b2: torch.Tensor,
+                w3: torch.Tensor, b3: torch.Tensor, bf16: bool) -> torch.Tensor:
+    """(N,) fp32 raw density of (N, F) features (``kernels/triton/mlp.py``)."""
+    return _mlp.mlp_forward(x.contiguous(), *(p.contiguous() for p in (w1, b1, w2, b2, w3, b3)), bf16)
+
+
+@_fake("decoder_mlp")
+def _(x, w1, b1, w2, b2, w3, b3, bf16):
+    return x.new_empty((x.shape[0],), dtype=torch.float32)
+
+
+@_op("decoder_mlp_bwd(Tensor grad, Tensor x, Tensor w1, Tensor b1, Tensor w2, Tensor b2, Tensor w3, bool bf16, "
+     "bool need_dx) -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)")
+def decoder_mlp_bwd(grad: torch.Tensor, x: torch.Tensor, w1: torch.Tensor, b1: torch.Tensor, w2: torch.Tensor,
+                    b2: torch.Tensor, w3: torch.Tensor, bf16: bool, need_dx: bool):
+    """(dL/dx (N, F) in x's dtype, or (0, F) without ``need_dx``; dL/dW1, db1, dW2, db2, dW3, db3 fp32)."""
+    dx, *dw = _mlp.mlp_backward(x.contiguous(), grad.contiguous(), *(p.contiguous() for p in (w1, b1, w2, b2, w3)),
+                                bf16, need_dx)
+    return (dx, *(t.clone() for t in dw))  # views of one sum: each output its own tensor
+
+
+@_fake("decoder_mlp_bwd")
+def _(grad, x, w1, b1, w2, b2, w3, bf16, need_dx):
+    f32 = torch.float32
+    return (x.new_empty((x.shape[0] if need_dx else 0, x.shape[1])), w1.new_empty(w1.shape, dtype=f32),
+            b1.new_empty(b1.shape, dtype=f32), w2.new_empty(w2.shape, dtype=f32), b2.new_empty(b2.shape, dtype=f32),
+            w3.new_empty(w3.shape, dtype=f32), w3.new_empty((1,), dtype=f32))
+
+
+def _mlp_setup(ctx, inputs, output):
+    ctx.save_for_backward(*inputs[:7])
+    ctx.bf16 = bool(inputs[7])
+
+
+def _mlp_backward(ctx, grad):
+    saved = ctx.saved_tensors
+    needs = ctx.needs_input_grad[:7]
+    if torch.is_grad_enabled():
+        # create_graph backward: exact higher-order autograd through the twin, under the autocast
+        # the forward ran in
+        _count("decoder_mlp_bwd", "torch")
+        wrt = [(i, t) for i, (t, need) in enumerate(zip(saved, needs)) if need]
+        with torch.autocast(saved[0].device.type, dtype=torch.bfloat16, enabled=ctx.bf16):
+            out = reference.decoder_mlp(*saved)
+        got = torch.autograd.grad(out, [t for _, t in wrt], grad.to(out.dtype), create_graph=True, allow_unused=True)
+        res = [None] * 7
+        for (i, t), g in zip(wrt, got):
+            res[i] = torch.zeros_like(t) if g is None else g.to(t.dtype)
+        return (*res, None)
+    _count("decoder_mlp_bwd", "triton")
+    x, w1, b1, w2, b2, w3, b3 = saved
+    got = torch.ops.fasttomo.decoder_mlp_bwd(grad, x, w1, b1, w2, b2, w3, ctx.bf16, bool(needs[0]))
+    return (*((g.to(t.dtype) if need else None) for g, t, need in zip(got, saved, needs)), None)
+
+
+torch.library.register_autograd("fasttomo::decoder_mlp", _mlp_backward, setup_context=_mlp_setup, lib=_LIB)
 
 
 # ------------------------------------------------------------------------- ops 4, 5: SIRT projectors
