@@ -13,7 +13,9 @@ On the CPU, ``tilted_kplanes`` has a fast path of its own (``kernels/cpu.py``: t
 a hand-written backward, path ``'cpu'``), taken under ``backend='auto'`` for float32/float64 inputs of
 the layout's shapes outside autocast; ``backend='torch'`` keeps the twin there too. ``plane_tv``
 likewise, and ``decoder_mlp`` (the hybrid decoder: native C kernels in ``kernels/cpu_mlp.py`` on
-the CPU, the twin's GEMMs everywhere else).
+the CPU; on CUDA under bf16 autocast fused Triton kernels, ``kernels/triton/mlp.py``, for widths
+they hold in registers; the twin's cuBLAS GEMMs everywhere else, fp32 among them, where cuBLAS is
+faster).
 
 Otherwise the pure-torch twin in ``kernels/reference.py`` runs. Under ``backend='triton'`` an input
 the fast path cannot take raises ``KernelUnavailableError`` naming the reason. The path taken is
@@ -26,7 +28,8 @@ has a forward-only fast path: a call that needs a gradient (grad mode on and an 
 it) runs the twin.
 
 Under bf16 autocast (CUDA) the fused interpolation writes bf16 features (fp32 planes and fp32
-accumulation inside); the twin keeps fp32 (grid_sample runs in fp32 under autocast).
+accumulation inside); the twin keeps fp32 (grid_sample runs in fp32 under autocast). The fused
+decoder writes an fp32 output where the twin's (autocast's last Linear) is bf16.
 """
 
 from __future__ import annotations

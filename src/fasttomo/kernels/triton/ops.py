@@ -9,6 +9,10 @@ The ops are opaque to torch.compile (torch.library ops with fake kernels) and al
 inside CUDA-graph capture once the kernels are compiled and the plane-TV table is built (any call
 before capture does both).
 
+``fasttomo::decoder_mlp`` (the hybrid decoder, ``mlp.py``) saves its inputs and runs the backward
+kernel in its backward; a ``create_graph=True`` backward differentiates the twin under the autocast
+the forward ran in.
+
 The tomography ops ``fasttomo::ray_project`` and ``fasttomo::voxel_backproject`` (the SIRT
 projector pair) are FORWARD-ONLY: they have a fake registration but no autograd one, and
 ``dispatch`` routes any call that would need a gradient (grad mode on and an input requiring it) to
