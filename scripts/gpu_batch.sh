@@ -53,9 +53,11 @@ case $mode in
     if [ -n "${OUT:-}" ] && [ -d "$DIR" ]; then
       if [ "$(find "$DIR" -type f | wc -l)" -le 8 ]; then
         cp -r "$DIR/." "$OUT/"
-      else  # a lent machine sends back 8 files at most: the log, and the rest in one archive
+      else  # a lent machine sends back 8 files at most: the log, the records in one archive, the rest in another
         cp "$DIR/batch.log" "$OUT/" 2>/dev/null
-        tar -czf "$OUT/gpu_batch.tgz" -C "$DIR" --exclude=./batch.log .
+        (cd "$DIR" && find . -type f -name '*.json' | tar -czf "$OUT/records.tgz" -T -)
+        (cd "$DIR" && find . -type f ! -name '*.json' ! -path ./batch.log | tar -czf "$OUT/logs.tgz" -T -)
+        ls -l "$OUT/records.tgz" "$OUT/logs.tgz"
       fi
     fi
     exit 0 ;;
@@ -121,9 +123,14 @@ base() {  # base STEP: STEP in the tree of GPU_BATCH_BASE (another commit), reco
     echo "STEP base-$1 needs GPU_BATCH_BASE (a tree of another commit) and GPU_BATCH_BASE_COMMIT" >> "$DIR/batch.log"
     return
   fi
+  local seen rc
+  seen=$(cat "$DIR/base/batch.log" 2>/dev/null | wc -l)
   (cd "$GPU_BATCH_BASE" && GPU_BATCH_DIR="$DIR/base" FASTTOMO_COMMIT="$GPU_BATCH_BASE_COMMIT" \
      PYTHONPATH="$PWD/src:$PYTHONPATH" bash scripts/gpu_batch.sh run "$1")
-  grep '^STEP' "$DIR/base/batch.log" | tail -n 1 | sed 's/^STEP /STEP base-/' >> "$DIR/batch.log"
+  rc=$?
+  # every STEP line this run added (a step may write several), or why there is none
+  tail -n +$((seen + 1)) "$DIR/base/batch.log" 2>/dev/null | grep '^STEP' | sed 's/^STEP /STEP base-/' >> "$DIR/batch.log" \
+    || echo "STEP base-$1 rc=$rc (no step line: see base/batch.log)" >> "$DIR/batch.log"
 }
 
 for s in "${steps[@]}"; do

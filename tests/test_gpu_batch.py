@@ -54,7 +54,7 @@ def test_start_returns_and_poll_copies_the_folder(tmp_path):
 
 def test_poll_sends_more_than_eight_files_as_one_archive(tmp_path):
     """A lent machine sends back 8 files at most: beyond that, poll copies the log and packs the
-    rest (records in sub-folders too) into gpu_batch.tgz."""
+    records (in sub-folders too) into records.tgz, the other files into logs.tgz."""
     b, out = tmp_path / "b", tmp_path / "out"
     (b / "base").mkdir(parents=True)
     out.mkdir()
@@ -62,11 +62,14 @@ def test_poll_sends_more_than_eight_files_as_one_archive(tmp_path):
     for i in range(8):
         (b / f"r{i}.json").write_text(str(i))
     (b / "base" / "r8.json").write_text("8")
+    (b / "step.log").write_text("a step's log")
     res = _batch(["poll", "10"], b, OUT=str(out))
-    assert res.returncode == 0 and sorted(p.name for p in out.iterdir()) == ["batch.log", "gpu_batch.tgz"]
-    with tarfile.open(out / "gpu_batch.tgz") as t:
-        names = sorted(os.path.normpath(n) for n in t.getnames() if n.endswith(".json"))
+    assert res.returncode == 0 and sorted(p.name for p in out.iterdir()) == ["batch.log", "logs.tgz", "records.tgz"]
+    with tarfile.open(out / "records.tgz") as t:
+        names = sorted(os.path.normpath(n) for n in t.getnames())
     assert names == sorted([f"r{i}.json" for i in range(8)] + ["base/r8.json"])
+    with tarfile.open(out / "logs.tgz") as t:
+        assert [os.path.normpath(n) for n in t.getnames()] == ["step.log"]
 
 
 def test_a_base_step_runs_in_the_other_tree(tmp_path):
@@ -83,6 +86,12 @@ def test_a_base_step_runs_in_the_other_tree(tmp_path):
     assert "commit=abc1234 steps=base-nosuchstep" in log[0] and log[-1] == "DONE"
     assert log[1].startswith("STEP base-nosuchstep unknown (") and "OTHER" in log[1]
     assert "commit=def5678 steps=nosuchstep" in (tmp_path / "b" / "base" / "batch.log").read_text()
+    # a second base step relays its own lines only; a base run that writes none says so
+    (tree / "scripts" / "gpu_batch.sh").write_text("#!/usr/bin/env bash\nexit 7\n")
+    _batch(["run", "base-other"], tmp_path / "b", FASTTOMO_COMMIT="abc1234", GPU_BATCH_BASE=str(tree),
+           GPU_BATCH_BASE_COMMIT="def5678")
+    log = (tmp_path / "b" / "batch.log").read_text().splitlines()
+    assert "STEP base-other rc=7 (no step line: see base/batch.log)" in log and sum(x.startswith("STEP base-") for x in log) == 2
     res = _batch(["run", "base-camerastep"], tmp_path / "c", FASTTOMO_COMMIT="abc1234")
     assert "STEP base-camerastep needs GPU_BATCH_BASE" in (tmp_path / "c" / "batch.log").read_text()
 

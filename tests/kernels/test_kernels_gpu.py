@@ -376,7 +376,7 @@ def test_the_bf16_decoder_takes_the_fused_kernels_and_is_as_close_as_the_twin(fe
     """Under bf16 autocast the Decoder takes the fused kernels (path 'triton', fp32 output): output
     and every gradient (features bf16, as the fused interpolation writes them, or fp32) are as
     close to the fp32 decoder's as the bf16 twin's are, the backward is the same bits twice (its
-    partial sums add in one order), and without dL/dx the weights' gradients are the same bits."""
+    partial sums add in one order), and without dL/dx the weights' gradients are the same sums."""
     dec = _decoder(features, hidden)
     n = 10007  # not a multiple of any block
     x = (torch.rand(n, features, device="cuda") * 2).to(x_dtype).requires_grad_()
@@ -398,7 +398,7 @@ def test_the_bf16_decoder_takes_the_fused_kernels_and_is_as_close_as_the_twin(fe
     assert all(fused <= 1.5 * twin_err + 2e-3 for fused, twin_err in errs.values()), errs
     with torch.autocast("cuda", dtype=torch.bfloat16):
         weights_only = _grads(dec(x.detach()), x.detach(), dec, g)
-    assert all(torch.equal(a, b) for a, b in zip(weights_only, got[1:]))
+    assert all(rel(a, b) < 1e-6 for a, b in zip(weights_only, got[1:]))  # another compile: same sums
 
 
 def test_the_fused_decoder_double_backward_runs_the_twin():

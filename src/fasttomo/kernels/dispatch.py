@@ -291,13 +291,16 @@ def _why_not_fused_mlp(x: torch.Tensor, params) -> Optional[str]:
         return f"tensor on {x.device.type}, fast path needs CUDA"
     if not (torch.is_autocast_enabled("cuda") and torch.get_autocast_dtype("cuda") == torch.bfloat16):
         return "no bf16 autocast (the fused decoder is bf16's; cuBLAS runs fp32 faster)"
-    if any(p.device != x.device or p.dtype != torch.float32 for p in params):
-        return "weights not float32 on the features' device"
-    w1, w3 = params[0], params[4]
-    if x.dim() != 2 or x.dtype not in (torch.bfloat16, torch.float32) or x.shape[1] != w1.shape[1]:
-        return f"features {tuple(x.shape)} {x.dtype}, fast path needs (N, {w1.shape[1]}) bf16 or float32"
-    if not fused_mlp_fits(w1.shape[1], w1.shape[0]) or tuple(w3.shape) != (1, w1.shape[0]):
-        return (f"a decoder of {w1.shape[1]} features and {w1.shape[0]} hidden units: the fused kernels take up to "
+    if any(not isinstance(p, torch.Tensor) or p.device != x.device or p.dtype != torch.float32 for p in params):
+        return "weights and biases not all float32 tensors on the features' device"
+    w1 = params[0]
+    H, F_in = w1.shape if w1.dim() == 2 else (0, 0)
+    if [tuple(p.shape) for p in params] != [(H, F_in), (H,), (H, H), (H,), (1, H), (1,)]:
+        return f"weights of shapes {[tuple(p.shape) for p in params]}, not a Linear-ReLU-Linear-ReLU-Linear(1)'s"
+    if x.dim() != 2 or x.dtype not in (torch.bfloat16, torch.float32) or x.shape[1] != F_in:
+        return f"features {tuple(x.shape)} {x.dtype}, fast path needs (N, {F_in}) bf16 or float32"
+    if not fused_mlp_fits(F_in, H):
+        return (f"a decoder of {F_in} features and {H} hidden units: the fused kernels take up to "
                 f"{_FUSED_MLP_FEATURES} features and {list(_FUSED_MLP_HIDDEN)} hidden units")
     if not 0 < x.shape[0] < _INT32_MAX:
         return f"{x.shape[0]} points"
@@ -319,7 +322,8 @@ def decoder_mlp(x: torch.Tensor, w1: torch.Tensor, b1: torch.Tensor, w2: torch.T
     if reason is None:
         _note("decoder_mlp", "cpu", None)
         return _cpu_mlp.decoder_mlp(x, *params, native=True)
-    reason = _why_not_fused_mlp(x, params)
+    if x.is_cuda:  # (on the CPU the log keeps the native path's reason)
+        reason = _why_not_fused_mlp(x, params)
     if reason is None:
         _note("decoder_mlp", "triton", None)
         _wait_ahead()

@@ -10,8 +10,8 @@ inside CUDA-graph capture once the kernels are compiled and the plane-TV table i
 before capture does both).
 
 ``fasttomo::decoder_mlp`` (the hybrid decoder, ``mlp.py``) saves its inputs and runs the backward
-kernel in its backward; a ``create_graph=True`` backward differentiates the twin under the autocast
-the forward ran in.
+kernel in its backward; a ``create_graph=True`` backward differentiates the twin, under bf16
+autocast when the op ran its bf16 kernels (as the door calls it: only under bf16 autocast).
 
 The tomography ops ``fasttomo::ray_project`` and ``fasttomo::voxel_backproject`` (the SIRT
 projector pair) are FORWARD-ONLY: they have a fake registration but no autograd one, and
@@ -274,8 +274,8 @@ def _mlp_backward(ctx, grad):
     saved = ctx.saved_tensors
     needs = ctx.needs_input_grad[:7]
     if torch.is_grad_enabled():
-        # create_graph backward: exact higher-order autograd through the twin, under the autocast
-        # the forward ran in
+        # create_graph backward: exact higher-order autograd through the twin, under bf16 autocast
+        # for the bf16 kernels (the door calls them only there)
         _count("decoder_mlp_bwd", "torch")
         wrt = [(i, t) for i, (t, need) in enumerate(zip(saved, needs)) if need]
         with torch.autocast(saved[0].device.type, dtype=torch.bfloat16, enabled=ctx.bf16):
