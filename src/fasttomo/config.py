@@ -896,9 +896,16 @@ class KernelsConfig:
     backend: str = "auto"
     """auto (fused Triton kernels on CUDA, native C kernels on a CPU, where valid; else pure torch),
     triton (require them) or torch."""
+    gpu_decoder: str = "cublas"
+    """The hybrid decoder in bf16 training on a GPU: cublas (torch's GEMMs and elementwise kernels)
+    or fused (two Triton kernels that keep its activations in registers, for up to 64 features and
+    model.hidden 16, 32 or 64; alone, a third of cublas's time at the camera decoder's shape on an
+    H100. Opt-in until a whole run has been measured with it: docs/kernels.md, "The fused
+    decoder"). fp32 and fp16 runs, wider decoders and kernels.backend=torch use cuBLAS either way."""
 
     def __post_init__(self) -> None:
         _choice(self.backend, ("auto", "triton", "torch"), "kernels.backend")
+        _choice(self.gpu_decoder, ("cublas", "fused"), "kernels.gpu_decoder")
 
 
 # --------------------------------------------------------------------------------------- runtime

@@ -68,8 +68,8 @@ def _timeline(tmp_path, name: str) -> dict:
 @pytest.mark.gpu
 @pytest.mark.skipif(not HAS_GPU, reason="needs a CUDA GPU and triton")
 @pytest.mark.parametrize("overrides", [(), ("precision.dtype=fp32", "loss=tv", "pose=refine"),
-                                       ("precision.planes=bf16",)],
-                         ids=["default", "fp32-volume-tv-poses", "bf16-planes"])
+                                       ("precision.planes=bf16",), ("kernels.gpu_decoder=fused",)],
+                         ids=["default", "fp32-volume-tv-poses", "bf16-planes", "fused-decoder"])
 def test_every_kernel_of_a_run_is_compiled_ahead_and_the_volume_agrees(tmp_path, overrides):
     on, launchers_on, vol_on = _run(tmp_path, "on", True, *overrides)
     off, launchers_off, vol_off = _run(tmp_path, "off", False, *overrides)

@@ -144,3 +144,27 @@ def test_reference_coordinates_stay_fp32_under_bf16_autocast():
     with torch.autocast("cpu", dtype=torch.bfloat16):
         got = reference.tilted_kplanes(pts, mats, planes, lay)
     torch.testing.assert_close(got.float(), ref, rtol=1e-6, atol=1e-6)
+
+
+def test_the_gpu_decoder_choice_is_checked_and_leaves_the_cpu_decoder_as_it_was():
+    """kernels.gpu_decoder takes cublas or fused (a wrong value is refused naming the choices);
+    fused concerns CUDA bf16 training alone: a CPU decoder gives the same bits either way and never
+    takes the fused path. The door's width limits are the fused kernels' own."""
+    from fasttomo.models.decoder import Decoder
+
+    with pytest.raises(ValueError, match=r"kernels.gpu_decoder must be one of \['cublas', 'fused'\], got 'fast'"):
+        dispatch.configure("auto", gpu_decoder="fast")
+    dec = Decoder(48, "hybrid", 32, generator=torch.Generator().manual_seed(0))
+    x = torch.randn(300, 48, generator=torch.Generator().manual_seed(1))
+    outs = []
+    for choice in ("cublas", "fused"):
+        dispatch.configure("auto", gpu_decoder=choice)
+        dispatch.reset_counters()
+        outs.append(dec(x))
+        assert "triton" not in dispatch.counters["decoder_mlp"], dispatch.counters
+    assert torch.equal(outs[0], outs[1])
+    pytest.importorskip("triton")
+    from fasttomo.kernels.triton import mlp
+
+    assert (dispatch._FUSED_MLP_FEATURES, dispatch._FUSED_MLP_HIDDEN) == (mlp.MAX_FEATURES, mlp.HIDDEN)
+    assert dispatch.fused_mlp_fits(64, 32) and not dispatch.fused_mlp_fits(65, 32) and not dispatch.fused_mlp_fits(48, 128)

@@ -352,18 +352,20 @@ def _grads(out, x, dec, g):
 
 
 def test_the_decoder_outside_bf16_autocast_is_its_nn_sequential():
-    """In fp32, and under bf16 autocast for widths the fused kernels do not take or with
-    kernels.backend=torch, the Decoder takes the twin (path 'torch'): the same calls as its
-    nn.Sequential, so outputs and gradients are its bits."""
-    for features, hidden, autocast, backend in ((48, 32, False, "auto"), (96, 32, True, "auto"), (48, 128, True, "auto"),
-                                                (48, 32, True, "torch")):
-        dispatch.configure(backend)
+    """In fp32, and under bf16 autocast for widths the fused kernels do not take, with
+    kernels.backend=torch or with kernels.gpu_decoder=cublas (the default, under any backend), the
+    Decoder takes the twin (path 'torch'): the same calls as its nn.Sequential, so outputs and
+    gradients are its bits."""
+    for features, hidden, autocast, backend, decoder in (
+            (48, 32, False, "auto", "fused"), (96, 32, True, "auto", "fused"), (48, 128, True, "auto", "fused"),
+            (48, 32, True, "torch", "fused"), (48, 32, True, "auto", "cublas"), (48, 32, True, "triton", "cublas")):
+        dispatch.configure(backend, gpu_decoder=decoder)
         dec = _decoder(features, hidden)
         x = torch.randn(5000, features, device="cuda", requires_grad=True)
         dispatch.reset_counters()
         with torch.autocast("cuda", dtype=torch.bfloat16, enabled=autocast):
             out, ref = dec(x), dec.net(x).squeeze(-1)
-        assert dispatch.counters == {"decoder_mlp": {"torch": 1}}, (features, hidden, autocast, backend)
+        assert dispatch.counters == {"decoder_mlp": {"torch": 1}}, (features, hidden, autocast, backend, decoder)
         assert out.dtype == ref.dtype == (torch.bfloat16 if autocast else torch.float32)
         assert torch.equal(out, ref)
         g = torch.randn(5000, device="cuda")
@@ -373,10 +375,12 @@ def test_the_decoder_outside_bf16_autocast_is_its_nn_sequential():
 @pytest.mark.parametrize("features,hidden", [(48, 32), (48, 64), (20, 16), (64, 64)])
 @pytest.mark.parametrize("x_dtype", [torch.bfloat16, torch.float32])
 def test_the_bf16_decoder_takes_the_fused_kernels_and_is_as_close_as_the_twin(features, hidden, x_dtype):
-    """Under bf16 autocast the Decoder takes the fused kernels (path 'triton', fp32 output): output
+    """Under bf16 autocast, with kernels.gpu_decoder=fused, the Decoder takes the fused kernels (path
+    'triton', fp32 output): output
     and every gradient (features bf16, as the fused interpolation writes them, or fp32) are as
     close to the fp32 decoder's as the bf16 twin's are, the backward is the same bits twice (its
     partial sums add in one order), and without dL/dx the weights' gradients are the same sums."""
+    dispatch.configure("auto", gpu_decoder="fused")
     dec = _decoder(features, hidden)
     n = 10007  # not a multiple of any block
     x = (torch.rand(n, features, device="cuda") * 2).to(x_dtype).requires_grad_()
@@ -402,6 +406,7 @@ def test_the_bf16_decoder_takes_the_fused_kernels_and_is_as_close_as_the_twin(fe
 
 
 def test_the_fused_decoder_double_backward_runs_the_twin():
+    dispatch.configure("auto", gpu_decoder="fused")
     dec = _decoder()
     x = torch.randn(300, 48, device="cuda", requires_grad=True)
     with torch.autocast("cuda", dtype=torch.bfloat16):
@@ -431,6 +436,7 @@ def test_opcheck_decoder_mlp():
 
 def test_the_fused_decoder_in_a_captured_step():
     """The fused pair inside CUDA-graph capture: a replay on new features gives the eager bits."""
+    dispatch.configure("auto", gpu_decoder="fused")
     dec = _decoder()
     x = torch.rand(4099, 48, device="cuda").to(torch.bfloat16).requires_grad_()
     params = [x, *dec.parameters()]

@@ -13,9 +13,10 @@ On the CPU, ``tilted_kplanes`` has a fast path of its own (``kernels/cpu.py``: t
 a hand-written backward, path ``'cpu'``), taken under ``backend='auto'`` for float32/float64 inputs of
 the layout's shapes outside autocast; ``backend='torch'`` keeps the twin there too. ``plane_tv``
 likewise, and ``decoder_mlp`` (the hybrid decoder: native C kernels in ``kernels/cpu_mlp.py`` on
-the CPU; on CUDA under bf16 autocast fused Triton kernels, ``kernels/triton/mlp.py``, for widths
-they hold in registers; the twin's cuBLAS GEMMs everywhere else, fp32 among them, where cuBLAS is
-faster).
+the CPU; on CUDA under bf16 autocast, with ``configure(gpu_decoder='fused')``
+(``kernels.gpu_decoder=fused``, opt-in), fused Triton kernels, ``kernels/triton/mlp.py``, for
+widths they hold in registers; the twin's cuBLAS GEMMs everywhere else, fp32 among them, where
+cuBLAS is faster).
 
 Otherwise the pure-torch twin in ``kernels/reference.py`` runs. Under ``backend='triton'`` an input
 the fast path cannot take raises ``KernelUnavailableError`` naming the reason. The path taken is
@@ -51,7 +52,8 @@ BACKENDS = ("auto", "triton", "torch")
 INSTALL_HINT = ("Triton comes with the CUDA builds of torch on Linux (pip install torch); on its own: "
                 "pip install triton")
 
-_state = {"backend": "auto"}
+_state = {"backend": "auto", "gpu_decoder": "cublas"}
+GPU_DECODERS = ("cublas", "fused")
 counters = _spy.counters  # the spy's table (kernels/counters.py), same dict object
 _logged: set = set()
 _ops_module = None
@@ -64,18 +66,22 @@ class KernelUnavailableError(RuntimeError):
     """kernels.backend=triton was asked for but the fast path cannot take this input."""
 
 
-def configure(backend: str = "auto") -> str:
-    """Set the kernel backend (call when building the model/trainer, with ``kernels.backend`` of
-    the run's config). Returns the backend in force."""
+def configure(backend: str = "auto", gpu_decoder: str = "cublas") -> str:
+    """Set the kernel backend and the GPU decoder (call when building the model/trainer, with
+    ``kernels.backend`` and ``kernels.gpu_decoder`` of the run's config). Returns the backend in
+    force."""
     if backend not in BACKENDS:
         raise ValueError(f"kernels.backend must be one of {list(BACKENDS)}, got {backend!r}.")
+    if gpu_decoder not in GPU_DECODERS:
+        raise ValueError(f"kernels.gpu_decoder must be one of {list(GPU_DECODERS)}, got {gpu_decoder!r}.")
     _state["backend"] = backend
+    _state["gpu_decoder"] = gpu_decoder
     _logged.clear()
     if backend == "triton" and _load_ops() is None:
         raise KernelUnavailableError(
             f"kernels.backend=triton but the Triton kernels cannot load ({_ops_error}). "
             f"{INSTALL_HINT}; or set kernels.backend=auto to run the pure-torch twins.")
-    log.info("kernels: backend=%s", backend)
+    log.info("kernels: backend=%s, gpu_decoder=%s", backend, gpu_decoder)
     return backend
 
 
@@ -287,6 +293,8 @@ def _why_not_fused_mlp(x: torch.Tensor, params) -> Optional[str]:
     fp32 features of widths ``fused_mlp_fits``."""
     if _state["backend"] == "torch":
         return "kernels.backend=torch"
+    if _state["gpu_decoder"] != "fused":
+        return f"kernels.gpu_decoder={_state['gpu_decoder']}"
     if not x.is_cuda:
         return f"tensor on {x.device.type}, fast path needs CUDA"
     if not (torch.is_autocast_enabled("cuda") and torch.get_autocast_dtype("cuda") == torch.bfloat16):
@@ -313,8 +321,9 @@ def decoder_mlp(x: torch.Tensor, w1: torch.Tensor, b1: torch.Tensor, w2: torch.T
                 w3: torch.Tensor, b3: torch.Tensor) -> torch.Tensor:
     """The hybrid decoder (Linear-ReLU-Linear-ReLU-Linear; semantics: ``reference.decoder_mlp``):
     the native CPU kernels (path 'cpu') for CPU float32/float64 inputs under ``backend=auto``
-    outside autocast; the fused Triton kernels (path 'triton') under CUDA bf16 autocast where
-    ``_why_not_fused_mlp`` allows (their output is fp32, the twin's bf16); the twin elsewhere
+    outside autocast; the fused Triton kernels (path 'triton') under CUDA bf16 autocast with
+    ``gpu_decoder='fused'`` where ``_why_not_fused_mlp`` allows (their output is fp32, the twin's
+    bf16); the twin elsewhere
     (cuBLAS GEMMs, path 'torch'). The decoder never raises under ``backend=triton``: where the
     fused kernels are not taken, cuBLAS is the faster path or the widths are not theirs."""
     params = (w1, b1, w2, b2, w3, b3)
@@ -373,7 +382,7 @@ def compile_ahead(field, points_per_step: int, *, out_bf16: bool, need_dq: bool,
 def _fused_decoder_widths(field) -> tuple | None:
     """(F, H) of a field's hybrid decoder when the fused kernels take it under bf16 autocast."""
     decoder = getattr(field, "decoder", None)
-    if getattr(decoder, "kind", None) != "hybrid" or _state["backend"] == "torch":
+    if getattr(decoder, "kind", None) != "hybrid" or _state["backend"] == "torch" or _state["gpu_decoder"] != "fused":
         return None
     w1 = decoder.net[0].weight
     F_in, H = w1.shape[1], w1.shape[0]
