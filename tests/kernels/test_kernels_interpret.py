@@ -42,6 +42,49 @@ def _texel_runs(errs, g, pts, M, x, lay, res, gr):
         errs[f"d_matrices_only_runs{rows}x{run}"] = _rel(gm0, gr[1]) + float(dq0.numel() != 0)
 
 
+def _bf16_dots_in_the_interpreter() -> None:
+    """Triton's interpreter keeps bf16 values as their uint16 bits and its ``tl.dot`` multiplies the
+    bits (triton-lang/triton#11584; its maintainers: bf16 is not supported there yet). Widen bf16
+    operands to fp32 first, as the tensor cores do (a product of two bf16 values is exact in fp32),
+    so the fused decoder's bf16 path runs here. Its casts to bf16 still truncate (the GPU rounds to
+    nearest), which the emulation below mirrors."""
+    import numpy as np
+    import triton.language as tl
+    from triton.runtime import interpreter
+
+    builder = interpreter.InterpreterBuilder
+    plain = builder.create_dot
+
+    def create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
+        if tl.bfloat16 not in (a.dtype, b.dtype):
+            return plain(self, a, b, d, input_precision, max_num_imprecise_acc)
+        def wide(h):
+            return (h.data.astype(np.uint32) << 16).view(np.float32) if h.dtype == tl.bfloat16 else h.data
+        return interpreter.TensorHandle(np.matmul(wide(a), wide(b), dtype=np.float32) + d.data, d.dtype.scalar)
+    builder.create_dot = create_dot
+
+
+def _decoder_bf16_emulation(x, ps, g):
+    """The fused decoder's bf16 kernels in torch, at their rounding points (kernels/triton/mlp.py),
+    with the interpreter's truncating casts (dx too, stored as bf16 for bf16 features): (out, dx,
+    dW1, db1, dW2, db2, dW3, db3)."""
+    import torch
+
+    def bf(t):
+        return (t.float().contiguous().view(torch.int32) & -65536).view(torch.float32)
+    w1, b1, w2, b2, w3, b3 = (p.detach() for p in ps)
+    xb = bf(x.detach())
+    z1 = xb @ bf(w1).T + b1
+    h1 = bf(z1.relu())
+    z2 = h1 @ bf(w2).T + b2
+    h2 = bf(z2.relu())
+    dz2 = bf(torch.where(z2 > 0, g[:, None] * w3, 0.0))
+    dz1 = bf(torch.where(z1 > 0, dz2 @ bf(w2), 0.0))
+    dx = dz1 @ bf(w1)
+    return (h2 @ w3[0] + b3, bf(dx) if x.dtype == torch.bfloat16 else dx, dz1.T @ xb, dz1.sum(0), dz2.T @ h1, dz2.sum(0),
+            (h2 * g[:, None]).sum(0)[None], g.sum()[None])
+
+
 def _checks():
     import torch
 
@@ -206,10 +249,9 @@ def _checks():
             (gg,) = torch.autograd.grad(got * 0.3, [v])
             record(f"volume_tv[{'x'.join(map(str, shape))}-{kind}]", {"out": _rel(got, ref), "grad": _rel(gg, gr)})
 
-    # the fused decoder in fp32 (the interpreter's bf16 products are wrong in Triton 3.9; the bf16
-    # path, the one the door takes, is checked on the GPU): values and every gradient through the
-    # op's autograd, ragged N and F, each hidden width; dx skipped when not asked for; create_graph
-    # through the twin
+    # the fused decoder in fp32: values and every gradient through the op's autograd against the
+    # twin, ragged N and F, each hidden width; dx skipped when not asked for; create_graph through
+    # the twin
     from fasttomo.kernels.triton import mlp
 
     for n, f, h in ((300, 20, 32), (37, 48, 16), (5, 64, 64)):
@@ -234,6 +276,23 @@ def _checks():
         errs["create_graph"] = _rel(c1, c2) + float(dispatch.counters.get("decoder_mlp_bwd") != {"torch": 1})
         errs["double"] = _rel(torch.autograd.grad(c1.sum(), [ps[0]])[0], torch.autograd.grad(c2.sum(), [ps[0]])[0])
         record(f"decoder_mlp[n{n}-f{f}-h{h}]", errs)
+
+    # the decoder's bf16 path (the one the door takes), with the interpreter's bf16 products widened:
+    # the kernels compute exactly their documented rounding points (the emulation above), for bf16
+    # and fp32 features; dx comes back in the features' dtype
+    _bf16_dots_in_the_interpreter()
+    for n, f, h in ((300, 20, 32), (45, 64, 64)):
+        for xd in (torch.bfloat16, torch.float32):
+            x = (torch.rand(n, f) * 2).to(xd).requires_grad_()
+            ps = [(torch.randn(*shape) * 0.3).requires_grad_() for shape in ((h, f), (h,), (h, h), (h,), (1, h), (1,))]
+            g = torch.randn(n)
+            want = _decoder_bf16_emulation(x, ps, g)
+            got = torch.ops.fasttomo.decoder_mlp(x, *ps, True)
+            grads = torch.autograd.grad(got, [x, *ps], g)
+            errs = {"out": _rel(got, want[0]) + float(got.dtype != torch.float32)}
+            for name, a, b in zip(("x", "w1", "b1", "w2", "b2", "w3", "b3"), grads, want[1:]):
+                errs[f"d_{name}"] = _rel(a.float(), b) + float(a.dtype != (xd if name == "x" else torch.float32))
+            record(f"decoder_mlp_bf16[n{n}-f{f}-h{h}-{str(xd)[6:]}]", errs)
 
     # the SIRT projector pair, with int32 and with int64 offsets (the variant above 2**31 elements)
     from fasttomo.geometry.so3 import rot_y, rot_z
@@ -263,6 +322,7 @@ NAMES = (
     + [f"volume_tv[{s}-{k}]" for s in ("5x6x7", "2x3x2x5", "2x2x2") for k in ("squared", "l1")]
     + ["tomo[int64=False]", "tomo[int64=True]"]
     + [f"decoder_mlp[{c}]" for c in ("n300-f20-h32", "n37-f48-h16", "n5-f64-h64")]
+    + [f"decoder_mlp_bf16[{c}-{d}]" for c in ("n300-f20-h32", "n45-f64-h64") for d in ("bfloat16", "float32")]
 )
 
 

@@ -323,9 +323,9 @@ def decoder_mlp(x: torch.Tensor, w1: torch.Tensor, b1: torch.Tensor, w2: torch.T
     the native CPU kernels (path 'cpu') for CPU float32/float64 inputs under ``backend=auto``
     outside autocast; the fused Triton kernels (path 'triton') under CUDA bf16 autocast with
     ``gpu_decoder='fused'`` where ``_why_not_fused_mlp`` allows (their output is fp32, the twin's
-    bf16); the twin elsewhere
-    (cuBLAS GEMMs, path 'torch'). The decoder never raises under ``backend=triton``: where the
-    fused kernels are not taken, cuBLAS is the faster path or the widths are not theirs."""
+    bf16); the twin elsewhere (cuBLAS GEMMs, path 'torch'). The decoder never raises under
+    ``backend=triton``: where the fused kernels are not taken, they were not chosen, cuBLAS is the
+    faster path or the widths are not theirs."""
     params = (w1, b1, w2, b2, w3, b3)
     reason = _why_not_cpu_mlp(x, params)
     if reason is None:
@@ -358,10 +358,9 @@ def compile_ahead(field, points_per_step: int, *, out_bf16: bool, need_dq: bool,
                   volume_tv: tuple | None = None) -> int:
     """Start compiling, in background threads, the fused kernels a K-Planes ``field``'s run will
     launch (``kernels/triton/ahead.py``): training calls of ``points_per_step`` points (bf16
-    features and the fused decoder when ``out_bf16``; dL/dq when ``need_dq``; the frames' gradient
-    when they learn),
-    no-grad calls, the plane TV when ``plane_tv`` and, given ``volume_tv`` = ((D, H, W), l1),
-    the volume TV. The first fused launch waits for them. Returns the number of kernels being
+    features, and the fused decoder if chosen, when ``out_bf16``; dL/dq when ``need_dq``; the
+    frames' gradient when they learn), no-grad calls, the plane TV when ``plane_tv`` and, given
+    ``volume_tv`` = ((D, H, W), l1), the volume TV. The first fused launch waits for them. Returns the number of kernels being
     compiled: 0 when the fast path is not taken (a CPU field, ``kernels.backend=torch``, no
     Triton) or the field has no plane layout."""
     layout, planes = getattr(field, "layout", None), getattr(field, "plane_data", None)
