@@ -71,6 +71,7 @@ def test_unknown_key_is_rejected_with_valid_keys():
     ("model.resolutions=[1]", "model.resolutions"),
     ("precision.dtype=fp8", "precision.dtype"),
     ("precision.planes=fp16", "precision.planes"),
+    ("kernels.gpu_decoder=fast", "kernels.gpu_decoder"),
     ("output.formats=[]", "output.formats: names no volume file"),  # a run that writes no reconstruction
 ])
 def test_bad_values_name_the_field(override, field):
