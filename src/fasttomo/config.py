@@ -900,8 +900,8 @@ class KernelsConfig:
     """The hybrid decoder in bf16 training on a GPU: cublas (torch's GEMMs and elementwise kernels)
     or fused (two Triton kernels that keep its activations in registers, for up to 64 features and
     model.hidden 16, 32 or 64; alone, a third of cublas's time at the camera decoder's shape on an
-    H100. Opt-in until a whole run has been measured with it: docs/kernels.md, "The fused
-    decoder"). fp32 and fp16 runs, wider decoders and kernels.backend=torch use cuBLAS either way."""
+    H100. Opt-in until a whole run has been measured with it: docs/kernels.md, "The camera
+    step"). fp32 and fp16 runs, wider decoders and kernels.backend=torch use cuBLAS either way."""
 
     def __post_init__(self) -> None:
         _choice(self.backend, ("auto", "triton", "torch"), "kernels.backend")

@@ -143,12 +143,14 @@ for bf16 in (True, False):  # bf16 features and planes, and fp32
     jobs = ahead.plan_jobs(lay, 4096, train_out_bf16=bf16, need_dq=True, need_gm=True, plane_tv=True,
                            volume_tv=((8, 16, 16), True), planes_bf16=bf16, decoder=(48, 32) if bf16 else None)
     calls += ahead._collect(torch.device("cpu"), jobs)
-print(json.dumps({"calls": len(calls), "sympy": "sympy" in sys.modules,
+names = sorted({kernel.__name__ for kernel, *_ in calls if kernel.__name__.startswith("mlp")})
+print(json.dumps({"calls": len(calls), "mlp": names, "sympy": "sympy" in sys.modules,
                   "symbolic_shapes": "torch.fx.experimental.symbolic_shapes" in sys.modules}))
 """
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr[-3000:]
     got = json.loads(p.stdout.strip().splitlines()[-1])
+    assert got["mlp"] == ["mlp_bwd_kernel", "mlp_fwd_kernel"], got  # the decoder's pair (bf16 plan)
     assert got["calls"] >= 18 and not got["sympy"] and not got["symbolic_shapes"], got
 
 

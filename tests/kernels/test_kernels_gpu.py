@@ -351,7 +351,7 @@ def _grads(out, x, dec, g):
     return torch.autograd.grad(out.float(), [x, *dec.parameters()] if x.requires_grad else list(dec.parameters()), g)
 
 
-def test_the_decoder_outside_bf16_autocast_is_its_nn_sequential():
+def test_the_decoder_where_the_fused_kernels_do_not_apply_is_its_nn_sequential():
     """In fp32, and under bf16 autocast for widths the fused kernels do not take, with
     kernels.backend=torch or with kernels.gpu_decoder=cublas (the default, under any backend), the
     Decoder takes the twin (path 'torch'): the same calls as its nn.Sequential, so outputs and

@@ -3,9 +3,10 @@
 Each op takes its fast path (a Triton kernel registered as a torch custom op in
 ``kernels/triton/ops.py``) only when that is valid:
 
-- the backend allows it: ``configure(backend)`` is called by the model/trainer builder with
-  ``kernels.backend`` (auto | triton | torch) from the run's recorded config, after the build-time
-  check (build.py); there is no other source (no environment variable);
+- the backend allows it: ``configure(backend, gpu_decoder)`` is called by the model/trainer
+  builder with ``kernels.backend`` (auto | triton | torch) and ``kernels.gpu_decoder`` (cublas |
+  fused) from the run's recorded config, after the build-time check (build.py); there is no other
+  source (no environment variable);
 - Triton imports and the custom ops register (checked once, lazily);
 - the tensors are CUDA, fp32, of supported shapes (see each ``_why_not_*``).
 
@@ -323,9 +324,9 @@ def decoder_mlp(x: torch.Tensor, w1: torch.Tensor, b1: torch.Tensor, w2: torch.T
     the native CPU kernels (path 'cpu') for CPU float32/float64 inputs under ``backend=auto``
     outside autocast; the fused Triton kernels (path 'triton') under CUDA bf16 autocast with
     ``gpu_decoder='fused'`` where ``_why_not_fused_mlp`` allows (their output is fp32, the twin's
-    bf16); the twin elsewhere (cuBLAS GEMMs, path 'torch'). The decoder never raises under
-    ``backend=triton``: where the fused kernels are not taken, they were not chosen, cuBLAS is the
-    faster path or the widths are not theirs."""
+    bf16); the twin elsewhere (cuBLAS GEMMs, path 'torch'). Under ``backend=triton`` the decoder
+    never raises: where the fused kernels do not apply (not chosen, fp32 or fp16, other widths)
+    cuBLAS runs it."""
     params = (w1, b1, w2, b2, w3, b3)
     reason = _why_not_cpu_mlp(x, params)
     if reason is None:
