@@ -35,16 +35,6 @@ if "--cpu-check" in sys.argv:
 from fasttomo.kernels.triton import mlp  # noqa: E402  (imports triton)
 
 
-def fused_forward(x, w1, b1, w2, b2, w3, b3, bf16: bool):
-    return mlp.mlp_forward(x, w1, b1, w2, b2, w3, b3, bf16)
-
-
-def fused_backward(x, dout, w1, b1, w2, b2, w3, bf16: bool, programs=None, block_n=mlp.BWD_BLOCK_N,
-                   warps=mlp.BWD_WARPS):
-    """(dx, dW1, db1, dW2, db2, dW3, db3) with nn.Linear's shapes."""
-    return mlp.mlp_backward(x, dout, w1, b1, w2, b2, w3, bf16, True, programs, block_n, warps)
-
-
 def twin(x, params, bf16: bool, dout):
     """The decoder as a run computes it (``reference.decoder_mlp``, autocast in bf16), forward and
     backward through autograd: (out, dx, dW1, db1, dW2, db2, dW3, db3)."""
@@ -75,8 +65,8 @@ def make(N: int, F: int, H: int, device, bf16: bool, seed: int = 0):
 
 def compare(x, params, dout, bf16: bool, programs: int | None = None) -> dict:
     ref = twin(x, params, bf16, dout)
-    out = fused_forward(x, *params, bf16)
-    got = (out, *fused_backward(x, dout, *params[:5], bf16, programs))
+    out = mlp.mlp_forward(x, *params, bf16)
+    got = (out, *mlp.mlp_backward(x, dout, *params[:5], bf16, programs=programs))
     names = ("out", "dx", "dW1", "db1", "dW2", "db2", "dW3", "db3")
     return {f"err_{k}": float((a.float() - b.float()).norm() / b.float().norm().clamp_min(1e-30))
             for k, a, b in zip(names, got, ref)}
@@ -135,12 +125,12 @@ def main() -> int:
             twin(x, params, bf16, dout)
 
         def fused_fwd_bwd():
-            fused_forward(x, *params, bf16)
-            fused_backward(x, dout, *params[:5], bf16, programs)
+            mlp.mlp_forward(x, *params, bf16)
+            mlp.mlp_backward(x, dout, *params[:5], bf16, programs=programs)
 
         row["twin_fwd_ms"] = statistics.median(cuda_times_ms(twin_fwd, args.repeat, 3, dev))
         row["twin_fwd_bwd_ms"] = statistics.median(cuda_times_ms(twin_fwd_bwd, args.repeat, 3, dev))
-        row["fused_fwd_ms"] = statistics.median(cuda_times_ms(lambda: fused_forward(x, *params, bf16),
+        row["fused_fwd_ms"] = statistics.median(cuda_times_ms(lambda: mlp.mlp_forward(x, *params, bf16),
                                                                args.repeat, 3, dev))
         row["fused_fwd_bwd_ms"] = statistics.median(cuda_times_ms(fused_fwd_bwd, args.repeat, 3, dev))
         rows.append(row)
@@ -153,7 +143,7 @@ def main() -> int:
             for warps in args.sweep_warps:
                 for per_sm in (2, 4, 8, 16):
                     def bwd(block_n=block_n, warps=warps, per_sm=per_sm):
-                        fused_backward(x, dout, *params[:5], True, per_sm * sms, block_n, warps)
+                        mlp.mlp_backward(x, dout, *params[:5], True, programs=per_sm * sms, block_n=block_n, warps=warps)
                     ms = statistics.median(cuda_times_ms(bwd, args.repeat, 3, dev))
                     rows.append({"variant": f"bf16 backward {block_n} points a block, {warps} warps, {per_sm} an SM",
                                  "fused_bwd_ms": ms})

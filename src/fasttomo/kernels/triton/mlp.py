@@ -179,9 +179,10 @@ def mlp_forward(x: torch.Tensor, w1: torch.Tensor, b1: torch.Tensor, w2: torch.T
 def mlp_backward(x: torch.Tensor, dout: torch.Tensor, w1: torch.Tensor, b1: torch.Tensor, w2: torch.Tensor,
                  b2: torch.Tensor, w3: torch.Tensor, bf16: bool, need_dx: bool = True,
                  programs: int | None = None, block_n: int = BWD_BLOCK_N, warps: int = BWD_WARPS):
-    """(dx (N, F) in x's dtype, or (0, F) without ``need_dx``; dW1, db1, dW2, db2, dW3, db3 in
-    fp32 with nn.Linear's shapes) for the output gradient ``dout`` (N,). ``programs`` (default
-    ``BWD_PROGRAMS_PER_SM`` an SM), ``block_n`` and ``warps``: the launch (the probe's sweep)."""
+    """(dx (N, F) in x's dtype, or (0, F) without ``need_dx``; dW1, db1, dW2, db2, dW3, db3 in fp32
+    with nn.Linear's shapes, views of one sum) for the output gradient ``dout`` (N,). ``programs``
+    (default ``BWD_PROGRAMS_PER_SM`` an SM), ``block_n`` and ``warps``: the launch (the probe's
+    sweep)."""
     N, F = x.shape
     H = w1.shape[0]
     FP = padded(F)
@@ -194,7 +195,7 @@ def mlp_backward(x: torch.Tensor, dout: torch.Tensor, w1: torch.Tensor, b1: torc
            BLOCK_N=block_n, BF16=bf16, PREC=_prec(bf16), NEED_DX=need_dx, num_warps=warps)
     s = sum_parts(part, 0)
     o = H * FP
-    dw1 = s[:o].reshape(H, FP)[:, :F].contiguous()
+    dw1 = s[:o].reshape(H, FP)[:, :F]
     dw2 = s[o:o + H * H].reshape(H, H)
     o += H * H
     return dx, dw1, s[o:o + H], dw2, s[o + H:o + 2 * H], s[o + 2 * H:o + 3 * H].reshape(1, H), s[o + 3 * H:]
