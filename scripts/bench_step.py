@@ -89,7 +89,8 @@ def _profile(trainer, comps, steps: int, top: int = 25) -> dict:
     their own time per step, each with its input shapes (GPU time on CUDA, CPU time on the CPU:
     there the native kernels called from Python are no op and not listed) and, on CUDA, the ``top``
     kernels (memcpy and memset too) by GPU time with the sum of every kernel's time per step
-    (against the captured step's time: what is left is launch gaps the graph does not remove)."""
+    (against the captured step's time: what is left is launch gaps the graph does not remove) and,
+    apart, the part of that sum the copies and fills take."""
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
@@ -127,7 +128,8 @@ def _profile(trainer, comps, steps: int, top: int = 25) -> dict:
             acc[0] += 1
             acc[1] += e.time_range.elapsed_us()
         rows = sorted(([n, c / steps, t / steps / 1e3] for n, (c, t) in per_name.items()), key=lambda r: -r[2])
-        out.update(kernel_ms_per_step=round(sum(r[2] for r in rows), 3),
+        copies = sum(r[2] for r in rows if r[0].startswith(("Memcpy", "Memset")))
+        out.update(kernel_ms_per_step=round(sum(r[2] for r in rows), 3), copy_ms_per_step=round(copies, 3),
                    launches_per_step=round(sum(r[1] for r in rows), 1),
                    top=[[n[:160], round(c, 2), round(t, 4)] for n, c, t in rows[:top]])
     return out
@@ -243,7 +245,8 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             if "top" in prof:
                 print(f"{r['variant']}: kernels of an eager step {prof['kernel_ms_per_step']:.2f} ms in "
-                      f"{prof['launches_per_step']:.0f} launches; the most time:")
+                      f"{prof['launches_per_step']:.0f} launches (copies and fills "
+                      f"{prof.get('copy_ms_per_step', 0.0):.2f} ms of it); the most time:")
                 for name, calls, ms in prof["top"]:
                     print(f"  {ms:8.3f} ms {calls:6.1f}x  {name[:100]}")
             print(f"{r['variant']}: the ops of an eager step by their own {prof['ops_time']} time:")
