@@ -103,6 +103,9 @@ def test_simulate_and_evaluate_have_their_own_help(tmp_path):
     ("data.exclude_views=3,7,12", "data.exclude_views: expected a list, got 3,7,12 (without brackets, Hydra reads "
                                   "values separated by commas as a sweep); write data.exclude_views=[3,7,12]."),
     ("data.crop=0,16,0,16", "write data.crop=[0,16,0,16]."),
+    # a comma in a file name: Hydra's hint to quote it (on lines after its first) is kept
+    ("data.path=TS,01.mrc", "data.path=TS,01.mrc: the comma makes this several values; to keep it one value (a file "
+                            "name with a comma), quote it: \"data.path='TS,01.mrc'\""),
     ("output.formats=mrc,h5", "write output.formats=[mrc,h5]."),
     ("data.exclude_views=1-5", "data.exclude_views: expected a list, got 1-5; write data.exclude_views=[1,2,3,4,5] "
                                "(the range spelled out)."),

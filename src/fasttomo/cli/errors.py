@@ -28,6 +28,7 @@ import functools
 import logging
 import math
 import os
+import re
 import sys
 import types
 import typing
@@ -298,6 +299,12 @@ def from_hydra(exc: BaseException) -> CommandLineError | None:
     if "HYDRA_FULL_ERROR" in first or first.startswith("Error"):
         first = next((ln for ln in lines[1:] if "HYDRA_FULL_ERROR" not in ln), first)
     first = first.replace("\\", "")
+    ambiguous = re.match(r"Ambiguous value for argument '([^'=]+)=(.*)'", first)
+    if ambiguous:  # a comma outside -m: Hydra's own hint is on the lines this keeps out
+        name, value = ambiguous.groups()
+        return CommandLineError(f"{name}={value}: the comma makes this several values; to keep it one value (a "
+                                f"file name with a comma), quote it: \"{name}='{value}'\"; a list is {name}=[a,b], "
+                                "and -m runs one job for each value.")
     msg = f"{key}: {first}" if key and not first.startswith(str(key)) else first
     return CommandLineError(msg.rstrip(".") + ". (--help explains every group and key.)")
 
