@@ -124,6 +124,23 @@ def test_a_utf16_angle_file_is_named_utf16(stack, tmp_path, encoding):
         _load(stack, angles=str(t))
 
 
+def test_a_stack_given_as_the_angle_file_is_named_not_text(stack, tmp_path):
+    t = tmp_path / "binary.rawtlt"  # the MRC stack itself, copied where its angle file belongs
+    shutil.copyfile(stack[0], t)
+    with pytest.raises(DataFileError, match=r"binary\.rawtlt: the tilt-angle file is not text \(it holds NUL bytes: "
+                                            r"an MRC file\?\); give the tilt-angle text file as data\.angles\.$"):
+        _load(stack, angles=str(t))
+
+
+def test_a_long_bad_line_is_quoted_cut_short(stack, tmp_path):
+    t = tmp_path / "long.rawtlt"
+    t.write_text("-40\n" + "x" * 500 + "\n")
+    with pytest.raises(DataFileError, match=r"long\.rawtlt, line 2: 'x{80}' \(\.\.\. 500 characters\) is not a list "
+                                            r"of numbers") as err:
+        _load(stack, angles=str(t))
+    assert len(str(err.value)) < 300
+
+
 # ------------------------------------------------------------------- 5. a folder, an unreadable file
 @pytest.mark.parametrize("name", ["tilts", "tilts.mrc"])
 def test_a_directory_as_data_path_is_named_a_directory(tmp_path, name):

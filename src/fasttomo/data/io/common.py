@@ -63,6 +63,11 @@ def read_text_lines(path: str, what: str, key: str) -> list[str]:
     if raw.startswith((b"\xff\xfe", b"\xfe\xff")):  # its BOM; read as UTF-8 it would be NUL-riddled noise
         raise DataFileError(f"{path}: the {what} file is UTF-16 text (Windows Notepad's 'Unicode'); save it as "
                             f"UTF-8 or ASCII and give it again as {key}.")
+    if b"\0" in raw:  # no text file holds a NUL byte: a stack, a picture or an archive given by mistake
+        kind = ("an MRC file" if raw[208:212] == b"MAP " else "an HDF5 file" if raw.startswith(b"\x89HDF")
+                else "a TIFF file" if raw[:4] in (b"II*\0", b"MM\0*") else "a binary file")
+        raise DataFileError(f"{path}: the {what} file is not text (it holds NUL bytes: {kind}?); give the {what} "
+                            f"text file as {key}.")
     # -sig: a UTF-8 BOM (Notepad, Excel) is no text; newline=None: CRLF and CR line ends as in text mode
     return io.StringIO(raw.decode("utf-8-sig", errors="replace"), newline=None).readlines()
 

@@ -40,13 +40,19 @@ def read_tilt_file(path: str | os.PathLike, key: str = "data.angles") -> list[li
         except ValueError:
             hint = non_ascii_hint(text)
             raise DataFileError(
-                f"{path}, line {lineno}: {line.strip()!r} is not a list of numbers; " + (
+                f"{path}, line {lineno}: {_quoted(line)} is not a list of numbers; " + (
                     f"{hint}." if hint else "a tilt-angle file holds angles in degrees, one or many per line. "
                     f"Fix the line or give the right file as {key}.")
             ) from None
     if not rows:
         raise DataFileError(f"{path}: the tilt-angle file holds no angles; give the angle list as {key}.")
     return rows
+
+
+def _quoted(line: str, limit: int = 80) -> str:
+    """A line of a text file as an error quotes it: repr'd, cut to ``limit`` characters."""
+    text = line.strip()
+    return repr(text) if len(text) <= limit else repr(text[:limit]) + f" (... {len(text)} characters)"
 
 
 def angles_for_stack(rows: list[list[float]], n_sections: int, height: int, where: str,
