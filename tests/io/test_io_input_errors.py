@@ -138,7 +138,7 @@ def test_a_long_bad_line_is_quoted_cut_short(stack, tmp_path):
     with pytest.raises(DataFileError, match=r"long\.rawtlt, line 2: 'x{80}' \(\.\.\. 500 characters\) is not a list "
                                             r"of numbers") as err:
         _load(stack, angles=str(t))
-    assert len(str(err.value)) < 300
+    assert len(str(err.value).replace(str(t), "")) < 300
 
 
 # ------------------------------------------------------------------- 5. a folder, an unreadable file
