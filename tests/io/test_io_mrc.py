@@ -133,6 +133,21 @@ def test_permissive_header_quirk_then_shape_check(tmp_path, caplog):
     assert any("permissive" in n for n in m.notes)
 
 
+def test_a_header_nz_short_of_the_sections_is_said_once_as_sections(tmp_path):
+    raw = make_stack()  # 5 sections; the header is made to say 4 (an nz not updated)
+    p = write_raw_mrc(tmp_path / "nz.mrc", raw, voxel=2.0, patch={8: struct.pack("<i", 4)})
+    m = read_mrc(p)
+    np.testing.assert_array_equal(m.data, raw[:4])
+    about = [n for n in m.notes if "section" in n or "larger than expected" in n]
+    assert about == [f"the header says 4 sections (nz), but 1 more whole section(s) follow them in the file "
+                     f"({raw[0].nbytes} bytes); only the first 4 are read. If the stack has 5 views, fix nz in the "
+                     "header (IMOD: alterheader -size) and give an angle for each"], m.notes
+    with open(p, "ab") as f:  # and bytes that are no whole section: mrcfile's own words, once
+        f.write(b"\0" * 7)
+    notes = read_mrc(p).notes
+    assert sum("larger than expected" in n for n in notes) == 1, notes
+
+
 def test_empty_truncated_corrupt(tmp_path):
     empty = tmp_path / "e.mrc"
     empty.write_bytes(b"")

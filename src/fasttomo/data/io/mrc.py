@@ -185,6 +185,29 @@ def _wrapped_bytes(data: np.ndarray, rows: int = 256) -> bool:
     return signed >= 0.001 * sample[:, 1:].size and signed >= 10 * unsigned
 
 
+def _trailing_bytes_note(path: str, data: np.ndarray, nsymbt: int, notes: list[str]) -> list[str]:
+    """``notes`` with mrcfile's 'N bytes larger than expected' said once: as whole sections the
+    header's nz leaves out, when the extra bytes are that (a stack whose nz was not updated)."""
+    extra = os.path.getsize(path) - HEADER_BYTES - nsymbt - data.nbytes
+    if extra <= 0:
+        return notes
+    kept, seen = [], False
+    for note in notes:  # the strict open's failure and the permissive open's warning say the same
+        if "larger than expected" in note:
+            if seen:
+                continue
+            seen = True
+        kept.append(note)
+    section = data[0].nbytes if data.ndim == 3 and len(data) else 0
+    if section and extra % section == 0:
+        kept = [n for n in kept if "larger than expected" not in n]
+        kept.append(f"the header says {len(data)} sections (nz), but {extra // section} more whole section(s) "
+                    f"follow them in the file ({extra} bytes); only the first {len(data)} are read. If the stack "
+                    f"has {len(data) + extra // section} views, fix nz in the header (IMOD: alterheader -size) and "
+                    "give an angle for each")
+    return kept
+
+
 def read_mrc(path: str | os.PathLike, key: str = "data.path") -> MrcData:
     """Read an MRC file (stack or volume) given as ``key`` with all checks; see the module docstring."""
     path = os.fspath(path)
@@ -199,6 +222,7 @@ def read_mrc(path: str | os.PathLike, key: str = "data.path") -> MrcData:
                                 f"notes: {'; '.join(notes) or 'none'}. The file is corrupt; re-export it.")
         data = _read_block(path, mrc.data)
         mode = int(h.mode)
+        notes = _trailing_bytes_note(path, data, int(h.nsymbt), notes)
         raw = _raw_header(path)
         order = h.mode.dtype.byteorder if h.mode.dtype.byteorder in "<>" else "="
         if mode == 0:
