@@ -179,7 +179,8 @@ def test_tiltseries_shape_and_views_are_checked_before_writing(files, tmp_path):
 
 
 @pytest.mark.parametrize("angles, message", [
-    ("radians", r"these look like radians, but fasttomo reads degrees. Convert the angle file to degrees \(x 57.2958\)\.$"),
+    ("radians", r"these look like radians, but fasttomo reads degrees. Convert them to degrees \(x 57.2958\) where they "
+                r"are stored, or give angles=<a file in degrees>\.$"),
     ("duplicate", r"duplicate tilt angles \(angle: 1-based views\) \{-30.0: \[3, 4\]\}; each view needs its own angle. "
                   r"Fix the angle file or drop the repeats\.$"),
     ("beyond 90", r"tilt angle 96 degrees for view 9 is not within \(-90, 90\).*Fix the angle file\.$"),

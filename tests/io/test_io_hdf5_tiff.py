@@ -76,6 +76,7 @@ def test_user_named_paths_and_attributes(tmp_path):
     np.testing.assert_array_equal(ts.stack, raw.astype(np.float32))
     np.testing.assert_array_equal(ts.angles, ANGLES5)
     assert ts.pixel_size == 0.5
+    assert ts.metadata["angle_source"] == f"attribute 'tilts' of /entry/data/projections in {p}"  # where they were
     with h5py.File(p, "a") as f:
         f["angles_deg"] = ANGLES5[::-1].copy()
         f["px"] = 3.0
@@ -117,7 +118,8 @@ def test_hdf5_angles_and_pixel_sizes_that_are_not_numbers(tmp_path, caplog):
         caplog.clear()
         ts = load_tiltseries(data_cfg(**cfg))
         assert ts.metadata["pixel_size_assumed"] and "pixel size from" not in caplog.text
-        assert f"attribute 'pixel_size_A' of /stack holds {shown}; ignored" in caplog.text
+        warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+        assert any(f"attribute 'pixel_size_A' of /stack holds {shown}; ignored" in w for w in warned), warned
     assert load_tiltseries(data_cfg(**dict(cfg, pixel_size=2.0))).pixel_size == 2.0
     for name, where in (("tilts", "attribute 'tilts' of /stack"), ("/table", "dataset /table")):
         with pytest.raises(DataFileError, match=rf"no tilt angles: {where} holds .*not numbers \(tilt angles in "

@@ -130,14 +130,14 @@ def read_raw(cfg) -> RawSeries:
         from fasttomo.data.io.hdf5 import read_stack_h5
 
         h = read_stack_h5(path, cfg.hdf5_stack, cfg.hdf5_angles, cfg.hdf5_pixel_size)
-        for note in h.notes:
-            log.info("%s: %s", path, note)
+        for note in h.notes:  # what was found is said below; a value it ignored is a warning
+            (log.warning if "ignored" in note else log.info)("%s: %s", path, note)
         data, header_pix, valid, gt = h.data, h.pixel_size, h.valid, h.ground_truth
         meta.update({k: v for k, v in h.metadata.items() if k not in ("preparation", "view_numbers",
                                                                      "sort_permutation", "file_alignment",
                                                                      "raw_frame")})
         if h.angles is not None:
-            angles, angle_source = h.angles, f"{cfg.hdf5_angles} in {path}"
+            angles, angle_source = h.angles, f"{h.angles_where} in {path}"
         angles_hint = h.angles_hint
     else:
         from fasttomo.data.io.tiff import read_tiff

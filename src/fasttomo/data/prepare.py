@@ -144,8 +144,9 @@ def check_angle_units(angles: np.ndarray, where: str, enabled: bool = True) -> N
         return
     raise TiltSeriesError(
         f"{where}: the tilt angles span only {lo:.4g}..{hi:.4g} degrees (largest |angle| {worst:.4g} < "
-        f"{RADIAN_SUSPECT_DEG:g}); these look like radians, but fasttomo reads degrees. Convert the angle file "
-        "to degrees (x 57.2958), or set data.check_angle_units=false if the series really spans less than "
+        f"{RADIAN_SUSPECT_DEG:g}); these look like radians, but fasttomo reads degrees. Convert them to degrees "
+        "(x 57.2958) where they are stored, or give data.angles=<a file in degrees>, or set "
+        "data.check_angle_units=false if the series really spans less than "
         f"+-{RADIAN_SUSPECT_DEG:g} degrees."
     )
 

@@ -107,6 +107,8 @@ class H5Stack:
     notes: list[str]
     angles_hint: str = ""
     """Where the angles were looked for, when none were found (for the error that follows)."""
+    angles_where: str = ""
+    """Where the angles were found: 'dataset /a/b' or "attribute 'angles' of /a"."""
 
 
 def read_stack_h5(path: str | os.PathLike, stack_path: str = "/tiltseries/stack",
@@ -129,13 +131,13 @@ def read_stack_h5(path: str | os.PathLike, stack_path: str = "/tiltseries/stack"
             raise DataFileError(f"{path}: dataset {stack_path} has shape {ds.shape} ({ds.ndim}-D); a tilt series "
                                 "must be 3-D (n_tilts, H, W). Point data.hdf5_stack at the stack.")
         data = _read_dataset(path, ds)
-        angles, angles_hint = None, ""
+        angles, angles_hint, angles_where = None, "", ""
         hit = _lookup(f, ds, angles_path)
         if hit is not None:
             value, where = hit
             angles, bad = _numbers(_read_dataset(path, value) if isinstance(value, h5py.Dataset) else value, where)
             if angles is not None:
-                notes.append(f"angles from {where}")
+                angles_where = where
             else:  # an error only if no other source of angles is given (load.py)
                 angles_hint = (f"{bad} (tilt angles in degrees): store plain numbers there, or set "
                                "data.hdf5_angles=<dataset path>.")
@@ -172,7 +174,7 @@ def read_stack_h5(path: str | os.PathLike, stack_path: str = "/tiltseries/stack"
             except (TypeError, ValueError):
                 notes.append("metadata attribute is not JSON; ignored")
     return H5Stack(data=data, angles=angles, pixel_size=pix, valid=valid, ground_truth=gt, metadata=metadata,
-                   notes=notes, angles_hint=angles_hint)
+                   notes=notes, angles_hint=angles_hint, angles_where=angles_where)
 
 
 def write_tiltseries_h5(path: str | os.PathLike, ts, overwrite: bool = False) -> str:
