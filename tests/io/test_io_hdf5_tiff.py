@@ -97,6 +97,18 @@ def test_missing_dataset_path(tmp_path):
     assert load_tiltseries(data_cfg(source="hdf5", path=str(p), hdf5_stack="/data", angles=t)).n_tilts == 5
 
 
+def test_a_stack_stored_tilts_last_is_named_so(tmp_path):
+    p = tmp_path / "hwn.h5"
+    with h5py.File(p, "w") as f:  # (H, W, n_tilts): 12 x 16 x 5, the angles beside it
+        f["tiltseries/stack"] = np.moveaxis(make_stack(), 0, -1)
+        f["tiltseries/angles"] = ANGLES5
+    with pytest.raises(DataFileError, match=r"angles of shape \(5,\) for a stack of 12 sections of 16 lines.*The "
+                                            r"stack's last axis has 5 entries, as many as the angles: is it stored "
+                                            r"\(H, W, n_tilts\)\? Store it as \(n_tilts, H, W\) \(numpy: "
+                                            r"np\.moveaxis\(stack, -1, 0\)\)\.$"):
+        load_tiltseries(data_cfg(source="hdf5", path=str(p)))
+
+
 def test_hdf5_angles_and_pixel_sizes_that_are_not_numbers(tmp_path, caplog):
     """A text attribute ('10 A'), angles stored as one string or as a compound dataset: no traceback;
     a pixel size that is no number (or 0, NaN, < 0) is ignored and said so (data.pixel_size

@@ -123,6 +123,29 @@ def test_serialem_seri_extended_header(tmp_path):
     assert ts.metadata["view_numbers"] == [5, 3, 1, 2, 4]
 
 
+def test_an_angle_file_that_contradicts_the_header_is_warned_and_used(tmp_path, caplog):
+    angles = np.array([0.0, 3.0, -3.0, 6.0, -6.0])  # dose-symmetric order, in a SERI header
+    nint, flags = 8, 1 | 8
+    recs = np.zeros((5, nint), dtype=np.uint8)
+    recs[:, :2] = np.round(angles * 100).astype("<i2").view(np.uint8).reshape(5, 2)
+    p = write_raw_mrc(tmp_path / "se.st", make_stack(), voxel=2.0, exttyp=b"SERI",
+                      ext=np.frombuffer(recs.tobytes(), dtype="V1"), patch={128: struct.pack("<hh", nint, flags)})
+    said = "give the sections different tilt angles"
+    for given, how in ((angles + 0.5, None),  # refined angles: no word
+                       (np.sort(angles), "the same angles in another order"),
+                       (angles + 20, "they differ by up to 20 degrees (section 1: 20 against 0)")):
+        t = write_tlt(tmp_path / "given.rawtlt", given)
+        caplog.clear()
+        ts = load_tiltseries(data_cfg(source="mrc", path=p, angles=t))
+        np.testing.assert_allclose(ts.angles, np.sort(given))  # data.angles is used either way
+        warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING and said in r.getMessage()]
+        if how is None:
+            assert not warned, warned
+        else:
+            assert warned == [f"{t} and the SERI extended header of {p} {said}: {how}. {t} is used; if the stack's "
+                              "own angles are the right ones, leave data.angles out."], warned
+
+
 def test_permissive_header_quirk_then_shape_check(tmp_path, caplog):
     raw = make_stack()
     p = write_raw_mrc(tmp_path / "q.mrc", raw, voxel=2.0, patch={208: b"XXXX"})  # map ID destroyed

@@ -151,8 +151,10 @@ def read_raw(cfg) -> RawSeries:
 
         meta["file_alignment"], aln_tilts = read_file_alignment(cfg, n, height, data.shape[2])
     if cfg.angles:
+        own, own_source = angles, angle_source  # the stack file's own angles, if it carries any
         angles, angle_source, mdoc_pix, mdoc_axis = _read_angle_file(cfg.angles, n, height, path)
         file_axis = mdoc_axis if mdoc_axis is not None else file_axis
+        _compare_angles(angles, angle_source, own, own_source)
     elif aln_tilts is not None:
         angles, angle_source = aln_tilts, f"the TILT column of {cfg.aln}"
     elif angles is None:
@@ -160,8 +162,12 @@ def read_raw(cfg) -> RawSeries:
     else:
         angles = np.asarray(angles, dtype=np.float64)
         if angles.shape[0] != n or angles.ndim not in (1, 2) or (angles.ndim == 2 and angles.shape[1] != height):
+            last = (f" The stack's last axis has {data.shape[2]} entries, as many as the angles: is it stored "
+                    "(H, W, n_tilts)? Store it as (n_tilts, H, W) (numpy: np.moveaxis(stack, -1, 0))."
+                    if angles.ndim == 1 and angles.shape[0] == data.shape[2] != n else "")
             raise DataFileError(f"{angle_source}: angles of shape {angles.shape} for a stack of {n} sections of "
-                                f"{height} lines; need ({n},) or ({n}, {height}). Fix the file or give data.angles.")
+                                f"{height} lines; need ({n},) or ({n}, {height}). Fix the file or give "
+                                f"data.angles.{last}")
     stack = to_float32(data, cfg.intensity_offset, path)
     pixel = _pixel_size(cfg, path, header_pix, ext_pix, mdoc_pix, meta)
     if file_axis is not None:
@@ -177,6 +183,32 @@ def read_raw(cfg) -> RawSeries:
     log.info("%s: %d angles from %s.", path, n, angle_source)
     return RawSeries(stack=stack, angles=angles, pixel_size=pixel, source=path, angle_source=angle_source,
                      valid=valid, ground_truth=gt, metadata=meta)
+
+
+ANGLES_DISAGREE_DEG = 2.0
+"""data.angles and the stack file's own angles differing by more than this (refined angles move
+less) are said in a warning."""
+
+
+def _compare_angles(given: np.ndarray, given_source: str, own, own_source: str | None) -> None:
+    """Warn when data.angles contradicts the angles the stack file itself carries (an extended
+    header, an HDF5 dataset): another order, or other values. data.angles is used either way."""
+    if own is None:
+        return
+    own = np.asarray(own, dtype=np.float64)
+    if own.shape != given.shape or given.ndim != 1:
+        return
+    diff = np.abs(given - own)
+    if not np.isfinite(diff).all() or diff.max() <= ANGLES_DISAGREE_DEG:
+        return
+    if np.abs(np.sort(given) - np.sort(own)).max() <= ANGLES_DISAGREE_DEG:
+        how = "the same angles in another order"
+    else:
+        k = int(np.argmax(diff))
+        how = (f"they differ by up to {diff.max():.4g} degrees (section {k + 1}: {given[k]:.4g} against "
+               f"{own[k]:.4g})")
+    log.warning("%s and %s give the sections different tilt angles: %s. %s is used; if the stack's own angles are "
+                "the right ones, leave data.angles out.", given_source, own_source, how, given_source)
 
 
 def _sibling_hint(path: str) -> str:
