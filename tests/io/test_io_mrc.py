@@ -1,6 +1,7 @@
 """MRC stacks: modes, extended headers, permissive quirks, damaged files (real files via mrcfile)."""
 
 import logging
+import re
 import struct
 
 import mrcfile
@@ -169,6 +170,19 @@ def test_a_header_nz_short_of_the_sections_is_said_once_as_sections(tmp_path):
         f.write(b"\0" * 7)
     notes = read_mrc(p).notes
     assert sum("larger than expected" in n for n in notes) == 1, notes
+
+
+def test_pixel_sizes_far_out_are_warned_and_ones_no_header_holds_refused(tmp_path, caplog):
+    ts = _load(tmp_path, make_stack(), voxel=1e30)  # a header's nonsense: used, with a warning
+    assert ts.pixel_size == pytest.approx(1e30, rel=1e-6)
+    assert "pixel size 1e+30 A (from the file header) is outside 0.01..1e+06 A" in caplog.text
+    caplog.clear()
+    assert _load(tmp_path, make_stack(), voxel=3.5).pixel_size == pytest.approx(3.5)
+    assert "is outside" not in caplog.text
+    for bad in (1e300, 1e-50):  # 0 and inf as float32: an MRC cell cannot say them
+        with pytest.raises(DataFileError, match=rf"pixel size {re.escape(f'{bad:.6g}')} A \(from data\.pixel_size\) does not fit a "
+                                                r"volume header"):
+            _load(tmp_path, make_stack(), pixel_size=bad)
 
 
 def test_empty_truncated_corrupt(tmp_path):

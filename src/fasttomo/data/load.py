@@ -170,6 +170,7 @@ def read_raw(cfg) -> RawSeries:
                                 f"data.angles.{last}")
     stack = to_float32(data, cfg.intensity_offset, path)
     pixel = _pixel_size(cfg, path, header_pix, ext_pix, mdoc_pix, meta)
+    _check_pixel_size(pixel, meta["pixel_size_source"], path, data.shape)
     if file_axis is not None:
         meta["file_tilt_axis_angle"] = file_axis
         if abs(file_axis - cfg.tilt_axis_angle) > 0.5 and "file_alignment" not in meta:
@@ -183,6 +184,26 @@ def read_raw(cfg) -> RawSeries:
     log.info("%s: %d angles from %s.", path, n, angle_source)
     return RawSeries(stack=stack, angles=angles, pixel_size=pixel, source=path, angle_source=angle_source,
                      valid=valid, ground_truth=gt, metadata=meta)
+
+
+PLAUSIBLE_PIXEL_A = (0.01, 1e6)
+"""Pixel sizes (Angstrom) outside this range are used with a warning: electron tomography's run
+from under 1 A to a few hundred, X-ray tomography's to micrometres."""
+
+
+def _check_pixel_size(pixel: float, source: str, path: str, shape: tuple[int, ...]) -> None:
+    """Refuse a pixel size the volume's MRC header cannot hold (its cell is float32 Angstrom);
+    warn about one far outside what a tilt series has."""
+    with np.errstate(over="ignore"):
+        fits = bool(np.isfinite(np.float32(pixel) * np.float32(16 * max(shape)))) and np.float32(pixel) > 0
+    if not fits:
+        raise DataFileError(f"{path}: pixel size {pixel:.6g} A (from {source}) does not fit a volume header (MRC "
+                            "cells are 32-bit floats in Angstrom); set data.pixel_size=<Angstrom>.")
+    lo, hi = PLAUSIBLE_PIXEL_A
+    if not lo <= pixel <= hi:
+        log.warning("%s: pixel size %.6g A (from %s) is outside %g..%g A, where tomograms' pixel sizes lie; the "
+                    "volume's header and scale bars use it. If it is wrong, set data.pixel_size=<Angstrom>.",
+                    path, pixel, source, lo, hi)
 
 
 ANGLES_DISAGREE_DEG = 2.0
