@@ -9,6 +9,7 @@ nothing, and resume ignored the checkpoint's config."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -208,19 +209,44 @@ def test_overwrite_removes_every_file_of_the_previous_run_and_nothing_else(tmp_p
                         "logging.checkpoint_every=2", "logging.tensorboard=true", f"output.dir={out}"]))
     first = sorted(p.name for p in out.rglob("*") if p.is_file())
     assert {"volume.tif", "volume_xzy.mrc", "step0000002.pt"} <= set(first) and list((out / "tb").iterdir())
-    (out / "notes.txt").write_text("mine")  # a user's file
+    (out / "notes.txt").write_text("mine")  # a user's files, two of them named like the run's patterns
+    (out / "checkpoints" / "step_best_by_eye.pt").write_text("mine")
+    (out / "tb" / "events.out.tfevents.1.otherhost.1.0").write_text("mine")
     run(compose_config([*TINY, "optim.steps=3", "output.overwrite=true", f"output.dir={out}"]))
     after = sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file())
-    assert after == ["checkpoints/last.pt", "config.yaml", "fsc_truth.png", "loss.png", "manifest.json",
-                     "metrics.json", "notes.txt", "reconstruct.log", "report.png", "slices.png", "volume.mrc"]
-    assert not (out / "tb").exists()
+    assert after == ["checkpoints/last.pt", "checkpoints/step_best_by_eye.pt", "config.yaml", "fsc_truth.png",
+                     "loss.png", "manifest.json", "metrics.json", "notes.txt", "reconstruct.log", "report.png",
+                     "slices.png", "tb/events.out.tfevents.1.otherhost.1.0", "volume.mrc"]
     assert "removed the" in (out / "reconstruct.log").read_text()
+
+
+def test_overwriting_a_killed_run_removes_its_own_step_checkpoints_and_event_files_only(tmp_path):
+    """A killed run's manifest has patterns, no list of files: they are narrowed to the names the
+    run itself writes (7-digit steps; event files of its host and pid)."""
+    from fasttomo.run.folder import RunFolder
+
+    out = tmp_path / "killed"
+    (out / "checkpoints").mkdir(parents=True)
+    (out / "tb").mkdir()
+    (out / "manifest.json").write_text(json.dumps({
+        "format": "fasttomo-run-v1", "status": "running", "pid": 4242, "host": "node7",
+        "outputs": ["manifest.json", "checkpoints/last.pt", "checkpoints/step*.pt", "tb/events.out.tfevents.*"]}))
+    theirs = ["checkpoints/step0000010.pt", "tb/events.out.tfevents.1700000000.node7.4242.0"]
+    mine = ["checkpoints/step_best.pt", "checkpoints/step12.pt", "tb/events.out.tfevents.1700000000.node7.99.0"]
+    for name in theirs + mine:
+        (out / name).write_text(name)
+    folder = RunFolder(out, overwrite=True).open()
+    folder.finish("failed")
+    left = sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file())
+    assert left == sorted(["manifest.json", *mine]), left
+    assert any("removed the 3 file(s)" in n for n in folder.notes), folder.notes  # and the old manifest
 
 
 def test_files_with_fasttomo_names_but_no_fasttomo_manifest_are_never_touched_without_overwrite(tmp_path):
     """A user's config.yaml and slices.png, or another tool's manifest.json, in the output folder:
     the run refuses the folder and leaves every byte (they were taken for an old failed run and
-    removed, and a foreign manifest.json was overwritten); output.overwrite=true replaces them."""
+    removed, and a foreign manifest.json was overwritten); output.overwrite=true moves them into a
+    replaced-<time> folder beside the new run's files."""
     from fasttomo.data.io.common import OutputExistsError
 
     mine, other = tmp_path / "mine", tmp_path / "other"
@@ -235,8 +261,13 @@ def test_files_with_fasttomo_names_but_no_fasttomo_manifest_are_never_touched_wi
                                                     r"manifest of a fasttomo run.*output\.overwrite=true"):
             run(compose_config([*TINY, "optim.steps=2", f"output.dir={out}"]))
         assert {p.name: p.read_bytes() for p in out.iterdir()} == before
-    run(compose_config([*TINY, "optim.steps=2", "output.overwrite=true", f"output.dir={mine}"]))
-    assert (mine / "config.yaml").read_text() != "my precious notes" and (mine / "volume.mrc").is_file()
+    for out, names in ((mine, ["config.yaml", "slices.png"]), (other, ["manifest.json"])):
+        before = {n: (out / n).read_bytes() for n in names}
+        run(compose_config([*TINY, "optim.steps=2", "output.overwrite=true", f"output.dir={out}"]))
+        assert (out / "volume.mrc").is_file() and json.loads((out / "manifest.json").read_text())["status"] == "finished"
+        aside = [d for d in out.iterdir() if d.name.startswith("replaced-")]  # moved, never deleted
+        assert len(aside) == 1 and {n: (aside[0] / n).read_bytes() for n in names} == before
+        assert f"into {aside[0]}" in (out / "reconstruct.log").read_text()
 
 
 def test_two_runs_started_at_once_into_one_folder_one_is_refused_even_with_overwrite(tmp_path):

@@ -14,17 +14,17 @@ rules for reusing a folder.
 
   - empty or new: used;
   - a finished run, or an unfinished one that left a checkpoint or a volume: refused, unless
-    ``output.overwrite=true`` (then every file its manifest lists is removed first) or this run
+    ``output.overwrite=true`` (then every file its manifest lists is removed first: the names it
+    lists, its step checkpoints ``stepNNNNNNN.pt`` and the event files of its own processes) or this run
     resumes from a checkpoint in that folder and the run there is not finished (then it
     continues in place: the files are kept and replaced as the run writes them again);
   - a run that failed or was killed before leaving a checkpoint or a volume: its files are
     removed and the folder is used (the new log says so and repeats the old error);
   - files with fasttomo's result names but no manifest of a fasttomo run (an older fasttomo's
     results, or the user's own files, or a manifest.json of another tool): refused, unless
-    ``output.overwrite=true`` (then they are removed by those names).
+    ``output.overwrite=true`` (then they are moved into a new ``replaced-<time>/`` folder inside it).
 
-Files a user put in the folder are never touched without ``output.overwrite=true``: only what a
-fasttomo manifest names is removed.
+Files a user put in the folder are never deleted: only what a fasttomo manifest names is removed.
 """
 
 from __future__ import annotations
@@ -214,6 +214,24 @@ def _matches(folder: Path, pattern: str) -> list[Path]:
                   if fnmatch.fnmatchcase(p.name, rel.name) and (p.is_file() or p.is_symlink()))
 
 
+STEP_CHECKPOINTS = "checkpoints/step*.pt"
+STEP_CHECKPOINT_NAME = "checkpoints/step" + "[0-9]" * 7 + ".pt"
+"""What :data:`STEP_CHECKPOINTS` stands for: the trainer's ``step%07d.pt`` and nothing else (a
+user's ``step_best.pt`` beside them is not a run's)."""
+EVENT_FILES = "tb/events.out.tfevents.*"
+
+
+def _own_pattern(pattern: str, run: dict) -> str:
+    """A manifest's output pattern narrowed to the names the run itself writes: step checkpoints
+    to their 7 digits, TensorBoard event files to the run's host and pid (TensorBoard names them
+    ``events.out.tfevents.<time>.<host>.<pid>.<n>``)."""
+    if pattern == STEP_CHECKPOINTS:
+        return STEP_CHECKPOINT_NAME
+    if pattern == EVENT_FILES and run.get("host") and run.get("pid"):
+        return f"{EVENT_FILES}.{run['host']}.{run['pid']}.*"
+    return pattern
+
+
 def _temp_leftovers(folder: Path, pattern: str) -> list[Path]:
     """Temporary files of atomic writes of ``pattern`` (``.<name>.*.part``) a killed writer left."""
     rel = Path(pattern)
@@ -305,12 +323,12 @@ class RunFolder:
         status = prev.get("status")
         if status == "running":  # the caller holds the lock (or checked it), so its owner is gone: killed
             status = "killed"
-        found = sorted({str(p.relative_to(self.path)) for n in patterns for p in _matches(self.path, n)} - {MANIFEST})
-        work = sorted({str(p.relative_to(self.path)) for n in WORK for p in _matches(self.path, n)})
         unproven = status in ("legacy", "unknown")  # no fasttomo manifest: the files may be the user's own
+        found = sorted({str(p.relative_to(self.path)) for p in self._files_of(prev, patterns, unproven)} - {MANIFEST})
+        work = sorted({str(p.relative_to(self.path)) for n in WORK for p in _matches(self.path, n)})
         if status == "legacy":  # a fasttomo without manifests: judge by the names
             status = "finished" if (work or "metrics.json" in found) else "failed"
-        plan = {"prev": prev, "patterns": patterns, "status": status, "found": found}
+        plan = {"prev": prev, "patterns": patterns, "status": status, "found": found, "unproven": unproven}
         resume_here = self.resume is not None and self.path in self.resume.parents
         if resume_here and (status != "finished" or self.overwrite):
             return {**plan, "action": "continue"}
@@ -321,6 +339,8 @@ class RunFolder:
                 f"output folder {self.path} holds files with the names fasttomo writes ({listing}) but no manifest of "
                 "a fasttomo run, so they may be yours: nothing was touched. Choose a new folder (e.g. "
                 "hydra.run.dir=outputs/my_run2), or set output.overwrite=true to replace them.")}
+        if unproven and (found or status == "unknown"):  # output.overwrite=true: they are moved aside
+            return {**plan, "action": "replace"}
         if not found:
             return {**plan, "action": "new"}
         if status == "finished" or work:
@@ -352,23 +372,65 @@ class RunFolder:
             self._cleanup_temp(self.manifest["outputs"])
             self.notes.append(f"continuing the {status} run in {self.path} from {self.resume} (its files are kept "
                               "and replaced as this run writes them again)")
+        elif action == "replace" and plan["unproven"]:
+            aside, moved = self._set_aside(plan["found"] + ([MANIFEST] if status == "unknown" else []))
+            self.notes.append(f"output.overwrite=true: moved the {len(moved)} file(s) with fasttomo's names but no "
+                              f"fasttomo manifest (they may be yours) from {self.path} into {aside} "
+                              f"({', '.join(moved[:6])}{', ...' if len(moved) > 6 else ''})")
         elif action == "replace":
-            removed = self._remove(patterns)
+            removed = self._remove(plan["prev"], patterns)
             self.notes.append(f"output.overwrite=true: removed the {len(removed)} file(s) of the earlier {status} run "
                               f"in {self.path} ({', '.join(removed[:6])}{', ...' if len(removed) > 6 else ''})")
         else:
             error = plan["prev"].get("error") or _last_error(self.path / "reconstruct.log")
-            removed = self._remove(patterns)
+            removed = self._remove(plan["prev"], patterns)
             self.notes.append(f"the folder held a {status} run without results (" + (f"its error: {error}; " if error
                               else "") + f"started {plan['prev'].get('started', '?')}); removed its {len(removed)} "
                               "file(s): " + ", ".join(removed[:6]))
 
-    def _remove(self, patterns: list[str]) -> list[str]:
+    def _files_of(self, prev: dict, patterns: list[str], unproven: bool) -> list[Path]:
+        """The files in the folder that the run ``prev`` wrote: its outputs' names, its patterns
+        narrowed to what the run itself names (:func:`_own_pattern`), and the exact names its
+        last ending recorded (``files``: event files of earlier processes of a run continued in
+        place). Without a fasttomo manifest (``unproven``) every file with fasttomo's names."""
+        if unproven:
+            return sorted({p for n in patterns for p in _matches(self.path, n)})
+        recorded = set(prev.get("files", {}))
+        out = set()
+        for n in patterns:
+            own = _own_pattern(n, prev)
+            out.update(_matches(self.path, own))
+            if own != n:
+                out.update(p for p in _matches(self.path, n) if str(p.relative_to(self.path)) in recorded)
+        return sorted(out)
+
+    def _set_aside(self, names: list[str]) -> tuple[Path, list[str]]:
+        """Move ``names`` (relative) into a new ``replaced-<time>`` folder inside the run folder,
+        keeping their relative paths: files that may be the user's are never deleted."""
+        stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+        aside, k = self.path / f"replaced-{stamp}", 1
+        while aside.exists():
+            k += 1
+            aside = self.path / f"replaced-{stamp}-{k}"
+        moved = []
+        for name in names:
+            src = self.path / name
+            if not (src.is_file() or src.is_symlink()):
+                continue
+            (aside / name).parent.mkdir(parents=True, exist_ok=True)
+            os.replace(src, aside / name)
+            moved.append(name)
+        return aside, moved
+
+    def _remove(self, prev: dict, patterns: list[str]) -> list[str]:
         removed = []
+        for p in self._files_of(prev, [n for n in patterns if n != LOCK], unproven=False):
+            p.unlink()
+            removed.append(str(p.relative_to(self.path)))
         for n in patterns:
             if n == LOCK:
                 continue
-            for p in _matches(self.path, n) + _temp_leftovers(self.path, n):
+            for p in _temp_leftovers(self.path, n):
                 p.unlink()
                 removed.append(str(p.relative_to(self.path)))
         for sub in sorted({Path(n).parent for n in patterns if Path(n).parent != Path(".")}, reverse=True):
@@ -469,6 +531,8 @@ def inspect_folder(path: str | os.PathLike, *, overwrite: bool = False, resume: 
     plan = RunFolder(folder, overwrite=overwrite, resume=resume).plan()
     return {"new": "empty or new: usable",
             "continue": f"holds a {plan['status']} run: it would be continued in place",
-            "replace": f"holds a {plan['status']} run: its files would be removed first (output.overwrite=true)",
+            "replace": (f"holds files with fasttomo's names but no fasttomo manifest: they would be moved into a "
+                        "replaced-<time> folder first (output.overwrite=true)" if plan.get("unproven") else
+                        f"holds a {plan['status']} run: its files would be removed first (output.overwrite=true)"),
             "reuse": f"holds a {plan['status']} run without results: its files would be removed",
             "refuse": f"REFUSED: {plan.get('error')}"}[plan["action"]]
