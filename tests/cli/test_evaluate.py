@@ -138,6 +138,21 @@ def test_identical_volume_override_voxel_size_and_overwrite(files, tmp_path):
     assert json.loads((out / "metrics.json").read_text())["voxel_size_A"] == pytest.approx(10.0)
 
 
+def test_a_reconstructions_metrics_json_is_never_replaced(files, tmp_path):
+    d, _, _ = files
+    run = tmp_path / "run"
+    run.mkdir()
+    mine = json.dumps({"status": "finished", "pearson_global": 0.99, "steps": 1500})  # a run's metrics.json
+    (run / "metrics.json").write_text(mine)
+    for overwrite in (False, True):
+        with pytest.raises(EvaluateError, match=r"holds a metrics\.json that is not an evaluation's \(a "
+                                                r"reconstruction's run folder\?\), which fasttomo-evaluate never "
+                                                r"replaces; choose another folder with out=<folder>"):
+            evaluate(EvaluateConfig(volume=str(d / "ph_truth.mrc"), truth=str(d / "ph_truth.mrc"), out=str(run),
+                                    overwrite=overwrite))
+    assert (run / "metrics.json").read_text() == mine and sorted(p.name for p in run.iterdir()) == ["metrics.json"]
+
+
 def test_tiltseries_mode_with_a_standin_projector(files, tmp_path):
     d, _, _ = files
     out = tmp_path / "ts"

@@ -121,10 +121,24 @@ def default_out_dir(volume: str | os.PathLike) -> Path:
     return p.with_name(p.stem + "_eval")
 
 
+def _an_evaluation(path: Path) -> bool:
+    """Whether ``path`` is the metrics.json of a fasttomo-evaluate (a reconstruction's has a status
+    and no voxel-size source)."""
+    try:
+        found = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(found, dict) and "voxel_size_source" in found and "status" not in found
+
+
 def check_out_dir(out: Path, overwrite: bool) -> None:
     """Refuse a folder holding results of an earlier evaluation (unless ``overwrite``)."""
     if out.exists() and not out.is_dir():
         raise _error(f"out={out}: exists and is not a folder; choose a folder name with out=<folder>.")
+    if (out / "metrics.json").exists() and not _an_evaluation(out / "metrics.json"):
+        raise _error(f"out={out}: holds a metrics.json that is not an evaluation's (a reconstruction's run folder?), "
+                     "which fasttomo-evaluate never replaces; choose another folder with out=<folder> (without out= "
+                     "it writes beside the volume, in <volume name>_eval).")
     found = [n for n in RESULT_NAMES if (out / n).exists()]
     if found and not overwrite:
         raise _error(f"out={out}: already holds results of an earlier evaluation ({', '.join(found)}); choose "
