@@ -217,7 +217,11 @@ def test_overwrite_removes_every_file_of_the_previous_run_and_nothing_else(tmp_p
     assert after == ["checkpoints/last.pt", "checkpoints/step_best_by_eye.pt", "config.yaml", "fsc_truth.png",
                      "loss.png", "manifest.json", "metrics.json", "notes.txt", "reconstruct.log", "report.png",
                      "slices.png", "tb/events.out.tfevents.1.otherhost.1.0", "volume.mrc"]
-    assert "removed the" in (out / "reconstruct.log").read_text()
+    log = (out / "reconstruct.log").read_text()
+    assert "removed the" in log
+    summary = log[log.index("finished."):]  # lists the run's files, not the user's
+    assert "\n  volume.mrc " in summary and "\n  manifest.json " in summary and "\n  checkpoints/last.pt " in summary
+    assert "notes.txt" not in summary and "step_best_by_eye" not in summary and "tb/" not in summary
 
 
 def test_overwriting_a_killed_run_removes_its_own_step_checkpoints_and_event_files_only(tmp_path):

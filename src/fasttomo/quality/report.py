@@ -361,30 +361,40 @@ def quality(m: dict) -> list[str]:
     return out
 
 
-def _files(out_dir: Path) -> list[tuple[str, int]]:
-    """(name, bytes) of the run folder's files; a sub-folder's files are summed into one entry
-    (tb/, checkpoints/ listed file by file when there are a few)."""
+def _files(out_dir: Path, written: dict[str, int] | None = None) -> list[tuple[str, int]]:
+    """(name, bytes) of the run's files: ``written`` (relative name: bytes, the manifest's list of
+    what the run wrote) or else every file in ``out_dir``; a sub-folder's files are summed into one
+    entry (tb/, checkpoints/ listed file by file when there are a few)."""
+    if written is None:
+        written = {str(p.relative_to(out_dir)): p.stat().st_size for p in out_dir.rglob("*")
+                   if p.is_file() and not p.name.startswith(".") and p.name != "reconstruct.lock"}
+    top: dict[str, int] = {}
+    sub: dict[str, list[tuple[str, int]]] = {}
+    for name, size in written.items():
+        folder, _, rest = name.partition("/")
+        if rest:
+            sub.setdefault(folder, []).append((rest, size))
+        else:
+            top[name] = size
     out = []
-    for p in sorted(out_dir.iterdir()):
-        if p.name.startswith(".") or p.name == "reconstruct.lock":
+    for name in sorted([*top, *sub]):
+        if name in top:
+            out.append((name, top[name]))
             continue
-        if p.is_file():
-            out.append((p.name, p.stat().st_size))
-        elif p.is_dir():
-            files = [f for f in p.rglob("*") if f.is_file()]
-            if p.name == "checkpoints" and len(files) <= 4:
-                out += [(f"{p.name}/{f.name}", f.stat().st_size) for f in sorted(files)]
-            else:
-                out.append((f"{p.name}/ ({len(files)} file{'s' * (len(files) != 1)})",
-                            sum(f.stat().st_size for f in files)))
+        files = sorted(sub[name])
+        if name == "checkpoints" and len(files) <= 4:
+            out += [(f"{name}/{f}", size) for f, size in files]
+        else:
+            out.append((f"{name}/ ({len(files)} file{'s' * (len(files) != 1)})", sum(size for _, size in files)))
     return out
 
 
-def summary_lines(out_dir: Path, metrics: dict[str, Any], tensorboard: bool) -> list[str]:
-    """The closing summary: folder, files with sizes, time and speed, quality, refined poses, how
-    to look."""
+def summary_lines(out_dir: Path, metrics: dict[str, Any], tensorboard: bool,
+                  written: dict[str, int] | None = None) -> list[str]:
+    """The closing summary: folder, the run's files (``written``, else the folder's) with sizes,
+    time and speed, quality, refined poses, how to look."""
     lines = [f"run folder: {out_dir}"]
-    files = _files(out_dir)
+    files = _files(out_dir, written)
     w = max((len(n) for n, _ in files), default=0)
     lines += [f"  {n.ljust(w)}  {size_text(s):>10}" for n, s in files]
     speed = []

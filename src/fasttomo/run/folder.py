@@ -366,7 +366,7 @@ class RunFolder:
         elif action == "continue":
             prev = plan["prev"]
             self.continuing = True
-            self.manifest = {k: v for k, v in prev.items() if k in ("started", "outputs", "resumed")}
+            self.manifest = {k: v for k, v in prev.items() if k in ("started", "outputs", "resumed", "files")}
             self.manifest.setdefault("outputs", patterns)
             self.manifest.setdefault("resumed", []).append({"checkpoint": str(self.resume), "at": _now()})
             self._cleanup_temp(self.manifest["outputs"])
@@ -470,7 +470,7 @@ class RunFolder:
                 self.manifest["error"] = error
             if extra:
                 self.manifest.update(extra)
-            files = sorted({p for n in self.manifest.get("outputs", []) for p in _matches(self.path, n)})
+            files = self._files_of(self.manifest, self.manifest.get("outputs", []), unproven=False)
             self.manifest["files"] = {str(p.relative_to(self.path)): p.stat().st_size for p in files
                                       if p.name != MANIFEST}
             self._save()

@@ -473,11 +473,12 @@ def write_problem(run):
     return (OutputWriteError, write_failure_message(out_dir, failed, written, rescued, hint))
 
 
-def closing_summary(cfg: Config, out_dir: Path, metrics: dict) -> None:
-    """The last lines of a finished run: folder, files and sizes, time, speed, quality, how to look."""
+def closing_summary(cfg: Config, out_dir: Path, metrics: dict, written: dict[str, int] | None = None) -> None:
+    """The last lines of a finished run: folder, its files (``written``: the manifest's) and sizes,
+    time, speed, quality, how to look."""
 
     try:
-        lines = summary_lines(out_dir, metrics, cfg.logging.tensorboard)
+        lines = summary_lines(out_dir, metrics, cfg.logging.tensorboard, written)
     except OSError as exc:  # the folder vanished or cannot be listed: say so, the run itself is done
         lines = [f"run folder: {out_dir} (cannot be listed: {exc.strerror or exc})"]
     log.info("finished.\n%s", "\n".join(lines))

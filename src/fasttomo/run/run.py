@@ -299,7 +299,9 @@ class Run:
             log.info("%s arrived after the last step; the run finished", signal_name(self.stop.signum))
         if self.main:
             self.folder.finish("finished", step=self.method.step)
-            results.closing_summary(self.cfg, self.out_dir, self.metrics)
+            written = dict(self.folder.manifest.get("files", {}))
+            written.setdefault("manifest.json", (self.out_dir / "manifest.json").stat().st_size)
+            results.closing_summary(self.cfg, self.out_dir, self.metrics, written)
         if self.joined:  # leave the process group we joined (after a successful run; on errors the process exits)
             destroy_distributed()
 
