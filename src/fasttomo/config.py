@@ -117,7 +117,7 @@ class ParticleConfig:
     contrast: float = 2.0
     """species=2: peak density of species 2 relative to species 1 (1.0)."""
     orientation: list = dataclasses.field(default_factory=lambda: [20.0, 30.0, 10.0])
-    """z-x-z Euler angles (degrees) of the lattice, so no atom column lies along a tilt direction."""
+    """[z, x, z] Euler angles (degrees) of the lattice, so no atom column lies along a tilt direction."""
 
     def __post_init__(self) -> None:
         for name in ("radius", "lattice", "sigma", "contrast"):
@@ -737,7 +737,7 @@ class OptimConfig:
     """Adam learning rate of the intensity model (background offsets, per-view gains), in the
     sampler's normalized units."""
     betas: list = dataclasses.field(default_factory=lambda: [0.9, 0.99])
-    """Adam betas."""
+    """[beta1, beta2] of Adam."""
     eps: float = 1e-15
     """Adam epsilon."""
     weight_decay: float = 0.0

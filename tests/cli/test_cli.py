@@ -94,6 +94,10 @@ def test_simulate_and_evaluate_have_their_own_help(tmp_path):
                         "a whole number, e.g. optim.steps=1000."),
     ("optim.steps=abc", "optim.steps: expected an integer, got 'abc'; e.g. optim.steps=4."),  # null default: generic
     ("data.exclude_views=5", "data.exclude_views: expected a list, got 5; write data.exclude_views=[5]"),
+    # a list of a fixed form (its documentation opens with it) is not "a list of one"
+    ("data.crop=16", "data.crop: expected a list of 4 values, got 16; write data.crop=[y0,y1,x0,x1] with your values."),
+    ("optim.betas=0.9", "optim.betas: expected a list of 2 values, got 0.9; write optim.betas=[beta1,beta2] with your "
+                        "values."),
     ("dry_run=maybe", "dry_run: expected true or false, got 'maybe'"),
     ("loss.plane_tv=[1,2]", "loss.plane_tv: expected a number, got a list ([1,2])"),
     ("optim=adamw", "optim=adamw: no option 'adamw' in group optim; the options are adam."),

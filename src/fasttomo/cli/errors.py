@@ -75,9 +75,10 @@ def _is_list_type(tp: Any) -> bool:
     return tp is list or typing.get_origin(tp) is list
 
 
-def _type_error(key: str, raw: str, value: Any, tp: Any, example: Any) -> str | None:
+def _type_error(key: str, raw: str, value: Any, tp: Any, example: Any, doc: str = "") -> str | None:
     """Why ``value`` (typed as ``raw``) does not fit ``tp``; None when it does (or might: strings
-    that OmegaConf converts, interpolations)."""
+    that OmegaConf converts, interpolations). A list whose documentation opens with its form
+    (``[min, max] ...``) has that many values: a single value is not 'a list of one' there."""
     if isinstance(value, str) and "${" in value:
         return None
     args = typing.get_args(tp) if typing.get_origin(tp) in (Union, types.UnionType) else (tp,)
@@ -100,6 +101,11 @@ def _type_error(key: str, raw: str, value: Any, tp: Any, example: Any) -> str | 
         spelled = _listed(key, [raw])
         if spelled != f"[{raw}]":
             return f"{key}: expected a list, got {raw}; write {key}={spelled} (the range spelled out)."
+        form = re.match(r"\[([^\[\]]+)\]", doc.strip())
+        if form:
+            names = [w.strip() for w in form.group(1).split(",")]
+            return (f"{key}: expected a list of {len(names)} values, got {raw}; write {key}=[{','.join(names)}] with "
+                    "your values.")
         inner = raw if raw.strip() else fmt_value(value)
         return f"{key}: expected a list, got {raw}; write {key}=[{inner}] (a list of one), or [] for none."
     if isinstance(value, (list, dict)):
@@ -262,7 +268,7 @@ def check_overrides(p: Program, argv: list[str]) -> None:
                     raise CommandLineError(f"{key}: expected view numbers, got {raw} (fasttomo takes no ranges); "
                                            f"write {key}={spelled}.")
             for v, r in zip(vals, raws):
-                msg = _type_error(key, r, v, tp, example)
+                msg = _type_error(key, r, v, tp, example, keys[key].doc)
                 if msg:
                     raise CommandLineError(msg)
             continue

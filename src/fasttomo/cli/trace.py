@@ -78,7 +78,7 @@ class TraceConfig:
     refine_rounds: int = 3
     """Rounds of refitting every atom with its fitted neighbours subtracted (0: independent fits)."""
     sigma_range: list = dataclasses.field(default_factory=lambda: [0.3, 4.0])
-    """Voxels: a fitted Gaussian width outside [min, max] rejects the candidate."""
+    """[min, max] voxels: a fitted Gaussian width outside them rejects the candidate."""
     max_fit_error: float = 0.75
     """Reject candidates whose RMS fit residual exceeds this fraction of their fitted amplitude.
     0.75: at 0.5, 87 of 10,005 weak atoms 3.5 voxels from twice-as-dense neighbours were rejected
