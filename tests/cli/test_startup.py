@@ -49,6 +49,23 @@ def test_a_value_the_schema_refuses_does_not_import_torch(tmp_path):
     assert not (tmp_path / "run").exists()
 
 
+def test_cfg_job_prints_the_composed_config_as_a_run_writes_it(tmp_path):
+    """Hydra's own --cfg job printed '???' for every key the YAML files leave to the schema."""
+    import yaml
+
+    res, names = _imported("fasttomo.cli.reconstruct", ["--cfg", "job", "optim.steps=5", "experiment=flagship"],
+                           tmp_path)
+    assert res.returncode == 0, res.stderr[-2000:]
+    printed = yaml.safe_load(res.stdout)
+    assert "???" not in res.stdout and printed["optim"]["steps"] == 5 and printed["data"]["width"] == 200
+    assert printed["kernels"]["gpu_decoder"] == "cublas" and printed["model"]["kind"] == "kplanes_tilted"
+    assert not names & set(HEAVY), sorted(names & set(HEAVY))
+    assert not list(tmp_path.iterdir())  # no run folder
+    res, _ = _imported("fasttomo.cli.reconstruct", ["--cfg", "job", "data.binning=2"], tmp_path)
+    assert res.returncode == 2 and "data.binning: data.source=phantom does not read this key" in res.stderr
+    assert "Traceback" not in res.stderr
+
+
 def test_a_run_composes_its_config_once(tmp_path, monkeypatch):
     """Hydra (1.3) composes a run's config twice, the first time only to read hydra.mode; the
     entry point answers that question itself unless a sweep is asked for. A real dry run in

@@ -386,9 +386,36 @@ def folder_problem(argv: list[str]) -> str | None:
     return None
 
 
+def _asks_for_the_job_config(argv: list[str]) -> bool:
+    """``--cfg job`` / ``-c job`` (Hydra's flag), without -m."""
+    pairs = zip(argv, argv[1:])
+    return any(a in ("--cfg", "-c") and b == "job" for a, b in pairs) and not sweep_requested(argv)
+
+
+def print_job_config(argv: list[str]) -> None:
+    """The composed and checked config as the run's config.yaml would hold it. Hydra's own
+    ``--cfg job`` prints '???' for every key the YAML files leave to the schema's defaults."""
+    import yaml
+
+    from fasttomo.config import to_dict
+
+    flags = {"--cfg", "-c", "--resolve", "job"}
+    try:
+        cfg = compose_config([a for a in argv if a not in flags])
+    except ConfigError as exc:  # the one line a run gives (check_overrides caught what it can before)
+        from fasttomo.cli.help import report
+
+        report(str(exc), "fasttomo-reconstruct")
+        sys.exit(EXIT_USER_ERROR)
+    print(yaml.safe_dump(to_dict(cfg), sort_keys=False), end="")
+
+
 def _start(argv: list[str]) -> None:
     from fasttomo.cli.help import report
 
+    if _asks_for_the_job_config(argv):
+        print_job_config(argv)
+        return
     problem = folder_problem(argv)
     if problem:
         report(problem, "fasttomo-reconstruct")
