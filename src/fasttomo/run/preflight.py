@@ -455,11 +455,16 @@ def dry_run(cfg: Config) -> dict:
     report = dry(cfg, ts, start)
     folder = report.get("output_folder") or {}
     state = str(folder.get("state", ""))
-    if state.startswith(STOPS_AT) or report.get("disk_short"):
-        why = state if state.startswith(STOPS_AT) else f"its disk has {human(report['disk_free_bytes'])} free"
-        raise ConfigError(f"dry run: the run would stop at its output folder {folder.get('path')}: {why}. Choose "
-                          "another folder with hydra.run.dir=<dir> (or free space; output.overwrite=true replaces an "
-                          "earlier run's results).")
+    if state.startswith("REFUSED: "):  # the refusal names its own fixes
+        raise ConfigError(f"dry run: the run would be refused: {state[len('REFUSED: '):]}")
+    if state.startswith(STOPS_AT):
+        raise ConfigError(f"dry run: the run would stop at its output folder {folder.get('path')}: {state}. Choose "
+                          "another folder with hydra.run.dir=<dir>.")
+    if report.get("disk_short"):
+        need = sum(report["files_bytes"].values())
+        raise ConfigError(f"dry run: the run would stop at its output folder {folder.get('path')}: its disk has "
+                          f"{human(report['disk_free_bytes'])} free, and the run writes about {human(need)}. Free "
+                          "space, or choose a folder on another disk with hydra.run.dir=<dir>.")
     return report
 
 
@@ -525,7 +530,7 @@ def dry_run_field(cfg: Config, ts, start: int = 0) -> dict:
         free = shutil.disk_usage(probe).free
         report["disk_free_bytes"] = int(free)
         report["disk_short"] = free < sum(files.values()) + MARGIN_BYTES
-        lines.append(f"  output folder {folder.resolve()}: {state}; {human(free)} free on its disk"
+        lines.append(f"  output folder {folder.resolve()}: {state.rstrip('.')}; {human(free)} free on its disk"
                      + (" -- NOT ENOUGH for this run" if report["disk_short"] else ""))
     for line in lines:
         log.info("%s", line)
