@@ -28,3 +28,12 @@ def test_per_line_radians_are_refused_and_degrees_pass(tmp_path):
         load_tiltseries(data_cfg(source="mrc", path=p, angles=t))
     t2 = write_tlt(tmp_path / "d.rawtlt", [-3.0, -1.5, 0.0, 1.5, 3.0])  # small, but clearly degrees (>= 2)
     assert load_tiltseries(data_cfg(source="mrc", path=p, angles=t2)).n_tilts == 5
+
+
+def test_a_series_of_fewer_than_five_views_is_warned(tmp_path, caplog):
+    p = write_raw_mrc(tmp_path / "s.mrc", make_stack())
+    t = write_tlt(tmp_path / "s.rawtlt", ANGLES5)
+    few = "views; a tomogram from so few is mostly streaks"
+    assert load_tiltseries(data_cfg(source="mrc", path=p, angles=t)).n_tilts == 5 and few not in caplog.text
+    ts = load_tiltseries(data_cfg(source="mrc", path=p, angles=t, exclude_views=[2, 3, 4]))  # 2 views left
+    assert ts.n_tilts == 2 and "only 2 views; a tomogram from so few is mostly streaks" in caplog.text

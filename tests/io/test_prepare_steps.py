@@ -74,6 +74,11 @@ def test_unknown_suffix_and_source_mismatch(tmp_path):
     p.write_bytes(b"x")
     with pytest.raises(DataFileError, match=r"s\.dat: unknown file suffix '\.dat'"):
         load_tiltseries(data_cfg(source="mrc", path=str(p), angles="a.tlt"))
+    n = tmp_path / "s.npy"
+    np.save(n, make_stack())
+    with pytest.raises(DataFileError, match=r"s\.npy: fasttomo does not read numpy files; save the array as MRC "
+                                            r"\(mrcfile\) or HDF5"):
+        load_tiltseries(data_cfg(source="mrc", path=str(n), angles="a.tlt"))
     m, t = _files(tmp_path)
     with pytest.raises(DataFileError, match="data.source=hdf5 but the suffix says mrc; use data=mrc"):
         load_tiltseries(data_cfg(source="hdf5", path=m, angles=t))

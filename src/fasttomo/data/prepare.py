@@ -117,6 +117,8 @@ def check_angles(angles: np.ndarray, where: str, view_numbers: np.ndarray) -> No
 
 
 RADIAN_SUSPECT_DEG = 2.0
+FEW_VIEWS = 5
+"""A series of fewer views is reconstructed with a warning."""
 NARROW_TILT_RANGE_DEG = 30.0
 """A series whose views span less than this many degrees is reconstructed with a warning."""
 
@@ -134,6 +136,10 @@ def check_angle_units(angles: np.ndarray, where: str, enabled: bool = True) -> N
             f"{where}: {what} at {lo:.4g} degrees; a tomogram needs views at several tilt angles. Give the whole "
             "tilt series (data.path) and its angle file (data.angles).")
     if worst >= RADIAN_SUSPECT_DEG:
+        if angles.shape[0] < FEW_VIEWS:
+            log.warning("%s: only %d views; a tomogram from so few is mostly streaks (a tilt series usually has 40 "
+                        "or more). Check data.exclude_views and that the whole series was given.", where,
+                        angles.shape[0])
         if hi - lo < NARROW_TILT_RANGE_DEG:
             log.warning("%s: the views span only %.4g degrees (%.4g..%.4g); a tomogram's depth resolution comes from "
                         "its tilt range, so this volume will be smeared along Z (a series usually spans 100 "

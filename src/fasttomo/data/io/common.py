@@ -92,6 +92,12 @@ def source_from_suffix(path: str | os.PathLike) -> str:
     try:
         return STACK_SUFFIXES[suffix]
     except KeyError:
+        if suffix in (".npy", ".npz"):
+            raise DataFileError(
+                f"{path}: fasttomo does not read numpy files; save the array as MRC (mrcfile) or HDF5 (h5py; a tilt "
+                "series as a (n_tilts, H, W) dataset /tiltseries/stack, its degrees in /tiltseries/angles) and give "
+                "that file."
+            ) from None
         raise DataFileError(
             f"{path}: unknown file suffix {suffix!r}; fasttomo reads {sorted(STACK_SUFFIXES)}. "
             "Rename the file to its real type (e.g. .mrc for an IMOD stack) or convert it."
