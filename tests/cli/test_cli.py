@@ -523,3 +523,18 @@ def test_simulate_drops_the_formats_suffix_from_out(tmp_path):
     res = _run("fasttomo.cli.simulate", ["out=b.mrc", "data.width=16", "data.height=16", "data.n_tilts=5"], tmp_path)
     assert res.returncode == 0, res.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["b.mrc", "b.rawtlt", "b_truth.mrc"]
+
+
+def test_the_console_log_keeps_torchs_own_info_lines_out():
+    """The console config (configs/hydra/job_logging/fasttomo.yaml) sets torch's loggers to
+    WARNING: torch sets their levels on import, and a Ctrl-C inside that import left them at the
+    root's INFO, so its exit hooks printed FakeTensor cache statistics. A fresh process, no torch."""
+    code = ("import logging, logging.config, sys, yaml; "
+            f"logging.config.dictConfig(yaml.safe_load(open({str(config_dir() + '/hydra/job_logging/fasttomo.yaml')!r}))); "
+            "logging.getLogger('torch._subclasses.fake_tensor').info('FakeTensor cache stats:'); "
+            "logging.getLogger('torch.x').warning('a torch warning'); logging.getLogger('fasttomo').info('ours'); "
+            "print('torch' in sys.modules)")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    text = res.stdout + res.stderr
+    assert res.returncode == 0, text
+    assert "FakeTensor" not in text and "a torch warning" in text and "ours" in text and "False" in res.stdout
