@@ -58,7 +58,7 @@ def test_cfg_job_prints_the_composed_config_as_a_run_writes_it(tmp_path):
     assert res.returncode == 0, res.stderr[-2000:]
     printed = yaml.safe_load(res.stdout)
     assert "???" not in res.stdout and printed["optim"]["steps"] == 5 and printed["data"]["width"] == 200
-    assert printed["kernels"]["gpu_decoder"] == "cublas" and printed["model"]["kind"] == "kplanes_tilted"
+    assert printed["kernels"]["gpu_decoder"] == "fused" and printed["model"]["kind"] == "kplanes_tilted"
     assert not names & set(HEAVY), sorted(names & set(HEAVY))
     assert not list(tmp_path.iterdir())  # no run folder
     res, _ = _imported("fasttomo.cli.reconstruct", ["--cfg", "job", "data.binning=2"], tmp_path)
