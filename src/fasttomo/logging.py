@@ -38,7 +38,31 @@ def _bars_on_screen() -> bool:
     return any(not getattr(b, "disable", False) for b in list(getattr(tqdm, "_instances", ())))
 
 
-class ConsoleHandler(logging.Handler):
+class _OneAtATime:
+    """A handler mixin: a message logged while this thread is inside the handler already (a
+    signal handler that logs, run by Python inside an interrupted write to the same file) is
+    written right after the message being written, not into the middle of it: a reentrant write
+    to one buffered stream raises, and the run's log would stop there."""
+
+    _local = threading.local()
+
+    def handle(self, record: logging.LogRecord) -> bool:
+        busy = self._local.__dict__.setdefault(id(self), [])
+        if busy:  # inside this handler on this thread: queued for the outer call
+            busy[0].append(record)
+            return True
+        queue: list[logging.LogRecord] = []
+        busy.append(queue)
+        try:
+            done = super().handle(record)  # type: ignore[misc]
+            while queue:
+                super().handle(queue.pop(0))  # type: ignore[misc]
+        finally:
+            busy.clear()
+        return done
+
+
+class ConsoleHandler(_OneAtATime, logging.Handler):
     """INFO to stdout, WARNING and above to stderr (streams looked up at each message, so a
     redirected or captured stream is honoured); above the progress bar while one is drawn."""
 
@@ -124,7 +148,7 @@ def _why(exc: BaseException) -> str:
     return " ".join(str(exc).split())[:160] or type(exc).__name__
 
 
-class RunFileHandler(logging.FileHandler):
+class RunFileHandler(_OneAtATime, logging.FileHandler):
     """The run's log file; when a message cannot be written (full disk, read-only folder) it says
     so once on the console and writes nothing more (no logging traceback per message)."""
 

@@ -138,6 +138,42 @@ def test_the_log_file_on_a_full_disk_warns_once_and_never_raises(small_fs, capfd
     assert (mnt / "reconstruct.log").read_text().startswith("[")  # what was written before stays
 
 
+def test_a_message_logged_inside_an_interrupted_log_write_is_written_after_it(tmp_path):
+    """A Ctrl-C whose handler logs can arrive while the log file's buffered writer is inside its
+    raw write (Python runs signal handlers there when the write is interrupted): writing the
+    handler's message there reentered the writer, which raised, and the log stopped for the rest
+    of the run. Here the raw file logs from inside its first write, as that signal handler does."""
+    import io
+
+    from fasttomo.logging import add_file_log
+
+    logger = logging.getLogger("fasttomo.test")
+    path = tmp_path / "reconstruct.log"
+
+    class Interrupted(io.FileIO):
+        fired = False
+
+        def write(self, b):
+            if not Interrupted.fired:
+                Interrupted.fired = True
+                logger.warning("SIGINT received: stopping after the current step")  # the signal handler's line
+            return super().write(b)
+
+    handler = add_file_log(path)
+    handler.stream.close()
+    handler.stream = io.TextIOWrapper(io.BufferedWriter(Interrupted(str(path), "w"), buffer_size=64), encoding="utf-8")
+    try:
+        logger.info("step 10 of 100 %s", "x" * 100)
+        logger.info("step 11 of 100")
+    finally:
+        logging.getLogger("fasttomo").removeHandler(handler)
+        handler.close()
+    assert Interrupted.fired and handler.failed is None
+    lines = [ln.split("] ", 3)[-1] for ln in path.read_text().splitlines()]
+    assert lines == ["step 10 of 100 " + "x" * 100, "SIGINT received: stopping after the current step",
+                     "step 11 of 100"], lines
+
+
 def test_a_writer_failing_on_a_disk_with_room_keeps_its_own_reason(tmp_path):
     """Not every failure is a full disk: a writer's own error is reported in a few words."""
     from fasttomo.data.io.atomic import WriteFailed, atomic_write
