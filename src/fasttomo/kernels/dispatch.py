@@ -15,7 +15,7 @@ a hand-written backward, path ``'cpu'``), taken under ``backend='auto'`` for flo
 the layout's shapes outside autocast; ``backend='torch'`` keeps the twin there too. ``plane_tv``
 likewise, and ``decoder_mlp`` (the hybrid decoder: native C kernels in ``kernels/cpu_mlp.py`` on
 the CPU; on CUDA under bf16 autocast, with ``configure(gpu_decoder='fused')``
-(``kernels.gpu_decoder=fused``, opt-in), fused Triton kernels, ``kernels/triton/mlp.py``, for
+(``kernels.gpu_decoder=fused``, the default), fused Triton kernels, ``kernels/triton/mlp.py``, for
 widths they hold in registers; the twin's cuBLAS GEMMs everywhere else, fp32 among them, where
 cuBLAS is faster).
 
