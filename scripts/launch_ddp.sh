@@ -42,5 +42,9 @@ rc=0
   -m fasttomo.cli.reconstruct "$@" || rc=$?
 if [[ -s $FASTTOMO_EXIT_FILE ]]; then
   rc=$(<"$FASTTOMO_EXIT_FILE")
+  if [[ $rc != 0 && $rc != 1 ]]; then  # rank 0 said why in one line; torchrun then reports the exit code
+    echo "launch_ddp.sh: the run ended with exit code $rc; its own message is the [ERROR] or [WARNING] line" \
+         "above torchrun's report (ChildFailedError / SignalException), which only says that a rank exited" >&2
+  fi
 fi
 exit "$rc"

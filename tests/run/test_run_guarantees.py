@@ -399,6 +399,32 @@ def test_signal_saves_volume_and_checkpoint_then_resume_continues_in_place(tmp_p
         assert metrics["resumed_from"]["step"] == step
 
 
+def test_ctrl_c_during_the_half_set_fits_stops_them_and_resume_computes_them(tmp_path):
+    """The half fits polled no stop request: a Ctrl-C there was 'noted while saving' and both
+    half fits ran to their end, exit 0. Now they stop after the current step, the whole fit's
+    results stay, the run is interrupted (130) and the printed resume computes the halves."""
+    out = tmp_path / "run"
+    proc = start([*TINY, "optim.steps=2000", "evaluation.half_sets=true", f"hydra.run.dir={out}"], tmp_path,
+                 tmp_path / "out.txt")
+    wait_for_text(out / "reconstruct.log", "half sets: reconstructing the even views", proc)
+    t0 = time.perf_counter()
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(120) == 130
+    assert time.perf_counter() - t0 < 5  # not the two half fits (about 7 s each here)
+    logged = (out / "reconstruct.log").read_text()
+    assert "SIGINT received: stopping the half-set fits after the current step" in logged
+    line = [ln for ln in logged.splitlines() if "stopped before the half-set fits were done" in ln][0]
+    assert line.endswith(f"resume with: fasttomo-reconstruct resume={out} hydra.run.dir={out}")
+    stopped = strict_json(out / "metrics.json")
+    assert stopped["status"] == "interrupted" and stopped["steps"] == 2000
+    assert stopped["half_sets"] == {"skipped": "SIGINT during the half-set fits"}
+    assert (out / "volume.mrc").is_file() and load_checkpoint(out / "checkpoints" / "last.pt")["step"] == 2000
+    res = cli([f"resume={out}", f"hydra.run.dir={out}"], tmp_path)
+    assert res.returncode == 0, res.stdout + res.stderr
+    done = strict_json(out / "metrics.json")
+    assert done["status"] == "finished" and "fsc" in done["half_sets"]
+
+
 def test_second_ctrl_c_exits_at_once(tmp_path):
     out = tmp_path / "run"
     # a large exported volume keeps the saving after the first Ctrl-C busy for a while

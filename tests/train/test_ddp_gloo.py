@@ -178,3 +178,6 @@ def test_a_refused_input_under_torchrun_is_said_once_with_the_runs_exit_code(tmp
     text = res.stdout + res.stderr
     assert res.returncode == 2, text
     assert text.count("nope.mrc: file not found; check data.path.") == 1, text
+    # the last line points back at it, past torchrun's report of the failed ranks
+    assert res.stderr.rstrip().splitlines()[-1].startswith("launch_ddp.sh: the run ended with exit code 2; its own "
+                                                           "message is the [ERROR] or [WARNING] line above"), text

@@ -355,7 +355,10 @@ def run_checked(p: Program, argv: list[str], app) -> None:
     except SystemExit:
         raise
     except KeyboardInterrupt:  # Ctrl-C while Hydra composes, before the run could install its handlers
-        report("interrupted before the run started; nothing was written", p.prog)
+        from fasttomo.cli.help import other_rank
+
+        if not other_rank():  # under torchrun every rank gets the Ctrl-C: rank 0 says it
+            report("interrupted before the run started; nothing was written", p.prog)
         logging.shutdown()
         sys.exit(130)
     except BaseException as exc:  # noqa: B902

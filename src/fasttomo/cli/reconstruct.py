@@ -313,9 +313,12 @@ def _hydra_app():
             finally:
                 _release_claim()
         except KeyboardInterrupt:  # Ctrl-C before the run installed its handlers (nothing to save yet)
+            from fasttomo.cli.help import other_rank
+
             _prune_new_empty(out)
             _prune_new_empty(hydra_dir)
-            log.warning("interrupted before the run started; nothing was written")
+            if not other_rank():  # under torchrun every rank gets the Ctrl-C: rank 0 says it
+                log.warning("interrupted before the run started; nothing was written")
             sys.exit(130)
         except BaseException as exc:  # noqa: B902 - every outcome gets its exit code
             _prune_new_empty(out)

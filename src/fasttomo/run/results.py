@@ -31,7 +31,7 @@ from fasttomo.run.methods import make_method
 from fasttomo.run.outputs import (OutputWriteError, VolumeFiles, dumps, half_volume_names, rescue,
                                   save_checkpoint_file, slab_planes_of, volume_names, write_failure_message,
                                   write_half_volume, write_pose_files, write_volume_slabs, write_volumes)
-from fasttomo.run.stop import RunInterrupted
+from fasttomo.run.stop import RunInterrupted, signal_name
 from fasttomo.train.guard import DivergenceError
 
 log = logging.getLogger("fasttomo")
@@ -116,9 +116,12 @@ def half_sets(run) -> tuple[dict | None, dict | None]:
     the two share no initial noise that the data does not overwrite. Collective under DDP."""
 
     ts = run.ts
-    with _halves(ts) as parts:
-        vols = _fit_halves(run, parts)
-    if not run.place.main:
+    try:
+        with _halves(ts) as parts:
+            vols = _fit_halves(run, parts)
+    finally:
+        run.stop.phase = "saving"
+    if vols is None or not run.place.main:  # stopped by a signal (every rank alike), or not rank 0
         return None, None
     res, curves = pair_fsc(vols["even"], vols["odd"], ts.pixel_size, tilt_range(ts))
     del vols
@@ -132,10 +135,13 @@ def half_sets(run) -> tuple[dict | None, dict | None]:
     return res, curves
 
 
-def _fit_halves(run, parts: dict) -> dict:
+def _fit_halves(run, parts: dict) -> dict | None:
     """{even, odd: volume}: each half series of ``parts`` fitted by the run's method with its own
-    seed and its volume taken (:func:`_half_volume`), the method let go before the next half."""
+    seed and its volume taken (:func:`_half_volume`), the method let go before the next half.
+    None when Ctrl-C or SIGTERM came: a field's fit polls the run's stop requests after every
+    step (decided together under DDP) and the halves end there."""
     cfg, place = run.cfg, run.place
+    run.stop.phase = "halves"
     vols = {}
     for parity, name in ((0, "even"), (1, "odd")):
         hcfg = dc.replace(cfg, resume=None, runtime=dc.replace(cfg.runtime, seed=cfg.runtime.seed + 1 + parity),
@@ -143,7 +149,13 @@ def _fit_halves(run, parts: dict) -> dict:
                           evaluation=dc.replace(cfg.evaluation, curve_every=0))
         log.info("half sets: reconstructing the %s views (%d of %d)", name, parts[name].n_tilts, run.ts.n_tilts)
         method = make_method(hcfg, parts.pop(name), None, dc.replace(place, out_dir=None))
+        if getattr(method, "trainer", None) is not None:
+            method.trainer.stop = run.stop  # polled; its fit keeps its quiet log lines (no phases of its own)
         method.fit()
+        if run.stop.signum is not None:
+            log.warning("half sets: stopped (%s) during the %s half's fit; no half-set FSC",
+                        signal_name(run.stop.signum), name)
+            return None
         run.peaks[f"{name} half: fit"] = timeline.phase_peaks()
         vols[name] = _half_volume(run, method, name)
         del method  # its device memory (and a copy of its views, where they were copied) go before the next

@@ -56,7 +56,8 @@ class Run:
         self.place = Place(rank, world, local_rank, out_dir, t0)
         self.main = rank == 0
         self.out_dir = out_dir
-        self.resume_cmd = f"fasttomo-reconstruct resume={out_dir} hydra.run.dir={out_dir}"
+        launcher = f"scripts/launch_ddp.sh {world}" if world > 1 else "fasttomo-reconstruct"  # resume needs as many ranks
+        self.resume_cmd = f"{launcher} resume={out_dir} hydra.run.dir={out_dir}"
         self.stop = StopRequests(world_size=world)
         self.resume_path = None
         self.folder: RunFolder | None = None
@@ -68,6 +69,7 @@ class Run:
         self.finite = True
         self.flat: str | None = None  # what makes a finite volume flat (results.flat_volume)
         self.interrupted = False
+        self.halves_stopped = False  # a signal came before or during the half-set fits: they were not finished
         self.written: dict = {}
         self.failed: dict = {}
         self.metrics: dict = {}
@@ -254,7 +256,8 @@ class Run:
     def score(self) -> None:
         """metrics (rank 0): the fit's summary, the status, the method's scores, the learned poses'
         files; then the half sets (collective) when the volume is finite and the run was not
-        interrupted."""
+        interrupted (a signal before them skips them, one during them stops them: the run is then
+        interrupted, its whole fit's results kept)."""
         if self.main:
             self.metrics = self.method.summary(self.volume)
             judged = self.finite and int(self.metrics.get("steps") or 0) >= results.FLAT_MIN_STEPS
@@ -268,6 +271,11 @@ class Run:
                 results.write_pose_files(self.out_dir, self.metrics["poses"], self.ts, self.written, self.failed)
         self.flat = broadcast_object(self.flat)  # every rank skips the half sets alike
         halves = self.cfg.evaluation.half_sets or self.cfg.output.half_volumes
+        if self.finite and not self.flat and not self.interrupted and halves and self.stop.signum is not None:
+            self.halves_stopped = True  # Ctrl-C after the last step: the user wants the run to end, not two more fits
+            halves = None
+            if self.main:
+                self.metrics["half_sets"] = {"skipped": f"{signal_name(self.stop.signum)} before the half-set fits"}
         if self.finite and not self.flat and not self.interrupted and halves:
             self.peaks["main run"] = timeline.phase_peaks()
             self.method.release()  # the half fits get the device memory the run reads no more
@@ -275,9 +283,14 @@ class Run:
                 self.checkpoint.join(self.written, self.failed)
             t_halves = time.perf_counter()
             halves, self.half_curves = results.half_sets(self)
+            self.halves_stopped = self.stop.signum is not None and halves is None
+            if self.halves_stopped and self.main:
+                halves = {"skipped": f"{signal_name(self.stop.signum)} during the half-set fits"}
             if self.main:
                 self.metrics["half_sets"] = halves
                 self.metrics["half_sets_seconds"] = round(time.perf_counter() - t_halves, 3)  # both fits, the FSC
+        if self.halves_stopped and self.main:
+            self.metrics["status"] = "interrupted"
 
     def report(self) -> None:
         """Rank 0: the pictures (of a finite volume), the wall time, metrics.json; then every rank
@@ -295,6 +308,11 @@ class Run:
             raise RunInterrupted(self.stop.signum, f"stopped at step {self.method.step} of {self.cfg.optim.steps} "
                                  f"({signal_name(self.stop.signum)}); the volume so far and a checkpoint are in "
                                  f"{self.out_dir}; resume with: {self.resume_cmd}")
+        if self.halves_stopped:
+            raise RunInterrupted(self.stop.signum, f"stopped before the half-set fits were done "
+                                 f"({signal_name(self.stop.signum)}): the volume, checkpoint and metrics of the whole "
+                                 f"fit are in {self.out_dir}, without the half-set FSC; to compute it, resume with: "
+                                 f"{self.resume_cmd}")
         if self.stop.signum is not None:
             log.info("%s arrived after the last step; the run finished", signal_name(self.stop.signum))
         if self.main:

@@ -42,7 +42,8 @@ class StopRequests:
     """Context manager installing the SIGINT/SIGTERM handlers (main thread only; elsewhere the
     handlers are left alone and nothing is ever requested). ``phase`` is ``setup`` (a signal
     raises :class:`RunInterrupted` at once), ``training`` (a signal sets :attr:`signum`; the
-    Trainer polls :meth:`should_stop`) or ``saving`` (a signal is noted, the writes go on)."""
+    Trainer polls :meth:`should_stop`), ``saving`` (a signal is noted, the writes go on) or
+    ``halves`` (the half-set fits, whose Trainers poll it too)."""
 
     def __init__(self, device=None, world_size: int = 1):
         self.device = device
@@ -74,6 +75,9 @@ class StopRequests:
         if self.phase == "training":
             log.warning("%s received: stopping after the current step and saving the volume and a checkpoint "
                         "(press Ctrl-C again to exit at once without saving)", name)
+        elif self.phase == "halves":
+            log.warning("%s received: stopping the half-set fits after the current step (the volume and the "
+                        "checkpoint of the whole fit are saved; press Ctrl-C again to exit at once)", name)
         else:
             log.warning("%s received while saving: finishing the writes (press Ctrl-C again to exit at once)", name)
 
