@@ -232,10 +232,12 @@ def test_overwriting_a_killed_run_removes_its_own_step_checkpoints_and_event_fil
     out = tmp_path / "killed"
     (out / "checkpoints").mkdir(parents=True)
     (out / "tb").mkdir()
-    (out / "manifest.json").write_text(json.dumps({
-        "format": "fasttomo-run-v1", "status": "running", "pid": 4242, "host": "node7",
+    (out / "manifest.json").write_text(json.dumps({  # continued in place once: an earlier process on node7
+        "format": "fasttomo-run-v1", "status": "running", "pid": 4242, "host": "n[7]",
+        "processes": [{"host": "node7", "pid": 1111}],
         "outputs": ["manifest.json", "checkpoints/last.pt", "checkpoints/step*.pt", "tb/events.out.tfevents.*"]}))
-    theirs = ["checkpoints/step0000010.pt", "tb/events.out.tfevents.1700000000.node7.4242.0"]
+    theirs = ["checkpoints/step0000010.pt", "tb/events.out.tfevents.1700000000.n[7].4242.0",
+              "tb/events.out.tfevents.1690000000.node7.1111.0"]
     mine = ["checkpoints/step_best.pt", "checkpoints/step12.pt", "tb/events.out.tfevents.1700000000.node7.99.0"]
     for name in theirs + mine:
         (out / name).write_text(name)
@@ -243,7 +245,23 @@ def test_overwriting_a_killed_run_removes_its_own_step_checkpoints_and_event_fil
     folder.finish("failed")
     left = sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file())
     assert left == sorted(["manifest.json", *mine]), left
-    assert any("removed the 3 file(s)" in n for n in folder.notes), folder.notes  # and the old manifest
+    assert any("removed the 4 file(s)" in n for n in folder.notes), folder.notes  # and the old manifest
+
+
+def test_a_run_continued_in_place_keeps_the_earlier_processes_for_their_event_files(tmp_path):
+    from fasttomo.run.folder import RunFolder
+
+    out = tmp_path / "run"
+    (out / "checkpoints").mkdir(parents=True)
+    (out / "checkpoints" / "last.pt").write_text("x")
+    (out / "manifest.json").write_text(json.dumps({
+        "format": "fasttomo-run-v1", "status": "running", "pid": 1111, "host": "node7",
+        "outputs": ["manifest.json", "checkpoints/last.pt", "tb/events.out.tfevents.*"]}))
+    folder = RunFolder(out, resume=str(out / "checkpoints" / "last.pt")).open()
+    try:
+        assert folder.continuing and folder.manifest["processes"] == [{"host": "node7", "pid": 1111}]
+    finally:
+        folder.finish("interrupted")
 
 
 def test_files_with_fasttomo_names_but_no_fasttomo_manifest_are_never_touched_without_overwrite(tmp_path):

@@ -309,8 +309,8 @@ def from_hydra(exc: BaseException) -> CommandLineError | None:
     if ambiguous:  # a comma outside -m: Hydra's own hint is on the lines this keeps out
         name, value = ambiguous.groups()
         return CommandLineError(f"{name}={value}: the comma makes this several values; to keep it one value (a "
-                                f"file name with a comma), quote it: \"{name}='{value}'\"; a list is {name}=[a,b], "
-                                "and -m runs one job for each value.")
+                                f"file name with a comma), quote it: \"{name}='{value}'\"; with -m, one job runs "
+                                "for each value.")
     msg = f"{key}: {first}" if key and not first.startswith(str(key)) else first
     return CommandLineError(msg.rstrip(".") + ". (--help explains every group and key.)")
 

@@ -221,15 +221,23 @@ user's ``step_best.pt`` beside them is not a run's)."""
 EVENT_FILES = "tb/events.out.tfevents.*"
 
 
-def _own_pattern(pattern: str, run: dict) -> str:
+def _own_patterns(pattern: str, run: dict) -> list[str]:
     """A manifest's output pattern narrowed to the names the run itself writes: step checkpoints
-    to their 7 digits, TensorBoard event files to the run's host and pid (TensorBoard names them
-    ``events.out.tfevents.<time>.<host>.<pid>.<n>``)."""
+    to their 7 digits, TensorBoard event files to the host and pid of each of its processes (the
+    one it records and, for a run continued in place, the earlier ones in ``processes``;
+    TensorBoard names them ``events.out.tfevents.<time>.<host>.<pid>.<n>``). None of them for
+    event files of a manifest without a host and pid: only the names its ending recorded."""
     if pattern == STEP_CHECKPOINTS:
-        return STEP_CHECKPOINT_NAME
-    if pattern == EVENT_FILES and run.get("host") and run.get("pid"):
-        return f"{EVENT_FILES}.{run['host']}.{run['pid']}.*"
-    return pattern
+        return [STEP_CHECKPOINT_NAME]
+    if pattern == EVENT_FILES:
+        procs = [*run.get("processes", []), {"host": run.get("host"), "pid": run.get("pid")}]
+        return [f"{EVENT_FILES}.{_literal(str(p['host']))}.{p['pid']}.*" for p in procs if p.get("host") and p.get("pid")]
+    return [pattern]
+
+
+def _literal(text: str) -> str:
+    """``text`` matched as it is by fnmatch (a host name with '*', '?' or '[')."""
+    return "".join(f"[{c}]" if c in "*?[" else c for c in text)
 
 
 def _temp_leftovers(folder: Path, pattern: str) -> list[Path]:
@@ -367,6 +375,8 @@ class RunFolder:
             prev = plan["prev"]
             self.continuing = True
             self.manifest = {k: v for k, v in prev.items() if k in ("started", "outputs", "resumed", "files")}
+            earlier = [*prev.get("processes", []), {"host": prev.get("host"), "pid": prev.get("pid")}]
+            self.manifest["processes"] = [p for p in earlier if p.get("host") and p.get("pid")]  # their event files
             self.manifest.setdefault("outputs", patterns)
             self.manifest.setdefault("resumed", []).append({"checkpoint": str(self.resume), "at": _now()})
             self._cleanup_temp(self.manifest["outputs"])
@@ -390,7 +400,7 @@ class RunFolder:
 
     def _files_of(self, prev: dict, patterns: list[str], unproven: bool) -> list[Path]:
         """The files in the folder that the run ``prev`` wrote: its outputs' names, its patterns
-        narrowed to what the run itself names (:func:`_own_pattern`), and the exact names its
+        narrowed to what the run itself names (:func:`_own_patterns`), and the exact names its
         last ending recorded (``files``: event files of earlier processes of a run continued in
         place). Without a fasttomo manifest (``unproven``) every file with fasttomo's names."""
         if unproven:
@@ -398,9 +408,10 @@ class RunFolder:
         recorded = set(prev.get("files", {}))
         out = set()
         for n in patterns:
-            own = _own_pattern(n, prev)
-            out.update(_matches(self.path, own))
-            if own != n:
+            own = _own_patterns(n, prev)
+            for p in own:
+                out.update(_matches(self.path, p))
+            if own != [n]:
                 out.update(p for p in _matches(self.path, n) if str(p.relative_to(self.path)) in recorded)
         return sorted(out)
 

@@ -318,7 +318,10 @@ class Run:
         if self.main:
             self.folder.finish("finished", step=self.method.step)
             written = dict(self.folder.manifest.get("files", {}))
-            written.setdefault("manifest.json", (self.out_dir / "manifest.json").stat().st_size)
+            try:
+                written.setdefault("manifest.json", (self.out_dir / "manifest.json").stat().st_size)
+            except OSError:  # the folder went away: the summary says it cannot be listed
+                pass
             results.closing_summary(self.cfg, self.out_dir, self.metrics, written)
         if self.joined:  # leave the process group we joined (after a successful run; on errors the process exits)
             destroy_distributed()

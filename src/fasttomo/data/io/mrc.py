@@ -201,7 +201,8 @@ def _trailing_bytes_note(path: str, data: np.ndarray, nsymbt: int, notes: list[s
     section = data[0].nbytes if data.ndim == 3 and len(data) else 0
     if section and extra % section == 0:
         kept = [n for n in kept if "larger than expected" not in n]
-        kept.append(f"the header says {len(data)} sections (nz), but {extra // section} more whole section(s) "
+        kept.append(f"the header says {len(data)} section{'s' * (len(data) != 1)} (nz), but {extra // section} more "
+                    "whole section(s) "
                     f"follow them in the file ({extra} bytes); only the first {len(data)} are read. If the stack "
                     f"has {len(data) + extra // section} views, fix nz in the header (IMOD: alterheader -size) and "
                     "give an angle for each")
