@@ -268,3 +268,11 @@ def test_projector_images_and_exported_volume_agree_across_the_gauge(tilt_axis):
     z, y, x = torch.meshgrid(*(torch.arange(n, dtype=torch.float32) - (n - 1) / 2 for n in vol.shape), indexing="ij")
     com = torch.stack([(vol * c).sum() / vol.sum() for c in (x, y, z)])
     assert torch.allclose(com, centre + t, atol=0.05)
+
+
+def test_the_reported_tilt_angles_are_the_given_ones_not_their_float32_rounding():
+    """poses.tlt and metrics.json's tilt_deg held -60.000001669652114 for a file's -60.0: the
+    angles went through the float32 buffer the rays use."""
+    angles = np.array([-60.0, -54.0, -1.5, 0.0, 33.3, 60.0])
+    d = Poses(angles, reference_index=3, learn_rotations=True).describe()
+    assert d["tilt_deg"] == angles.tolist()

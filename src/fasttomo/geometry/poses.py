@@ -58,6 +58,7 @@ class Poses(torch.nn.Module):
         self.learn_rotations = bool(learn_rotations)
         self.learn_shifts = bool(learn_shifts)
         self.register_buffer("theta", torch.from_numpy(np.deg2rad(angles)).float())
+        self._given_deg = angles.copy()  # theta is a buffer (never learned): the angles as given, not float32's
         mask = torch.ones(n)
         mask[reference_index] = 0.0
         self.register_buffer("free_mask", mask)
@@ -175,8 +176,8 @@ class Poses(torch.nn.Module):
         return self._table
 
     def angles_deg(self) -> np.ndarray:
-        """The tilt angles in degrees, (N,) or (N, H) as given."""
-        return np.rad2deg(self.theta.detach().double().cpu().numpy())
+        """The tilt angles in degrees, (N,) or (N, H), as given (float64: poses.tlt writes them)."""
+        return self._given_deg.copy()
 
     @torch.no_grad()
     def describe(self) -> dict:
