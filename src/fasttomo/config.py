@@ -360,6 +360,8 @@ class FileDataConfig(DataConfig):
         _require(not (self.xf and self.aln), "data.xf/data.aln",
                  "give one alignment of the raw stack: an IMOD .xf or an AreTomo .aln, not both.")
         _require(not self.xtilt or bool(self.xf), "data.xtilt",
+                 "is IMOD's X-axis tilt of an .xf alignment, which an AreTomo .aln has no place for: leave "
+                 "data.xtilt unset with data.aln." if self.aln else
                  "is IMOD's X-axis tilt of an .xf alignment: set data.xf too (or leave data.xtilt unset).")
         if self.xf or self.aln:
             _require(not self.tilt_axis_angle, "data.tilt_axis_angle",

@@ -105,7 +105,9 @@ def test_xtilt_one_value_accepted_varying_refused(stack):
     (dict(xf="a.xf", aln="a.aln"), "data.xf/data.aln"),
     (dict(xf="a.xf", crop=[0, 8, 0, 8]), "data.crop"),
     (dict(aln="a.aln", tilt_axis_angle=85.0), "data.tilt_axis_angle"),
-    (dict(xtilt="a.xtilt"), "data.xtilt"),
+    (dict(xtilt="a.xtilt"), "data.xtilt: is IMOD's X-axis tilt of an .xf alignment: set data.xf too"),
+    (dict(aln="a.aln", xtilt="a.xtilt"), "data.xtilt: is IMOD's X-axis tilt of an .xf alignment, which an AreTomo "
+                                         ".aln has no place for: leave data.xtilt unset with data.aln"),
 ])
 def test_config_refuses_what_does_not_go_with_a_file_alignment(kw, key):
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
