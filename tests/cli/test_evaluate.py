@@ -242,3 +242,28 @@ def test_config_errors_name_the_key():
         evaluate(EvaluateConfig(volume="v.mrc"))
     with pytest.raises(ConfigError, match="volume"):
         evaluate(EvaluateConfig(truth="t.mrc"))
+
+
+def test_the_loaders_warnings_name_this_commands_keys(tmp_path, caplog):
+    """read_raw's warnings (a pixel size far out, few views) named fasttomo-reconstruct's
+    data.pixel_size and data.exclude_views, which fasttomo-evaluate does not have."""
+    import logging
+
+    import mrcfile
+
+    from fasttomo.cli.evaluate import read_tiltseries
+
+    stack = tmp_path / "few.mrc"
+    with mrcfile.new(str(stack)) as m:
+        m.set_data(np.random.default_rng(0).random((4, 12, 16), dtype=np.float32))
+        m.voxel_size = 1e7
+    (tmp_path / "few.rawtlt").write_text("-45\n-15\n15\n45\n")
+    caplog.set_level(logging.INFO, logger="fasttomo.data")
+    read_tiltseries(str(stack), str(tmp_path / "few.rawtlt"))
+    warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert any("pixel size 1e+07 A (from the file header) is outside 0.01..1e+06 A, where tomograms' pixel sizes "
+               "lie." in w for w in warned), warned
+    assert any(w.endswith("only 4 views; a tomogram from so few is mostly streaks (a tilt series usually has 40 or "
+                          "more). Check that the whole series was given.") for w in warned), warned
+    assert not any("data." in w for w in warned), warned
+    assert not logging.getLogger("fasttomo.data").filters  # the words are this command's only while it reads

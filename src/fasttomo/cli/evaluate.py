@@ -206,6 +206,9 @@ def read_tiltseries(stack: str, angles: str | None):
 
     if not os.path.exists(stack):
         raise _error(f"tiltseries={stack}: file not found; check the path.")
+    words = _OwnKeys()
+    data_log = logging.getLogger("fasttomo.data")
+    data_log.addFilter(words)  # the loader's warnings name fasttomo-reconstruct's keys
     try:  # the checks fasttomo-reconstruct makes of a series: its angles (degrees, distinct) and its signal
         raw = read_raw(DataConfig(source=source_from_suffix(stack), path=stack, angles=angles, normalize="none"))
         where = f"{raw.source} (angles from {raw.angle_source})"
@@ -222,6 +225,25 @@ def read_tiltseries(stack: str, angles: str | None):
                 text = text.split(fix)[0].rstrip(" ,;(") + "."
                 break
         raise _error(text) from None
+    finally:
+        data_log.removeFilter(words)
+
+
+class _OwnKeys(logging.Filter):
+    """The loader's warnings in this command's words: its keys for the stack and the angles, and
+    without the advice about settings it does not have (views to exclude, a pixel size to set)."""
+
+    WORDS = ((" Check data.exclude_views and that the whole series was given.",
+              " Check that the whole series was given."),
+             ("; the volume's header and scale bars use it. If it is wrong, set data.pixel_size=<Angstrom>.", "."),
+             ("data.angles", "angles"), ("data.path", "tiltseries"))
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        text = record.getMessage()
+        for old, new in self.WORDS:
+            text = text.replace(old, new)
+        record.msg, record.args = text, None
+        return True
 
 
 def check_stack(vol_shape, stack_shape, held_out_views=()) -> list[int]:
