@@ -61,6 +61,9 @@ def test_cfg_job_prints_the_composed_config_as_a_run_writes_it(tmp_path):
     assert printed["kernels"]["gpu_decoder"] == "fused" and printed["model"]["kind"] == "kplanes_tilted"
     assert not names & set(HEAVY), sorted(names & set(HEAVY))
     assert not list(tmp_path.iterdir())  # no run folder
+    res, _ = _imported("fasttomo.cli.reconstruct", ["--cfg=job", "optim.steps=6", f"hydra.run.dir={tmp_path}/r"],
+                       tmp_path)
+    assert res.returncode == 0 and yaml.safe_load(res.stdout)["optim"]["steps"] == 6, res.stderr[-2000:]
     res, _ = _imported("fasttomo.cli.reconstruct", ["--cfg", "job", "data.binning=2"], tmp_path)
     assert res.returncode == 2 and "data.binning: data.source=phantom does not read this key" in res.stderr
     assert "Traceback" not in res.stderr

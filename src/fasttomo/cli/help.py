@@ -368,8 +368,8 @@ def overview(p: Program) -> str:
         lines += ["", _hang("other settings: ", ", ".join([f"{s}.*" for s in secs] + top)
                             + f" (--help {(secs or top)[0]})")]
     lines += ["", _wrap("Hydra's own options: -m/--multirun for sweeps, hydra.run.dir=<folder> for the run folder, "
-                        "--cfg job to print the composed config (as the run's config.yaml holds it); --hydra-help lists "
-                        "them.", 0)]
+                        "--cfg job to print the composed config (the keys the run fills in from the data are null "
+                        "there); --hydra-help lists them.", 0)]
     return "\n".join(lines)
 
 

@@ -390,21 +390,25 @@ def folder_problem(argv: list[str]) -> str | None:
 
 
 def _asks_for_the_job_config(argv: list[str]) -> bool:
-    """``--cfg job`` / ``-c job`` (Hydra's flag), without -m."""
+    """``--cfg job`` / ``-c job`` / ``--cfg=job`` (Hydra's flag), without -m and without
+    ``-p/--package`` (one package of it: Hydra prints that)."""
     pairs = zip(argv, argv[1:])
-    return any(a in ("--cfg", "-c") and b == "job" for a, b in pairs) and not sweep_requested(argv)
+    asked = "--cfg=job" in argv or any(a in ("--cfg", "-c") and b == "job" for a, b in pairs)
+    package = any(a in ("-p", "--package") or a.startswith("--package=") for a in argv)
+    return asked and not package and not sweep_requested(argv)
 
 
 def print_job_config(argv: list[str]) -> None:
-    """The composed and checked config as the run's config.yaml would hold it. Hydra's own
-    ``--cfg job`` prints '???' for every key the YAML files leave to the schema's defaults."""
+    """The composed and checked config, as the run's config.yaml holds it before the run fills in
+    what it chooses from the data (null there: data.thickness, optim.steps, loss.plane_tv ...).
+    Hydra's own ``--cfg job`` prints '???' for every key the YAML files leave to the schema."""
     import yaml
 
     from fasttomo.config import to_dict
 
-    flags = {"--cfg", "-c", "--resolve", "job"}
+    flags = {"--cfg", "-c", "--resolve", "job", "--cfg=job"}
     try:
-        cfg = compose_config([a for a in argv if a not in flags])
+        cfg = compose_config([a for a in argv if a not in flags and not a.startswith("hydra.")])
     except ConfigError as exc:  # the one line a run gives (check_overrides caught what it can before)
         from fasttomo.cli.help import report
 
