@@ -292,6 +292,28 @@ def test_files_with_fasttomo_names_but_no_fasttomo_manifest_are_never_touched_wi
         assert f"into {aside[0]}" in (out / "reconstruct.log").read_text()
 
 
+def test_files_to_move_aside_on_another_file_system_are_refused_before_any_moves(tmp_path):
+    """checkpoints/ linked to another file system: a rename cannot move a file from there into
+    replaced-<time>/; the folder is refused naming it, and nothing was moved."""
+    import tempfile
+
+    from fasttomo.data.io.common import OutputExistsError
+
+    if not os.path.isdir("/dev/shm") or os.stat("/dev/shm").st_dev == os.stat(tmp_path).st_dev:
+        pytest.skip("needs /dev/shm on another file system than the test's folder")
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / "config.yaml").write_text("my notes")
+    with tempfile.TemporaryDirectory(dir="/dev/shm") as other:
+        (Path(other) / "last.pt").write_text("my checkpoint")
+        (out / "checkpoints").symlink_to(other)
+        with pytest.raises(OutputExistsError, match=r"checkpoints/last\.pt \(no fasttomo manifest names them, so "
+                                                    r"they may be yours\) lie on another file system"):
+            run(compose_config([*TINY, "optim.steps=2", "output.overwrite=true", f"output.dir={out}"]))
+        assert (Path(other) / "last.pt").read_text() == "my checkpoint"
+    assert (out / "config.yaml").read_text() == "my notes" and not list(out.glob("replaced-*"))
+
+
 def test_two_runs_started_at_once_into_one_folder_one_is_refused_even_with_overwrite(tmp_path):
     out = tmp_path / "run"
     args = [*LONG, "output.overwrite=true", f"hydra.run.dir={out}"]

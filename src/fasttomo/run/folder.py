@@ -47,7 +47,8 @@ FORMAT = "fasttomo-run-v1"
 LEGACY_RESULTS = ("metrics.json", "volume.mrc", "volume.h5", "volume.tif", "volume_xzy.mrc", "config.yaml",
                   "slices.png", "reconstruct.log", "checkpoints/last.pt", "checkpoints/step*.pt",
                   "tb/events.out.tfevents.*")
-WORK = ("checkpoints/*.pt", "volume.*", "volume_xzy.mrc")  # worth keeping: a run that wrote one did not "just fail"
+WORK = ("checkpoints/last.pt", "checkpoints/step" + "[0-9]" * 7 + ".pt", "volume.*", "volume_xzy.mrc")
+"""Worth keeping: a run that wrote one did not "just fail" (a user's checkpoints/my.pt is not a run's)."""
 
 
 from fasttomo.data.io.common import OutputExistsError  # noqa: E402,F401 - the folder holds an earlier run's results
@@ -423,13 +424,18 @@ class RunFolder:
         while aside.exists():
             k += 1
             aside = self.path / f"replaced-{stamp}-{k}"
+        names = [n for n in names if (self.path / n).is_file() or (self.path / n).is_symlink()]
+        here = os.stat(self.path).st_dev
+        elsewhere = [n for n in names if os.stat((self.path / n).parent).st_dev != here]
+        if elsewhere:  # a sub-folder linked to another file system: a rename cannot move them, nothing is moved
+            raise OutputExistsError(
+                f"output folder {self.path}: {', '.join(elsewhere[:3])} (no fasttomo manifest names them, so they "
+                f"may be yours) lie on another file system than the folder, so output.overwrite=true cannot move "
+                "them aside into it; move them yourself, or choose a new folder (e.g. hydra.run.dir=outputs/my_run2).")
         moved = []
         for name in names:
-            src = self.path / name
-            if not (src.is_file() or src.is_symlink()):
-                continue
             (aside / name).parent.mkdir(parents=True, exist_ok=True)
-            os.replace(src, aside / name)
+            os.replace(self.path / name, aside / name)
             moved.append(name)
         return aside, moved
 

@@ -92,7 +92,8 @@ def check_free_space(folder: Path, cfg: Config, comps, start_step: int = 0) -> d
     if free < total + MARGIN_BYTES:
         raise OutputFolderError(
             f"output folder {folder} has {human(free)} free but this run writes about {human(total)} "
-            f"({', '.join(f'{k} {human(v)}' for k, v in need.items() if v)}); free some space or choose another "
+            f"({', '.join(f'{k} {human(v)}' for k, v in need.items() if v)}) and leaves {human(MARGIN_BYTES)} free "
+            "beside it; free some space or choose another "
             "folder (hydra.run.dir=<folder>), or write less (e.g. output.formats=[mrc], logging.checkpoint_every=0, "
             "logging.tensorboard=false).")
     return need
@@ -463,8 +464,9 @@ def dry_run(cfg: Config) -> dict:
     if report.get("disk_short"):
         need = sum(report["files_bytes"].values())
         raise ConfigError(f"dry run: the run would stop at its output folder {folder.get('path')}: its disk has "
-                          f"{human(report['disk_free_bytes'])} free, and the run writes about {human(need)}. Free "
-                          "space, or choose a folder on another disk with hydra.run.dir=<dir>.")
+                          f"{human(report['disk_free_bytes'])} free, and the run writes about {human(need)} and "
+                          f"leaves {human(MARGIN_BYTES)} free beside it. Free space, or choose a folder on another "
+                          "disk with hydra.run.dir=<dir>.")
     return report
 
 
