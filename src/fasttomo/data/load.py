@@ -162,12 +162,9 @@ def read_raw(cfg) -> RawSeries:
     else:
         angles = np.asarray(angles, dtype=np.float64)
         if angles.shape[0] != n or angles.ndim not in (1, 2) or (angles.ndim == 2 and angles.shape[1] != height):
-            last = (f" The stack's last axis has {data.shape[2]} entries, as many as the angles: is it stored "
-                    "(H, W, n_tilts)? Store it as (n_tilts, H, W) (numpy: np.moveaxis(stack, -1, 0))."
-                    if angles.ndim == 1 and angles.shape[0] == data.shape[2] != n else "")
             raise DataFileError(f"{angle_source}: angles of shape {angles.shape} for a stack of {n} sections of "
                                 f"{height} lines; need ({n},) or ({n}, {height}). Fix the file or give "
-                                f"data.angles.{last}")
+                                f"data.angles.{_tilts_last(angles, data.shape)}")
     stack = to_float32(data, cfg.intensity_offset, path)
     pixel = _pixel_size(cfg, path, header_pix, ext_pix, mdoc_pix, meta)
     _check_pixel_size(pixel, meta["pixel_size_source"], path, data.shape)
@@ -184,6 +181,14 @@ def read_raw(cfg) -> RawSeries:
     log.info("%s: %d angles from %s.", path, n, angle_source)
     return RawSeries(stack=stack, angles=angles, pixel_size=pixel, source=path, angle_source=angle_source,
                      valid=valid, ground_truth=gt, metadata=meta)
+
+
+def _tilts_last(angles: np.ndarray, shape: tuple[int, ...]) -> str:
+    """The hint for a stack stored (H, W, n_tilts): its last axis as long as the angle list."""
+    if angles.ndim == 1 and angles.shape[0] == shape[2] != shape[0]:
+        return (f" The stack's last axis has {shape[2]} entries, as many as the angles: is it stored (H, W, "
+                "n_tilts)? Store it as (n_tilts, H, W) (numpy: np.moveaxis(stack, -1, 0)).")
+    return ""
 
 
 PLAUSIBLE_PIXEL_A = (0.01, 1e6)
