@@ -22,7 +22,7 @@
 # bf16 and fp32, with its kernels profiled), fusedmlp (probe_fused_mlp at camera2k's shape with the
 # backward's sweep), knockout (probe_bwd_knockout: the texel-run backward's knockouts and candidates),
 # decoder (the fused decoder's GPU tests: tests/kernels/test_kernels_gpu.py, test_compile_ahead.py
-# and tests/train/test_cuda_graph.py), decoderab (kernels.gpu_decoder cublas against fused: the
+# and tests/train/test_cuda_graph.py), decoderab (kernels.gpu_decoder cublas against fused, both named: the
 # camera2k step, the fused one profiled, and bench_quality on three specimens).
 #
 # An A/B against another commit in the same job, on the same machine: GPU_BATCH_BASE names a folder
@@ -167,11 +167,13 @@ for s in "${steps[@]}"; do
     decoder) step decoder python3 -m pytest -q -m gpu -p no:cacheprovider -o addopts='' \
                tests/kernels/test_kernels_gpu.py tests/kernels/test_compile_ahead.py tests/train/test_cuda_graph.py ;;
     decoderab)
-      step step-camera2k-cublas python3 scripts/bench_step.py --case camera2k --variants triton-bf16 --label cublas
+      step step-camera2k-cublas python3 scripts/bench_step.py --case camera2k --variants triton-bf16 \
+        --extra kernels.gpu_decoder=cublas --label cublas
       step step-camera2k-fused python3 scripts/bench_step.py --case camera2k --variants triton-bf16 --profile 3 \
         --extra kernels.gpu_decoder=fused --label fused
       step quality-decoder python3 scripts/bench_quality.py --cases clean128 cell128_d20 catalyst128_d200 \
-        --methods field-default --variant fused=kernels.gpu_decoder=fused --out-dir "$DIR" ;;
+        --methods field-default --variant cublas=kernels.gpu_decoder=cublas --variant fused=kernels.gpu_decoder=fused \
+        --out-dir "$DIR" ;;
     *) echo "STEP $s unknown (kernels, step, run, runpyc, camera, camera16, quality, suite, imports, smem," \
          "camerastep, fusedmlp, knockout, decoder, decoderab; base-STEP)" >> "$DIR/batch.log" ;;
   esac

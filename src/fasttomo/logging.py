@@ -59,6 +59,9 @@ class _OneAtATime:
                 super().handle(queue.pop(0))  # type: ignore[misc]
         finally:
             busy.clear()
+            for late in queue[:]:  # queued between the last check and the clear: handled as any message now
+                queue.remove(late)
+                self.handle(late)
         return done
 
 

@@ -266,4 +266,12 @@ def test_the_loaders_warnings_name_this_commands_keys(tmp_path, caplog):
     assert any(w.endswith("only 4 views; a tomogram from so few is mostly streaks (a tilt series usually has 40 or "
                           "more). Check that the whole series was given.") for w in warned), warned
     assert not any("data." in w for w in warned), warned
+    unset = tmp_path / "unset.mrc"  # no pixel size at all: the common case
+    with mrcfile.new(str(unset)) as m:
+        m.set_data(np.random.default_rng(1).random((4, 12, 16), dtype=np.float32))
+    caplog.clear()
+    read_tiltseries(str(unset), str(tmp_path / "few.rawtlt"))
+    warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert any(w.endswith("no pixel size in the file or config; assuming 1.0 A per pixel.") for w in warned), warned
+    assert not any("data." in w for w in warned), warned
     assert not logging.getLogger("fasttomo.data").filters  # the words are this command's only while it reads

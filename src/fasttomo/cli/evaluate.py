@@ -23,6 +23,7 @@ import json
 import logging
 import math
 import os
+import re
 import sys
 from pathlib import Path
 from typing import Callable, Optional
@@ -242,6 +243,12 @@ class _OwnKeys(logging.Filter):
         text = record.getMessage()
         for old, new in self.WORDS:
             text = text.replace(old, new)
+        text = re.sub(r", data\.tilt_axis_angle=\S+ is used\. For a raw \(unaligned\) stack set "
+                      r"data\.tilt_axis_angle=\S+; an aligned \.ali already has the axis along Y\.",
+                      "; fasttomo-evaluate takes the tilt axis along Y, as an aligned stack (.ali) has it.", text)
+        if "data." in text:  # advice about a setting this command does not have: its sentence goes
+            first, *rest = re.split(r"(?<=[.;])\s+", text)
+            text = " ".join([first, *(part for part in rest if "data." not in part)]).rstrip(";")
         record.msg, record.args = text, None
         return True
 

@@ -43,7 +43,7 @@ __all__ = ["POSE_FIELDS", "pose_errors", "set_poses"]
 POSE_FIELDS = ("tilt_deg", "z1_deg", "z3_deg", "shift_u_px", "shift_v_px")
 """The per-view lists a pose dict must hold (plus ``reference_index``)."""
 
-_TILT_ATOL_DEG = 1e-3  # Poses keeps theta in float32: describe() is off by ~1e-5 degrees at 60
+_TILT_ATOL_DEG = 1e-3  # the same tilt angles, written to a file and read back (describe() gives them as given)
 
 
 def _arrays(poses: Mapping[str, Any], what: str) -> dict[str, np.ndarray]:

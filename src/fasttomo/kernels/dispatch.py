@@ -69,8 +69,9 @@ class KernelUnavailableError(RuntimeError):
 
 def configure(backend: str = "auto", gpu_decoder: str = "cublas") -> str:
     """Set the kernel backend and the GPU decoder (call when building the model/trainer, with
-    ``kernels.backend`` and ``kernels.gpu_decoder`` of the run's config). Returns the backend in
-    force."""
+    ``kernels.backend`` and ``kernels.gpu_decoder`` of the run's config, whose default is
+    ``fused``; this function's own default, ``cublas``, is for code that calls the door outside a
+    run, such as the kernel benchmarks). Returns the backend in force."""
     if backend not in BACKENDS:
         raise ValueError(f"kernels.backend must be one of {list(BACKENDS)}, got {backend!r}.")
     if gpu_decoder not in GPU_DECODERS:

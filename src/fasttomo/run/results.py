@@ -138,10 +138,11 @@ def half_sets(run) -> tuple[dict | None, dict | None]:
 def _fit_halves(run, parts: dict) -> dict | None:
     """{even, odd: volume}: each half series of ``parts`` fitted by the run's method with its own
     seed and its volume taken (:func:`_half_volume`), the method let go before the next half.
-    None when Ctrl-C or SIGTERM came: a field's fit polls the run's stop requests after every
-    step (decided together under DDP) and the halves end there."""
+    None when Ctrl-C or SIGTERM came (``run.halves_stopped``): a field's fit polls the run's stop
+    requests after every step and the halves end there, decided together under DDP. A method
+    without a trainer and checkpoint (SIRT) is not stopped: its halves finish, as before a resume
+    could offer them."""
     cfg, place = run.cfg, run.place
-    run.stop.phase = "halves"
     vols = {}
     for parity, name in ((0, "even"), (1, "odd")):
         hcfg = dc.replace(cfg, resume=None, runtime=dc.replace(cfg.runtime, seed=cfg.runtime.seed + 1 + parity),
@@ -149,10 +150,14 @@ def _fit_halves(run, parts: dict) -> dict | None:
                           evaluation=dc.replace(cfg.evaluation, curve_every=0))
         log.info("half sets: reconstructing the %s views (%d of %d)", name, parts[name].n_tilts, run.ts.n_tilts)
         method = make_method(hcfg, parts.pop(name), None, dc.replace(place, out_dir=None))
-        if getattr(method, "trainer", None) is not None:
+        stoppable = getattr(method, "trainer", None) is not None and run.state is not None
+        if stoppable:
             method.trainer.stop = run.stop  # polled; its fit keeps its quiet log lines (no phases of its own)
+            run.stop.phase = "halves"
         method.fit()
-        if run.stop.signum is not None:
+        run.stop.phase = "saving"
+        if stoppable and run.stop.agreed():  # collective: every rank stops, or none
+            run.halves_stopped = True
             log.warning("half sets: stopped (%s) during the %s half's fit; no half-set FSC",
                         signal_name(run.stop.signum), name)
             return None

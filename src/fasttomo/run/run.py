@@ -56,8 +56,7 @@ class Run:
         self.place = Place(rank, world, local_rank, out_dir, t0)
         self.main = rank == 0
         self.out_dir = out_dir
-        launcher = f"scripts/launch_ddp.sh {world}" if world > 1 else "fasttomo-reconstruct"  # resume needs as many ranks
-        self.resume_cmd = f"{launcher} resume={out_dir} hydra.run.dir={out_dir}"
+        self.resume_cmd = _resume_command(out_dir, world)
         self.stop = StopRequests(world_size=world)
         self.resume_path = None
         self.folder: RunFolder | None = None
@@ -271,7 +270,8 @@ class Run:
                 results.write_pose_files(self.out_dir, self.metrics["poses"], self.ts, self.written, self.failed)
         self.flat = broadcast_object(self.flat)  # every rank skips the half sets alike
         halves = self.cfg.evaluation.half_sets or self.cfg.output.half_volumes
-        if self.finite and not self.flat and not self.interrupted and halves and self.stop.signum is not None:
+        resumable = broadcast_object(self.state is not None)  # a checkpoint to resume the halves from (not SIRT)
+        if self.finite and not self.flat and not self.interrupted and halves and resumable and self.stop.agreed():
             self.halves_stopped = True  # Ctrl-C after the last step: the user wants the run to end, not two more fits
             halves = None
             if self.main:
@@ -282,8 +282,7 @@ class Run:
             if self.checkpoint is not None:  # its host copy (3 GB at 4096^2) goes before the halves' stacks come
                 self.checkpoint.join(self.written, self.failed)
             t_halves = time.perf_counter()
-            halves, self.half_curves = results.half_sets(self)
-            self.halves_stopped = self.stop.signum is not None and halves is None
+            halves, self.half_curves = results.half_sets(self)  # sets halves_stopped (every rank alike)
             if self.halves_stopped and self.main:
                 halves = {"skipped": f"{signal_name(self.stop.signum)} during the half-set fits"}
             if self.main:
@@ -325,6 +324,17 @@ class Run:
             results.closing_summary(self.cfg, self.out_dir, self.metrics, written)
         if self.joined:  # leave the process group we joined (after a successful run; on errors the process exits)
             destroy_distributed()
+
+
+def _resume_command(out_dir: Path, world: int) -> str:
+    """How to continue this run in place: the same number of ranks (scripts/launch_ddp.sh for one
+    machine's ranks; a job over several machines is relaunched as it was started)."""
+    args = f"resume={out_dir} hydra.run.dir={out_dir}"
+    if world == 1:
+        return f"fasttomo-reconstruct {args}"
+    if int(os.environ.get("LOCAL_WORLD_SIZE", world)) == world:
+        return f"scripts/launch_ddp.sh {world} {args}"
+    return f"the same torchrun job ({world} ranks) with {args}"
 
 
 def _runtime_settings(cfg: Config) -> bool:

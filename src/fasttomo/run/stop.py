@@ -81,6 +81,11 @@ class StopRequests:
         else:
             log.warning("%s received while saving: finishing the writes (press Ctrl-C again to exit at once)", name)
 
+    def agreed(self) -> bool:
+        """Whether a stop was requested on any rank: under DDP a collective every rank calls at
+        the same point (ranks that decide apart, one skipping a collective the other enters, hang)."""
+        return self.should_stop(0)
+
     def should_stop(self, step: int) -> bool:
         """True when a stop was requested (on any rank, under DDP: decided together every
         DDP_CHECK_EVERY steps)."""
