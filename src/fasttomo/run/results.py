@@ -150,7 +150,7 @@ def _fit_halves(run, parts: dict) -> dict | None:
                           evaluation=dc.replace(cfg.evaluation, curve_every=0))
         log.info("half sets: reconstructing the %s views (%d of %d)", name, parts[name].n_tilts, run.ts.n_tilts)
         method = make_method(hcfg, parts.pop(name), None, dc.replace(place, out_dir=None))
-        stoppable = getattr(method, "trainer", None) is not None and run.state is not None
+        stoppable = getattr(method, "trainer", None) is not None and run.resumable  # alike on every rank
         if stoppable:
             method.trainer.stop = run.stop  # polled; its fit keeps its quiet log lines (no phases of its own)
             run.stop.phase = "halves"

@@ -69,6 +69,7 @@ class Run:
         self.flat: str | None = None  # what makes a finite volume flat (results.flat_volume)
         self.interrupted = False
         self.halves_stopped = False  # a signal came before or during the half-set fits: they were not finished
+        self.resumable = False  # the run leaves a checkpoint (every rank alike): its halves can be stopped
         self.written: dict = {}
         self.failed: dict = {}
         self.metrics: dict = {}
@@ -270,7 +271,8 @@ class Run:
                 results.write_pose_files(self.out_dir, self.metrics["poses"], self.ts, self.written, self.failed)
         self.flat = broadcast_object(self.flat)  # every rank skips the half sets alike
         halves = self.cfg.evaluation.half_sets or self.cfg.output.half_volumes
-        resumable = broadcast_object(self.state is not None)  # a checkpoint to resume the halves from (not SIRT)
+        # a checkpoint to resume the halves from (not SIRT's): the same answer on every rank
+        self.resumable = resumable = broadcast_object(self.state is not None)
         if self.finite and not self.flat and not self.interrupted and halves and resumable and self.stop.agreed():
             self.halves_stopped = True  # Ctrl-C after the last step: the user wants the run to end, not two more fits
             halves = None
