@@ -59,9 +59,8 @@ class _OneAtATime:
                 super().handle(queue.pop(0))  # type: ignore[misc]
         finally:
             busy.clear()
-            for late in queue[:]:  # queued between the last check and the clear: handled as any message now
-                queue.remove(late)
-                self.handle(late)
+            while queue:  # queued between the last check and the clear: handled as any message now
+                self.handle(queue.pop(0))
         return done
 
 

@@ -44,10 +44,16 @@ log = logging.getLogger("fasttomo")
 MANIFEST = "manifest.json"
 LOCK = "reconstruct.lock"
 FORMAT = "fasttomo-run-v1"
+STEP_CHECKPOINTS = "checkpoints/step*.pt"
+"""The output pattern a run records for its periodic checkpoints (run/results.planned_outputs)."""
+STEP_CHECKPOINT_NAME = "checkpoints/step" + "[0-9]" * 7 + ".pt"
+"""What :data:`STEP_CHECKPOINTS` stands for: the trainer's ``step%07d.pt`` and nothing else (a
+user's ``step_best.pt`` beside them is not a run's)."""
+EVENT_FILES = "tb/events.out.tfevents.*"
+"""The output pattern a run records for its TensorBoard files."""
 LEGACY_RESULTS = ("metrics.json", "volume.mrc", "volume.h5", "volume.tif", "volume_xzy.mrc", "config.yaml",
-                  "slices.png", "reconstruct.log", "checkpoints/last.pt", "checkpoints/step*.pt",
-                  "tb/events.out.tfevents.*")
-WORK = ("checkpoints/last.pt", "checkpoints/step" + "[0-9]" * 7 + ".pt", "volume.*", "volume_xzy.mrc")
+                  "slices.png", "reconstruct.log", "checkpoints/last.pt", STEP_CHECKPOINTS, EVENT_FILES)
+WORK = ("checkpoints/last.pt", STEP_CHECKPOINT_NAME, "volume.*", "volume_xzy.mrc")
 """Worth keeping: a run that wrote one did not "just fail" (a user's checkpoints/my.pt is not a run's)."""
 
 
@@ -213,13 +219,6 @@ def _matches(folder: Path, pattern: str) -> list[Path]:
         return [p] if p.is_file() or p.is_symlink() else []
     return sorted(p for p in parent.iterdir()
                   if fnmatch.fnmatchcase(p.name, rel.name) and (p.is_file() or p.is_symlink()))
-
-
-STEP_CHECKPOINTS = "checkpoints/step*.pt"
-STEP_CHECKPOINT_NAME = "checkpoints/step" + "[0-9]" * 7 + ".pt"
-"""What :data:`STEP_CHECKPOINTS` stands for: the trainer's ``step%07d.pt`` and nothing else (a
-user's ``step_best.pt`` beside them is not a run's)."""
-EVENT_FILES = "tb/events.out.tfevents.*"
 
 
 def _own_patterns(pattern: str, run: dict) -> list[str]:

@@ -26,7 +26,7 @@ from fasttomo.quality.plots import fsc_plot, render_fsc, render_line_plot
 from fasttomo.quality.report import (add_to_tensorboard, loss_series, number_text, png_bytes, report_image, save_png,
                                      slice_panel, summary_lines)
 from fasttomo.quality.scoring import pair_fsc, truth_scores
-from fasttomo.run.folder import OutputExistsError, OutputFolderError
+from fasttomo.run.folder import EVENT_FILES, STEP_CHECKPOINTS, OutputExistsError, OutputFolderError
 from fasttomo.run.methods import make_method
 from fasttomo.run.outputs import (OutputWriteError, VolumeFiles, dumps, half_volume_names, rescue,
                                   save_checkpoint_file, slab_planes_of, volume_names, write_failure_message,
@@ -42,7 +42,7 @@ __all__ = ["VolumeFiles", "write_pose_files", "write_volumes"]
 def planned_outputs(cfg: Config) -> list[str]:
     """What a run of ``cfg`` may write into its folder (names or glob patterns), recorded in the
     manifest before anything is written."""
-    names = ["reconstruct.log", "config.yaml", *volume_names(cfg), "checkpoints/last.pt", "checkpoints/step*.pt",
+    names = ["reconstruct.log", "config.yaml", *volume_names(cfg), "checkpoints/last.pt", STEP_CHECKPOINTS,
              "slices.png", "loss.png", "fsc_truth.png", "report.png", "metrics.json"]
     if cfg.output.half_volumes:
         names += [*half_volume_names(cfg, "volume_even"), *half_volume_names(cfg, "volume_odd")]
@@ -53,7 +53,7 @@ def planned_outputs(cfg: Config) -> list[str]:
     if cfg.pose.learn:
         names += ["poses.xf", "poses.tlt", "poses.aln"]
     if cfg.logging.tensorboard:
-        names.append("tb/events.out.tfevents.*")
+        names.append(EVENT_FILES)
     return names
 
 

@@ -191,22 +191,15 @@ def _trailing_bytes_note(path: str, data: np.ndarray, nsymbt: int, notes: list[s
     extra = os.path.getsize(path) - HEADER_BYTES - nsymbt - data.nbytes
     if extra <= 0:
         return notes
-    kept, seen = [], False
-    for note in notes:  # the strict open's failure and the permissive open's warning say the same
-        if "larger than expected" in note:
-            if seen:
-                continue
-            seen = True
-        kept.append(note)
+    said = [i for i, n in enumerate(notes) if "larger than expected" in n]  # the strict and the permissive open
     section = data[0].nbytes if data.ndim == 3 and len(data) else 0
-    if section and extra % section == 0:
-        kept = [n for n in kept if "larger than expected" not in n]
-        kept.append(f"the header says {len(data)} section{'s' * (len(data) != 1)} (nz), but {extra // section} more "
-                    "whole section(s) "
-                    f"follow them in the file ({extra} bytes); only the first {len(data)} are read. If the stack "
-                    f"has {len(data) + extra // section} views, fix nz in the header (IMOD: alterheader -size) and "
-                    "give an angle for each")
-    return kept
+    if not (section and extra % section == 0):
+        return [n for i, n in enumerate(notes) if i not in said[1:]]
+    more = extra // section
+    return [n for i, n in enumerate(notes) if i not in said] + [
+        f"the header says {len(data)} section{'s' * (len(data) != 1)} (nz), but {more} more whole section(s) follow "
+        f"them in the file ({extra} bytes); only the first {len(data)} are read. If the stack has {len(data) + more} "
+        "views, fix nz in the header (IMOD: alterheader -size) and give an angle for each"]
 
 
 def read_mrc(path: str | os.PathLike, key: str = "data.path") -> MrcData:
