@@ -25,10 +25,12 @@ and candidates, which compute the same result another way (checked against the s
 
 at the flagship's points (8192 rays x 200 samples, T = 8, C = 48) on the flagship layout
 (scales 50 / 100 / 200) and on each scale alone, with the gradients a training step asks for
-(planes and frames: need_gm, no dL/dq). CUDA events, medians of ``--repeat``. Prints a table and
-writes benchmarks/results/probe_bwd_knockout-flagship-<device>-<commit>.json.
+(planes and frames: need_gm, no dL/dq). ``--case camera2k`` takes the camera2k step's shape
+instead (8192 rays x 768 samples through a slab a quarter as thick as wide, T = 2, C = 8, scales
+256 / 512 / 1024). CUDA events, medians of ``--repeat``. Prints a table and writes
+benchmarks/results/probe_bwd_knockout-<case>-<device>-<commit>.json.
 
-    python scripts/probe_bwd_knockout.py [--repeat 20] [--out-dir DIR]
+    python scripts/probe_bwd_knockout.py [--case flagship|camera2k] [--repeat 20] [--out-dir DIR]
     python scripts/probe_bwd_knockout.py --cpu-check     # no GPU: every variant through Triton's
                                                          # interpreter on a tiny case
 """
@@ -143,6 +145,22 @@ def variant_module(name: str, source: str, folder: Path):
     return mod
 
 
+def slab_points(B: int, S: int, half_thickness: float, device, gen) -> torch.Tensor:
+    """B rays of S samples each through the slab |z| <= half_thickness of the [-1, 1] box, tilts
+    over +-60 degrees as ``bench_kernels.ray_points`` draws them, each ray's chord wholly inside
+    the box (|u| <= (1 - t |tan th|) cos th), the samples evenly spaced in z with a jitter."""
+    ang = torch.deg2rad(torch.linspace(-60, 60, 61, device=device))
+    th = ang[torch.randint(0, 61, (B,), device=device, generator=gen)]
+    umax = (1 - half_thickness * torch.tan(th).abs()) * torch.cos(th)
+    u = (torch.rand(B, device=device, generator=gen) * 2 - 1) * umax
+    v = torch.rand(B, device=device, generator=gen) * 2 - 1
+    z = (torch.linspace(-1, 1, S, device=device)[None, :]
+         + (torch.rand(B, 1, device=device, generator=gen) - 0.5) * (2 / S)).clamp(-1, 1) * half_thickness
+    x = u[:, None] / torch.cos(th)[:, None] - z * torch.tan(th)[:, None]
+    y = v[:, None].expand(B, S)
+    return torch.stack((x, y, z), dim=-1).reshape(B * S, 3).contiguous()
+
+
 def cpu_check(kp, mods: dict) -> int:
     """Each variant on 128 points along rays (one scale, T = 2) through the interpreter."""
     from bench_kernels import ray_points, rotations
@@ -174,6 +192,7 @@ def cpu_check(kp, mods: dict) -> int:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--case", choices=("flagship", "camera2k"), default="flagship")
     ap.add_argument("--repeat", type=int, default=20)
     ap.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
     ap.add_argument("--check", action="store_true",
@@ -201,11 +220,15 @@ def main() -> int:
 
     dev = torch.device("cuda")
     gen = torch.Generator(device=dev).manual_seed(0)
-    T, C = 8, 48
-    pts = ray_points(8192, 200, dev, gen)
+    if args.case == "flagship":
+        T, C, scales = 8, 48, (50, 100, 200)
+        pts = ray_points(8192, 200, dev, gen)
+    else:
+        T, C, scales = 2, 8, (256, 512, 1024)
+        pts = slab_points(8192, 768, 0.25, dev, gen)
     mats = rotations(T, dev, gen)
-    layouts = {"flagship": PlaneLayout(T, C, ((50,) * 3, (100,) * 3, (200,) * 3))}
-    layouts.update({f"scale{s}": PlaneLayout(T, C, ((s,) * 3,)) for s in (50, 100, 200)})
+    layouts = {args.case: PlaneLayout(T, C, tuple((s,) * 3 for s in scales))}
+    layouts.update({f"scale{s}": PlaneLayout(T, C, ((s,) * 3,)) for s in scales})
     rows = []
     for case, lay in layouts.items():
         planes = torch.randn(lay.numel, device=dev, generator=gen) * 0.5 + 1.0
@@ -226,8 +249,8 @@ def main() -> int:
                 row[f"{name}_err_frames"] = float((gm - ref[2]).norm() / ref[2].norm())
             row[f"{name}_ms"] = statistics.median(cuda_times_ms(call, args.repeat, 3, dev))
         rows.append(row)
-        print(f"{case:<9} fwd {fwd_ms:6.2f} | " + "  ".join(f"{n} {row[f'{n}_ms']:6.2f}" for n in mods), flush=True)
-    path = write_result("probe_bwd_knockout", "flagship", device_name(dev), rows,
+        print(f"{case:<10} fwd {fwd_ms:6.2f} | " + "  ".join(f"{n} {row[f'{n}_ms']:6.2f}" for n in mods), flush=True)
+    path = write_result("probe_bwd_knockout", args.case, device_name(dev), rows,
                         out_dir=Path(args.out_dir) if args.out_dir else None,
                         note="backward ms with need_gm (planes and frames), need_dq off; knockouts' results are wrong "
                              "on purpose, candidates' (sep_pick, unroll2_nocap, stages2_nocap, rows4) are checked "
