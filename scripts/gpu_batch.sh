@@ -21,7 +21,7 @@
 # that way against the Triton texel runs, at scales 50 and 100), camerastep (bench_step camera2k,
 # bf16 and fp32, with its kernels profiled), fusedmlp (probe_fused_mlp at camera2k's shape with the
 # backward's sweep), knockout (probe_bwd_knockout: the texel-run backward's knockouts and candidates),
-# knockcam (the same at the camera2k step's shape),
+# knockcam (the same at the camera2k step's shape, with launch settings for its 8 channels),
 # decoder (the fused decoder's GPU tests: tests/kernels/test_kernels_gpu.py, test_compile_ahead.py
 # and tests/train/test_cuda_graph.py), decoderab (kernels.gpu_decoder cublas against fused, both named: the
 # camera2k step, the fused one profiled, and bench_quality on three specimens).
@@ -166,7 +166,8 @@ for s in "${steps[@]}"; do
     fusedmlp) step fused-mlp python3 scripts/probe_fused_mlp.py --case camera2k --sweep --out-dir "$DIR" ;;
     knockout) step knockout python3 scripts/probe_bwd_knockout.py --out-dir "$DIR" ;;
     knockcam) step knockcam python3 scripts/probe_bwd_knockout.py --case camera2k --repeat 10 \
-                --variants shipped stores no_run_flushes no_pick one_tap unroll2_nocap --out-dir "$DIR" ;;
+                --variants shipped stores no_run_flushes no_pick one_tap unroll2_nocap rows16 rows32 rows32_w2 \
+                rows16_len32 len32 --fwd-block-n 64 128 --out-dir "$DIR" ;;
     decoder) step decoder python3 -m pytest -q -m gpu -p no:cacheprovider -o addopts='' \
                tests/kernels/test_kernels_gpu.py tests/kernels/test_compile_ahead.py tests/train/test_cuda_graph.py ;;
     decoderab)

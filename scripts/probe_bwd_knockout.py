@@ -22,6 +22,9 @@ and candidates, which compute the same result another way (checked against the s
     stages2_nocap    the walk software-pipelined in 2 stages, no register cap (203 registers;
                      both counts from a Triton 3.9 compile for sm_90a on the CPU)
     rows4            4 rows a program instead of 8
+    rows16, rows32, rows32_w2, rows16_len32, len32, rows16_nocap
+                     launch settings for planes of few channels (rows a program, points a row,
+                     warps, register cap)
 
 at the flagship's points (8192 rays x 200 samples, T = 8, C = 48) on the flagship layout
 (scales 50 / 100 / 200) and on each scale alone, with the gradients a training step asks for
@@ -125,6 +128,14 @@ VARIANTS = {
     "unroll2_nocap": (_loop("loop_unroll_factor=2"), 1, {"run_maxnreg": None}, True),
     "stages2_nocap": (_loop("num_stages=2"), 1, {"run_maxnreg": None}, True),
     "rows4": (lambda t: t, 0, {"run_rows": 4}, True),
+    # launch settings for few channels a plane (the camera step's C = 8: a chunk of 8 rows x 8
+    # channels gives the one warp 2 elements a thread)
+    "rows16": (lambda t: t, 0, {"run_rows": 16}, True),
+    "rows32": (lambda t: t, 0, {"run_rows": 32}, True),
+    "rows32_w2": (lambda t: t, 0, {"run_rows": 32, "run_warps": 2}, True),
+    "rows16_len32": (lambda t: t, 0, {"run_rows": 16, "run_len": 32}, True),
+    "len32": (lambda t: t, 0, {"run_len": 32}, True),
+    "rows16_nocap": (lambda t: t, 0, {"run_rows": 16, "run_maxnreg": None}, True),
 }
 
 
@@ -200,6 +211,8 @@ def main() -> int:
     ap.add_argument("--cpu-check", action="store_true",
                     help="run every variant on a tiny case through Triton's interpreter (no GPU): candidates "
                          "must give the shipped kernel's gradients, knockouts other ones")
+    ap.add_argument("--fwd-block-n", type=int, nargs="*", default=[],
+                    help="also time the forward at these points a program (the shipped: 32)")
     ap.add_argument("--out-dir", default=None)
     args = ap.parse_args()
     if args.cpu_check:
@@ -236,6 +249,10 @@ def main() -> int:
         fwd_ms = statistics.median(cuda_times_ms(lambda: kp.kplanes_forward(pts, mats, planes, lay, False),
                                                  args.repeat, 3, dev))
         row = {"variant": case, "forward_ms": fwd_ms}
+        for bn in args.fwd_block_n:
+            tu = kp.KPlanesTuning(fwd_block_n=bn)
+            row[f"forward_bn{bn}_ms"] = statistics.median(cuda_times_ms(
+                lambda tu=tu: kp.kplanes_forward(pts, mats, planes, lay, False, tu), args.repeat, 3, dev))
         ref = None
         for name, mod in mods.items():
             tuning = mod.KPlanesTuning(**VARIANTS[name][2])
