@@ -129,8 +129,8 @@ def test_planning_a_run_imports_no_symbolic_shapes():
     """Collecting a plan runs the launchers on meta tensors; their sums of partial results must not
     reach torch's meta reductions, which import sympy and torch's symbolic shapes (3.1 s of a warm
     H200 run at f89d2a5, where torch compiles their sources), a cost the run has no other use for.
-    The plan of the default run with the frames' gradient, plane TV, volume TV and (bf16) the fused
-    decoder, in a fresh process."""
+    The plan of the default run with the frames' gradient, plane TV, volume TV, the rays' samples
+    and (bf16) the fused decoder, in a fresh process."""
     pytest.importorskip("triton")
     code = r"""
 import json, sys
@@ -141,16 +141,19 @@ lay = PlaneLayout(2, 16, ((8, 8, 8), (16, 16, 16)))
 calls = []
 for bf16 in (True, False):  # bf16 features and planes, and fp32
     jobs = ahead.plan_jobs(lay, 4096, train_out_bf16=bf16, need_dq=True, need_gm=True, plane_tv=True,
-                           volume_tv=((8, 16, 16), True), planes_bf16=bf16, decoder=(48, 32) if bf16 else None)
+                           volume_tv=((8, 16, 16), True), planes_bf16=bf16, decoder=(48, 32) if bf16 else None,
+                           rays=(256, 13))
     calls += ahead._collect(torch.device("cpu"), jobs)
 names = sorted({kernel.__name__ for kernel, *_ in calls if kernel.__name__.startswith("mlp")})
-print(json.dumps({"calls": len(calls), "mlp": names, "sympy": "sympy" in sys.modules,
+rays = sum(kernel.__name__ == "ray_points_kernel" for kernel, *_ in calls)
+print(json.dumps({"calls": len(calls), "mlp": names, "rays": rays, "sympy": "sympy" in sys.modules,
                   "symbolic_shapes": "torch.fx.experimental.symbolic_shapes" in sys.modules}))
 """
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr[-3000:]
     got = json.loads(p.stdout.strip().splitlines()[-1])
     assert got["mlp"] == ["mlp_bwd_kernel", "mlp_fwd_kernel"], got  # the decoder's pair (bf16 plan)
+    assert got["rays"] == 4, got  # 13 samples a ray: point counts of both classes, in each plan
     assert got["calls"] >= 18 and not got["sympy"] and not got["symbolic_shapes"], got
 
 

@@ -168,3 +168,17 @@ def test_the_gpu_decoder_choice_is_checked_and_leaves_the_cpu_decoder_as_it_was(
 
     assert (dispatch._FUSED_MLP_FEATURES, dispatch._FUSED_MLP_HIDDEN) == (mlp.MAX_FEATURES, mlp.HIDDEN)
     assert dispatch.fused_mlp_fits(64, 32) and not dispatch.fused_mlp_fits(65, 32) and not dispatch.fused_mlp_fits(48, 128)
+
+
+def test_ray_samples_on_the_cpu_are_the_geometry_twins():
+    """The door's rays' samples on the CPU: the twin (``segment_samples``), counted as torch."""
+    from fasttomo.geometry.rays import Box, ray_samples, ray_segments
+    from fasttomo.geometry.so3 import rot_y
+
+    box = Box((6, 10, 12))
+    R = rot_y(torch.deg2rad(torch.tensor([-50.0, 0.0, 20.0])))
+    row, col, shift = torch.tensor([1, 5, 9]), torch.tensor([0, 6, 11]), torch.zeros(3, 2)
+    got = dispatch.ray_samples(ray_segments(row, col, R, shift, (10, 12), box, 9), box, 9)
+    ref = ray_samples(row, col, R, shift, (10, 12), box, 9)
+    assert torch.equal(got.points, ref.points) and torch.equal(got.inside, ref.inside) and torch.equal(got.dt, ref.dt)
+    assert dispatch.counters["ray_points"] == {"torch": 1}

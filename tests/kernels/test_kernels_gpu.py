@@ -459,3 +459,54 @@ def test_the_fused_decoder_in_a_captured_step():
     graph.replay()
     torch.cuda.synchronize()
     assert all(torch.equal(a, b) for a, b in zip(static, step()))
+
+
+# ------------------------------------------------------------------------------- the rays' samples
+def _segments(B, S, device, requires_grad=False):
+    from fasttomo.geometry.rays import Box, ray_segments
+    from fasttomo.geometry.so3 import rot_y, rot_z
+
+    gen = torch.Generator(device="cpu").manual_seed(0)
+    box = Box((40, 96, 80))
+    R = (rot_y(torch.deg2rad(torch.rand(B, generator=gen) * 120 - 60))
+         @ rot_z(torch.randn(B, generator=gen) * 0.05)).to(device)
+    shift = (torch.randn(B, 2, generator=gen) * 4).to(device)
+    if requires_grad:
+        shift.requires_grad_()
+    row = torch.randint(0, 96, (B,), generator=gen).to(device)
+    col = torch.randint(-20, 100, (B,), generator=gen).to(device)  # some rays miss the box
+    return ray_segments(row, col, R, shift, (96, 80), box, S), box
+
+
+@pytest.mark.parametrize("S", [768, 37, 1])
+def test_ray_samples_are_the_twins_bits(S):
+    """The fused samples on CUDA: the twin's points and inside mask bit for bit (no contracted
+    multiply-adds, an IEEE division), missed rays and a NaN origin included; the spy says triton."""
+    from fasttomo.geometry.rays import segment_samples
+
+    seg, box = _segments(1000, S, "cuda")
+    seg.origin[int(seg.hit.nonzero()[0])] = float("nan")
+    assert not bool(seg.hit.all())
+    ref = segment_samples(seg, box, S)
+    got = dispatch.ray_samples(seg, box, S)
+    assert dispatch.counters["ray_points"] == {"triton": 1}
+    nan = ref.points.isnan()
+    assert bool(nan.any()) and torch.equal(got.points.isnan(), nan)
+    assert torch.equal(got.points[~nan], ref.points[~nan])
+    assert torch.equal(got.inside, ref.inside) and got.dt is seg.dt
+
+
+def test_ray_samples_with_learned_poses_run_the_twin_even_under_backend_triton():
+    seg, box = _segments(64, 16, "cuda", requires_grad=True)
+    dispatch.configure("triton")
+    got = dispatch.ray_samples(seg, box, 16)
+    assert dispatch.counters["ray_points"] == {"torch": 1} and got.points.requires_grad
+    with torch.no_grad():  # validation: no gradient, the kernel
+        dispatch.ray_samples(seg, box, 16)
+    assert dispatch.counters["ray_points"] == {"torch": 1, "triton": 1}
+
+
+def test_opcheck_ray_points():
+    seg, box = _segments(50, 24, "cuda")
+    _opcheck(torch.ops.fasttomo.ray_points.default,
+             (seg.origin, seg.direction, seg.t_in, seg.dt, seg.hit, list(box.half_extent), 24, 1.00001))

@@ -309,7 +309,34 @@ def _checks():
         got_p = tomo.ray_project(vol, rot, shift, 6, 8, 0.75, int64=big)
         got_b = tomo.voxel_backproject(imgs, rot, shift, 5, 6, 7, int64=big)
         record(f"tomo[int64={big}]", {"project": _rel(got_p, ref_p), "backproject": _rel(got_b, ref_b)})
+    _ray_points(record)
     return out
+
+
+def _ray_points(record):
+    """The rays' samples against the twin, bit for bit: rays that miss the box, a ray with a NaN
+    origin, S and B * S not multiples of the kernel's block."""
+    import torch
+
+    from fasttomo.geometry.rays import INSIDE_TOL, Box, ray_segments, segment_samples
+    from fasttomo.geometry.so3 import rot_y, rot_z
+    from fasttomo.kernels.triton import rays
+
+    box = Box((5, 12, 9))
+    B = 37
+    R = rot_y(torch.deg2rad(torch.rand(B) * 120 - 60)) @ rot_z(torch.randn(B) * 0.1)
+    shift = torch.randn(B, 2) * 3
+    for S in (13, 1, 64):
+        seg = ray_segments(torch.randint(0, 12, (B,)), torch.randint(-4, 14, (B,)), R, shift, (12, 9), box, S)
+        seg.origin[int(seg.hit.nonzero()[0])] = float("nan")  # a ray that hits: its points NaN
+        ref = segment_samples(seg, box, S)
+        pts, inside = rays.ray_points(seg.origin, seg.direction, seg.t_in, seg.dt, seg.hit, box.half_extent, S,
+                                      1.0 + INSIDE_TOL)
+        nan = ref.points.isnan()
+        record(f"ray_points[S{S}]", {
+            "points_differ": float((pts != ref.points)[~nan].sum()) + float(not torch.equal(pts.isnan(), nan)),
+            "inside_differ": float((inside != ref.inside).sum()),
+            "misses_and_nan_present": float(bool(seg.hit.all()) or not bool(nan.any()))})
 
 
 # ------------------------------------------------------------------------------------- pytest side
@@ -321,6 +348,7 @@ NAMES = (
     + [f"plane_tv[{l}]" for l in ("T2_C5_two_scales_aniso", "T1_C3_one_scale", "T3_C16_rect")]
     + [f"volume_tv[{s}-{k}]" for s in ("5x6x7", "2x3x2x5", "2x2x2") for k in ("squared", "l1")]
     + ["tomo[int64=False]", "tomo[int64=True]"]
+    + [f"ray_points[S{s}]" for s in (13, 1, 64)]
     + [f"decoder_mlp[{c}]" for c in ("n300-f20-h32", "n37-f48-h16", "n5-f64-h64")]
     + [f"decoder_mlp_bf16[{c}-{d}]" for c in ("n300-f20-h32", "n45-f64-h64") for d in ("bfloat16", "float32")]
 )

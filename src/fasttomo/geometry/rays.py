@@ -136,10 +136,26 @@ def _half_extent(box: Box, device: torch.device, dtype: torch.dtype) -> torch.Te
     return _half_extent_cache[key]
 
 
-def ray_samples(row: torch.Tensor, col: torch.Tensor, R: torch.Tensor, shift: torch.Tensor,
-                image_hw: tuple[int, int], box: Box, n_samples: int) -> RaySamples:
-    """Midpoint samples of the rays of pixels (row, col) (B,) in views with poses R (B, 3, 3),
-    shift (B, 2) (see the module docstring)."""
+@dataclasses.dataclass
+class RaySegments:
+    """The per-ray part of :func:`ray_samples`: each ray's clipped chord, before its samples."""
+
+    origin: torch.Tensor
+    """(B, 3) the ray's point at t = 0, voxel units (x, y, z)."""
+    direction: torch.Tensor
+    """(B, 3) unit direction."""
+    t_in: torch.Tensor
+    """(B,) where the chord enters the box (0 for rays that miss)."""
+    dt: torch.Tensor
+    """(B,) quadrature step (t_out - t_in) / S (0 for rays that miss)."""
+    hit: torch.Tensor
+    """(B,) bool: the ray crosses the box."""
+
+
+def ray_segments(row: torch.Tensor, col: torch.Tensor, R: torch.Tensor, shift: torch.Tensor,
+                 image_hw: tuple[int, int], box: Box, n_samples: int) -> RaySegments:
+    """The chords through ``box`` of the rays of pixels (row, col) (B,) in views with poses R
+    (B, 3, 3), shift (B, 2), cut into ``n_samples`` cells (see the module docstring)."""
     if n_samples < 1:
         raise ValueError(f"ray_samples: n_samples must be >= 1, got {n_samples}")
     with torch.autocast(device_type=row.device.type, enabled=False):
@@ -165,14 +181,29 @@ def ray_samples(row: torch.Tensor, col: torch.Tensor, R: torch.Tensor, shift: to
         hit = t_out > t_in
         t_in = torch.where(hit, t_in, 0.0)
         t_out = torch.where(hit, t_out, 0.0)
-        dt = (t_out - t_in) / n_samples
+        return RaySegments(origin=origin, direction=direction, t_in=t_in, dt=(t_out - t_in) / n_samples, hit=hit)
+
+
+def segment_samples(seg: RaySegments, box: Box, n_samples: int) -> RaySamples:
+    """The ``n_samples`` midpoint samples of each chord of ``seg``: (B, S, 3) normalized points
+    and the inside mask. ``fasttomo.kernels.dispatch.ray_samples`` computes the same bits in one
+    fused kernel on CUDA; this is its twin."""
+    with torch.autocast(device_type=seg.origin.device.type, enabled=False):
+        dt = seg.dt
         k = torch.arange(n_samples, device=dt.device, dtype=dt.dtype) + 0.5
-        t = t_in.unsqueeze(-1) + k * dt.unsqueeze(-1)  # (B, S)
-        p = origin.unsqueeze(1) + t.unsqueeze(-1) * direction.unsqueeze(1)  # (B, S, 3)
+        t = seg.t_in.unsqueeze(-1) + k * dt.unsqueeze(-1)  # (B, S)
+        p = seg.origin.unsqueeze(1) + t.unsqueeze(-1) * seg.direction.unsqueeze(1)  # (B, S, 3)
         points = box.normalize(p)
-        points = torch.where(hit[:, None, None], points, 0.0)
-        inside = inside_box(points) & hit.unsqueeze(-1)
+        points = torch.where(seg.hit[:, None, None], points, 0.0)
+        inside = inside_box(points) & seg.hit.unsqueeze(-1)
         return RaySamples(points=points, dt=dt, inside=inside)
+
+
+def ray_samples(row: torch.Tensor, col: torch.Tensor, R: torch.Tensor, shift: torch.Tensor,
+                image_hw: tuple[int, int], box: Box, n_samples: int) -> RaySamples:
+    """Midpoint samples of the rays of pixels (row, col) (B,) in views with poses R (B, 3, 3),
+    shift (B, 2) (see the module docstring)."""
+    return segment_samples(ray_segments(row, col, R, shift, image_hw, box, n_samples), box, n_samples)
 
 
 def line_integral(density: torch.Tensor, samples: RaySamples) -> torch.Tensor:

@@ -357,12 +357,13 @@ def volume_tv(volume: torch.Tensor, kind: str = "squared") -> torch.Tensor:
 
 
 def compile_ahead(field, points_per_step: int, *, out_bf16: bool, need_dq: bool, plane_tv: bool,
-                  volume_tv: tuple | None = None) -> int:
+                  volume_tv: tuple | None = None, rays: tuple | None = None) -> int:
     """Start compiling, in background threads, the fused kernels a K-Planes ``field``'s run will
     launch (``kernels/triton/ahead.py``): training calls of ``points_per_step`` points (bf16
     features, and the fused decoder if chosen, when ``out_bf16``; dL/dq when ``need_dq``; the
     frames' gradient when they learn), no-grad calls, the plane TV when ``plane_tv`` and, given
-    ``volume_tv`` = ((D, H, W), l1), the volume TV. The first fused launch waits for them. Returns the number of kernels being
+    ``volume_tv`` = ((D, H, W), l1), the volume TV and, given ``rays`` = (rays a step, samples a
+    ray), the rays' samples. The first fused launch waits for them. Returns the number of kernels being
     compiled: 0 when the fast path is not taken (a CPU field, ``kernels.backend=torch``, no
     Triton) or the field has no plane layout."""
     layout, planes = getattr(field, "layout", None), getattr(field, "plane_data", None)
@@ -374,7 +375,7 @@ def compile_ahead(field, points_per_step: int, *, out_bf16: bool, need_dq: bool,
     jobs = ahead.plan_jobs(layout, int(points_per_step), train_out_bf16=out_bf16, need_dq=need_dq,
                            need_gm=rot is not None and rot.requires_grad, plane_tv=plane_tv, volume_tv=volume_tv,
                            planes_bf16=bool(getattr(field, "planes_bf16", False)),
-                           decoder=_fused_decoder_widths(field) if out_bf16 else None)
+                           decoder=_fused_decoder_widths(field) if out_bf16 else None, rays=rays)
     started = ahead.start(planes.device, jobs, ahead.kernels())
     _ahead["started"] = _ahead["started"] or started > 0
     return started
@@ -433,3 +434,26 @@ def voxel_backproject(images: torch.Tensor, rot: torch.Tensor, shift: torch.Tens
         return torch.ops.fasttomo.voxel_backproject(images.contiguous(), rot.contiguous(),
                                                     shift.contiguous(), z, y, x)
     return reference.voxel_backproject(images, rot, shift, (z, y, x))
+
+
+# ------------------------------------------------------------------------- the rays' samples
+def ray_samples(segments, box, n_samples: int):
+    """The midpoint samples (``geometry.rays.RaySamples``) of ``segments``
+    (``geometry.rays.ray_segments`` of a batch's rays): one fused kernel on CUDA, the same bits as
+    the twin (``geometry.rays.segment_samples``). Forward-only: while the chords need a gradient
+    (the poses learn) the twin runs, under every backend."""
+    from fasttomo.geometry.rays import INSIDE_TOL, RaySamples, segment_samples
+
+    seg = segments
+    tensors = (seg.origin, seg.direction, seg.t_in, seg.dt)
+    if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
+        _note("ray_points", "torch", "the rays need a gradient (learned poses)")
+        return segment_samples(seg, box, n_samples)
+    r = _common_reason(tensors)
+    if r is None and 3 * seg.origin.shape[0] * int(n_samples) > _INT32_MAX:
+        r = "more than 2**31 coordinates in one batch"
+    if _route("ray_points", r):
+        points, inside = torch.ops.fasttomo.ray_points(seg.origin, seg.direction, seg.t_in, seg.dt, seg.hit,
+                                                       list(box.half_extent), int(n_samples), 1.0 + INSIDE_TOL)
+        return RaySamples(points=points, dt=seg.dt, inside=inside)
+    return segment_samples(seg, box, n_samples)

@@ -391,7 +391,8 @@ def compile_ahead(loss: LossConfig, projector: Projector, batch_size: int, preci
         volume_tv = ((side, side, side), loss.volume_tv_kind == "l1")
     need_dq = any(p.requires_grad for p in projector.poses.parameters())
     return dispatch.compile_ahead(field, n, out_bf16=precision.enabled and precision.dtype == torch.bfloat16,
-                                  need_dq=need_dq, plane_tv=bool(loss.plane_tv), volume_tv=volume_tv)
+                                  need_dq=need_dq, plane_tv=bool(loss.plane_tv), volume_tv=volume_tv,
+                                  rays=(batch_size, projector.samples_per_ray))
 
 
 def field_precision(cfg: Config, device: torch.device, field) -> Precision:

@@ -39,6 +39,7 @@ import torch
 
 from fasttomo.kernels.triton import kplanes as kp
 from fasttomo.kernels.triton import mlp
+from fasttomo.kernels.triton import rays as rp
 from fasttomo.kernels.triton import tv
 from fasttomo.kernels.triton.key import cache_folder
 from fasttomo.kernels.triton.launch import COMPILE_ONLY
@@ -230,7 +231,7 @@ def summary() -> dict | None:
 
 def plan_jobs(layout, n_points: int, *, train_out_bf16: bool, need_dq: bool, need_gm: bool,
               plane_tv: bool, volume_tv: tuple | None, planes_bf16: bool = False,
-              decoder: tuple | None = None) -> list:
+              decoder: tuple | None = None, rays: tuple | None = None) -> list:
     """The compile jobs of a field run whose training batch has ``n_points`` points: the
     interpolation's forward as training calls it (bf16 features under bf16 autocast) and its
     backward (the gradient in the features' dtype; dL/dq when the points need a gradient, dL/dM
@@ -239,7 +240,9 @@ def plan_jobs(layout, n_points: int, *, train_out_bf16: bool, need_dq: bool, nee
     TV's pair when ``plane_tv`` and the volume TV's when ``volume_tv`` = (shape, l1); with
     ``planes_bf16`` the interpolation reads a bf16 copy of the planes (the plane TV the planes);
     given ``decoder`` = (F, H), the fused decoder's pair as bf16 training calls it (the no-grad
-    callers run in fp32, where the door takes cuBLAS)."""
+    callers run in fp32, where the door takes cuBLAS); given ``rays`` = (rays a step, samples a
+    ray), the rays' samples for both integer classes of the point count when the samples are not
+    a multiple of 16 (a validation chunk's rays are another count)."""
     T, numel, F = layout.n_rot, layout.numel, layout.n_features
     planes, mats = meta(numel), meta(T, 3, 3)
     sampled = meta(numel, dtype=torch.bfloat16) if planes_bf16 else planes
@@ -266,6 +269,12 @@ def plan_jobs(layout, n_points: int, *, train_out_bf16: bool, need_dq: bool, nee
                             meta(1, H))
         jobs.append(lambda: mlp.mlp_forward(x, w1, b, w2, b, w3, meta(1), True))
         jobs.append(lambda: mlp.mlp_backward(x, meta(n_points), w1, b, w2, b, w3, True))
+    if rays is not None:
+        n_rays, S = (int(v) for v in rays)
+        counts = [n_rays] if S % 16 == 0 else [n_rays, n_rays + 1 if n_rays * S % 16 == 0 else 16]
+        for b in dict.fromkeys(counts):
+            jobs.append(lambda b=b: rp.ray_points(meta(b, 3), meta(b, 3), meta(b), meta(b), meta(b, dtype=torch.bool),
+                                                  (1.0, 1.0, 1.0), S, 1.0))
     if volume_tv is not None:
         shape, l1 = volume_tv
         jobs.append(lambda: tv.volume_tv_forward(meta(*shape), l1))
@@ -277,4 +286,4 @@ def kernels() -> tuple:
     """The JITFunctions ``plan_jobs``' jobs launch."""
     return (kp.kplanes_fwd_kernel, kp.kplanes_bwd_kernel, kp.kplanes_bwd_runs_kernel, tv.plane_tv_fwd_kernel,
             tv.plane_tv_bwd_kernel, tv.volume_tv_fwd_kernel, tv.volume_tv_bwd_kernel, mlp.mlp_fwd_kernel,
-            mlp.mlp_bwd_kernel)
+            mlp.mlp_bwd_kernel, rp.ray_points_kernel)

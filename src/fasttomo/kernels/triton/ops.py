@@ -14,9 +14,9 @@ kernel in its backward; a ``create_graph=True`` backward differentiates the twin
 autocast when the op ran its bf16 kernels (as the door calls it: only under bf16 autocast).
 
 The tomography ops ``fasttomo::ray_project`` and ``fasttomo::voxel_backproject`` (the SIRT
-projector pair) are FORWARD-ONLY: they have a fake registration but no autograd one, and
-``dispatch`` routes any call that would need a gradient (grad mode on and an input requiring it) to
-the pure-torch twin.
+projector pair) and ``fasttomo::ray_points`` (the rays' midpoint samples) are FORWARD-ONLY: they
+have a fake registration but no autograd one, and ``dispatch`` routes any call that would need a
+gradient (grad mode on and an input requiring it) to the pure-torch twin.
 
 The ops are defined with ``torch.library.define`` / ``impl`` (not ``torch.library.custom_op``):
 custom_op wraps each kernel in ``torch._disable_dynamo``, whose first call imports ``torch._dynamo``
@@ -38,6 +38,7 @@ from fasttomo.kernels.counters import count as _count
 from fasttomo.kernels.layout import PlaneLayout
 from fasttomo.kernels.triton import kplanes as _kp
 from fasttomo.kernels.triton import mlp as _mlp
+from fasttomo.kernels.triton import rays as _rays
 from fasttomo.kernels.triton import tomo as _tomo
 from fasttomo.kernels.triton import tv as _tv
 
@@ -316,3 +317,18 @@ def voxel_backproject(images: torch.Tensor, rot: torch.Tensor, shift: torch.Tens
 @_fake("voxel_backproject")
 def _(images, rot, shift, depth, height, width):
     return images.new_empty((depth, height, width), dtype=torch.float32)
+
+
+# ------------------------------------------------------------------------- op 6: the rays' samples
+# Forward-only, like the projectors: with learned poses the door takes the twin.
+@_op("ray_points(Tensor origin, Tensor direction, Tensor t_in, Tensor dt, Tensor hit, float[] half_extent, "
+     "int n_samples, float bound) -> (Tensor, Tensor)")
+def ray_points(origin: torch.Tensor, direction: torch.Tensor, t_in: torch.Tensor, dt: torch.Tensor,
+               hit: torch.Tensor, half_extent: list[float], n_samples: int, bound: float):
+    return _rays.ray_points(origin, direction, t_in, dt, hit, tuple(half_extent), n_samples, bound)
+
+
+@_fake("ray_points")
+def _(origin, direction, t_in, dt, hit, half_extent, n_samples, bound):
+    B = origin.shape[0]
+    return origin.new_empty((B, n_samples, 3)), origin.new_empty((B, n_samples), dtype=torch.bool)

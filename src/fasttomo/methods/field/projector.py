@@ -28,7 +28,8 @@ from torch import nn
 from fasttomo.methods.field import losses
 from fasttomo.config import LossConfig
 from fasttomo.geometry.poses import Poses
-from fasttomo.geometry.rays import Box, line_integral, ray_samples, voxel_grid
+from fasttomo.geometry.rays import Box, line_integral, ray_segments, voxel_grid
+from fasttomo.kernels import dispatch
 from fasttomo.methods.field.intensity import Intensity
 from fasttomo.models.regularizers import PLANE_TV, SUBGRID_NOISE, needs_noise, regularization, subgrid_points
 
@@ -102,7 +103,8 @@ class Projector(nn.Module):
         device_type = tilt.device.type
         with torch.autocast(device_type=device_type, enabled=False):
             rot, shift = self.poses(tilt, row)
-            samples = ray_samples(row, col, rot, shift, self.image_hw, self.box, self.samples_per_ray)
+            segments = ray_segments(row, col, rot, shift, self.image_hw, self.box, self.samples_per_ray)
+            samples = dispatch.ray_samples(segments, self.box, self.samples_per_ray)
         b, s = samples.points.shape[:2]
         points = samples.points.reshape(b * s, 3)
         if extra_points is not None:
