@@ -26,8 +26,8 @@ logged once per (op, path, reason) on logger ``fasttomo.kernels`` and counted in
 ``kernels/counters.py`` so the custom ops count their backward passes without importing this door). Backward passes count as
 ``'<op>_bwd'``: a ``create_graph=True`` backward runs the twin's formula (path ``'torch'``), so
 higher-order autograd is exact. The SIRT projector pair (``ray_project``, ``voxel_backproject``)
-has a forward-only fast path: a call that needs a gradient (grad mode on and an input requiring
-it) runs the twin.
+and the rays' samples (``ray_samples``) have forward-only fast paths: a call that needs a gradient
+(grad mode on and an input requiring it) runs the twin.
 
 Under bf16 autocast (CUDA) the fused interpolation writes bf16 features (fp32 planes and fp32
 accumulation inside); the twin keeps fp32 (grid_sample runs in fp32 under autocast). The fused
