@@ -510,3 +510,38 @@ def test_opcheck_ray_points():
     seg, box = _segments(50, 24, "cuda")
     _opcheck(torch.ops.fasttomo.ray_points.default,
              (seg.origin, seg.direction, seg.t_in, seg.dt, seg.hit, list(box.half_extent), 24, 1.00001))
+
+
+# ------------------------------------------------------------------------------- features and plane TV
+@pytest.mark.parametrize("planes_bf16", [False, True])
+def test_kplanes_tv_in_one_op_matches_the_two(planes_bf16):
+    """The features and plane TV of one op (its backward adds the interpolation's plane gradient to
+    the TV's buffer) against the two ops, under bf16 autocast as a step calls them."""
+    lay = LAYOUTS["T3_C20"]
+    pts = _rays(64, 48, "cuda")
+    M = _rot(3, "cuda").requires_grad_()
+    x = (torch.randn(lay.numel, device="cuda") * 0.5).requires_grad_()
+    g = torch.randn(pts.shape[0], lay.n_features, device="cuda")
+    outs = []
+    for fused in (True, False):
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            if fused:
+                f, tv = dispatch.tilted_kplanes_tv(pts, M, x, lay, planes_bf16)
+            else:
+                f, tv = dispatch.tilted_kplanes(pts, M, x, lay, planes_bf16), dispatch.plane_tv(x, lay)
+        grads = torch.autograd.grad([f, tv], [M, x], [g.to(f.dtype), torch.tensor(2.5, device="cuda")])
+        outs.append((f.float(), tv, *grads))
+    assert dispatch.counters["tilted_kplanes_bwd"] == {"triton": 2} and dispatch.counters["plane_tv_bwd"] == {"triton": 2}
+    for a, b in zip(*outs):
+        assert rel(a, b) < 1e-5, (rel(a, b))
+
+
+def test_opcheck_tilted_kplanes_tv():
+    lay = LAYOUTS["aniso_T2_C5"]
+    res = lay.flat_resolutions
+    pts, M = _rays(16, 8, "cuda").requires_grad_(), _rot(2, "cuda").requires_grad_()
+    x = torch.randn(lay.numel, device="cuda").requires_grad_()
+    _opcheck(torch.ops.fasttomo.tilted_kplanes_tv.default, (pts, M, x, 2, 5, res, False, False))
+    g = torch.randn(pts.shape[0], lay.n_features, device="cuda")
+    _opcheck(torch.ops.fasttomo.tilted_kplanes_tv_bwd.default,
+             (g, torch.tensor(0.3, device="cuda"), pts.detach(), M.detach(), x.detach(), 2, 5, res, True, True, False))

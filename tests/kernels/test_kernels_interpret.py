@@ -310,7 +310,32 @@ def _checks():
         got_b = tomo.voxel_backproject(imgs, rot, shift, 5, 6, 7, int64=big)
         record(f"tomo[int64={big}]", {"project": _rel(got_p, ref_p), "backproject": _rel(got_b, ref_b)})
     _ray_points(record)
+    _kplanes_tv(record, layouts["T2_C5_two_scales_aniso"], rays(3, 11))
     return out
+
+
+def _kplanes_tv(record, lay, pts):
+    """The features and plane TV in one op (its backward adds the interpolation's plane gradient to
+    the TV's buffer) against the two twins, and with only one of its outputs used."""
+    import torch
+
+    from fasttomo.kernels import reference
+
+    res = [v for r in lay.resolutions for v in r]
+    pts = pts.requires_grad_()
+    M = torch.linalg.qr(torch.randn(lay.n_rot, 3, 3))[0].requires_grad_()
+    x = torch.randn(lay.numel).requires_grad_()
+    f, tv = torch.ops.fasttomo.tilted_kplanes_tv(pts, M, x, lay.n_rot, lay.channels, res, False, False)
+    fr, tvr = reference.tilted_kplanes(pts, M, x, lay), reference.plane_tv(x, lay)
+    g, gt = torch.randn_like(fr), torch.tensor(0.7)
+    gg = torch.autograd.grad([f, tv], [pts, M, x], [g, gt], retain_graph=True)
+    gr = torch.autograd.grad([fr, tvr], [pts, M, x], [g, gt], retain_graph=True)
+    errs = {"out": _rel(f, fr), "tv": _rel(tv, tvr), "d_points": _rel(gg[0], gr[0]), "d_matrices": _rel(gg[1], gr[1]),
+            "d_planes": _rel(gg[2], gr[2])}
+    errs["tv_alone"] = _rel(torch.autograd.grad(tv, [x], gt, retain_graph=True)[0],
+                            torch.autograd.grad(tvr, [x], gt, retain_graph=True)[0])
+    errs["features_alone"] = _rel(torch.autograd.grad(f, [x], g)[0], torch.autograd.grad(fr, [x], g)[0])
+    record("kplanes_tv", errs)
 
 
 def _ray_points(record):
@@ -348,7 +373,7 @@ NAMES = (
     + [f"plane_tv[{l}]" for l in ("T2_C5_two_scales_aniso", "T1_C3_one_scale", "T3_C16_rect")]
     + [f"volume_tv[{s}-{k}]" for s in ("5x6x7", "2x3x2x5", "2x2x2") for k in ("squared", "l1")]
     + ["tomo[int64=False]", "tomo[int64=True]"]
-    + [f"ray_points[S{s}]" for s in (13, 1, 64)]
+    + [f"ray_points[S{s}]" for s in (13, 1, 64)] + ["kplanes_tv"]
     + [f"decoder_mlp[{c}]" for c in ("n300-f20-h32", "n37-f48-h16", "n5-f64-h64")]
     + [f"decoder_mlp_bf16[{c}-{d}]" for c in ("n300-f20-h32", "n45-f64-h64") for d in ("bfloat16", "float32")]
 )

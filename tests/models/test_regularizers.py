@@ -89,8 +89,8 @@ def test_regularization_parts_and_weights():
 
 def test_the_sub_grid_evaluated_with_the_rays_gives_the_same_losses_and_gradients():
     """Projector.forward(extra_points=) evaluates the field once for the rays and the volume TV's
-    sub-grid (the trainer's step); predictions, the TV term and every gradient match the two
-    separate evaluations."""
+    sub-grid, and with plane_tv=True also gives the plane TV (the trainer's step); predictions, the
+    TV terms and every gradient match the separate evaluations."""
     from fasttomo.geometry.poses import Poses
     from fasttomo.methods.field.projector import Projector
 
@@ -102,26 +102,31 @@ def test_the_sub_grid_evaluated_with_the_rays_gives_the_same_losses_and_gradient
     tilt, row, col = torch.tensor([0, 1, 2, 2]), torch.tensor([0, 2, 5, 3]), torch.tensor([1, 3, 0, 5])
     noise = torch.rand(4, generator=torch.Generator().manual_seed(5))
     grads = []
-    for merged in (False, True):
+    assert proj.plane_tv_in_forward()
+    for merged in ("no", "sub-grid", "sub-grid and plane TV"):
         proj.zero_grad(set_to_none=True)
-        if merged:
-            pts = proj.tv_points(noise=noise)
-            assert pts.shape == (4, 4, 4, 3)
-            pred, dens = proj(tilt, row, col, pts)
-            assert dens.shape == (4, 4, 4)
-            reg, parts = proj.regularization(noise=noise, tv_density=dens)
-        else:
+        if merged == "no":
             pred = proj(tilt, row, col)
             reg, parts = proj.regularization(noise=noise)
+        else:
+            pts = proj.tv_points(noise=noise)
+            assert pts.shape == (4, 4, 4, 3)
+            with_tv = merged == "sub-grid and plane TV"
+            pred, dens, ptv = proj(tilt, row, col, pts, plane_tv=with_tv)
+            assert dens.shape == (4, 4, 4) and (ptv is not None) == with_tv
+            reg, parts = proj.regularization(noise=noise, tv_density=dens, plane_tv=ptv)
         (pred.square().sum() + reg).backward()
-        grads.append((pred.detach(), parts["volume_tv"].detach(),
+        grads.append((pred.detach(), parts["volume_tv"].detach(), parts["plane_tv"].detach(),
                       [p.grad.clone() for p in proj.parameters() if p.grad is not None]))
-    (p0, tv0, g0), (p1, tv1, g1) = grads
-    torch.testing.assert_close(p1, p0)
-    torch.testing.assert_close(tv1, tv0)
-    assert tv0 > 0 and len(g0) == len(g1) >= 3
-    for a, b in zip(g0, g1):
-        torch.testing.assert_close(b, a)
+    p0, tv0, ptv0, g0 = grads[0]
+    assert tv0 > 0 and ptv0 > 0 and len(g0) >= 3
+    for p1, tv1, ptv1, g1 in grads[1:]:
+        torch.testing.assert_close(p1, p0)
+        torch.testing.assert_close(tv1, tv0)
+        torch.testing.assert_close(ptv1, ptv0)
+        assert len(g1) == len(g0)
+        for a, b in zip(g0, g1):
+            torch.testing.assert_close(b, a)
     # no volume TV term: no sub-grid
     proj.loss = LossConfig(volume_tv=0.0)
     assert proj.tv_points(noise=noise) is None

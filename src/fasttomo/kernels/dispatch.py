@@ -215,6 +215,24 @@ def tilted_kplanes(points: torch.Tensor, matrices: torch.Tensor, plane_data: tor
                                     layout)
 
 
+def tilted_kplanes_tv(points: torch.Tensor, matrices: torch.Tensor, plane_data: torch.Tensor,
+                      layout: PlaneLayout, planes_bf16: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """(``tilted_kplanes``, ``plane_tv``) of the same planes: a training step's features and plane
+    TV. On the fast path one op, whose backward writes the plane TV's gradient and adds the
+    interpolation's to it in place (no zeroed buffer, no second plane-sized gradient for autograd
+    to add); elsewhere, and for calls that need no plane gradient, the two ops."""
+    reason = _why_not_kplanes(points, matrices, plane_data, layout)
+    if reason is None and not (torch.is_grad_enabled() and plane_data.requires_grad):
+        reason = "no plane gradient wanted"
+    if reason is not None:
+        return tilted_kplanes(points, matrices, plane_data, layout, planes_bf16), plane_tv(plane_data, layout)
+    _route("tilted_kplanes", None)
+    _route("plane_tv", None)
+    out_bf16 = torch.is_autocast_enabled("cuda") and torch.get_autocast_dtype("cuda") == torch.bfloat16
+    return torch.ops.fasttomo.tilted_kplanes_tv(points.contiguous(), matrices.contiguous(), plane_data, layout.n_rot,
+                                                layout.channels, layout.flat_resolutions, out_bf16, planes_bf16)
+
+
 def _why_not_cpu_plane_tv(plane_data: torch.Tensor, layout: PlaneLayout) -> Optional[str]:
     """None when the CPU path of plane TV (kernels/cpu.py) can take the input."""
     if _state["backend"] != "auto":

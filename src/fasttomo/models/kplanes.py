@@ -98,11 +98,20 @@ class KPlanesTILTED(nn.Module):
         m = self.sampling_matrices()
         return dispatch.tilted_kplanes(points.to(m.dtype), m, self.plane_data, self.layout, self.planes_bf16)
 
-    def forward(self, points: torch.Tensor) -> torch.Tensor:
-        """Density at normalized points (..., 3) -> (...)."""
+    def forward(self, points: torch.Tensor, plane_tv: bool = False):
+        """Density at normalized points (..., 3) -> (...); with ``plane_tv`` also the planes' TV
+        (:meth:`plane_tv`) from the same call: (density, TV), which a training step's backward
+        takes in one pass on the GPU (``dispatch.tilted_kplanes_tv``)."""
         lead = points.shape[:-1]
-        raw = self.decoder(self.features(points.reshape(-1, 3)))
-        return density_activation(raw, self.activation, self.density_shift).reshape(lead)
+        flat = points.reshape(-1, 3)
+        tv = None
+        if plane_tv:
+            m = self.sampling_matrices()
+            feats, tv = dispatch.tilted_kplanes_tv(flat.to(m.dtype), m, self.plane_data, self.layout, self.planes_bf16)
+        else:
+            feats = self.features(flat)
+        density = density_activation(self.decoder(feats), self.activation, self.density_shift).reshape(lead)
+        return (density, tv) if plane_tv else density
 
     def plane_tv(self) -> torch.Tensor:
         return dispatch.plane_tv(self.plane_data, self.layout)

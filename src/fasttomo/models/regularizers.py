@@ -172,7 +172,8 @@ def subgrid_points(field: nn.Module, loss_cfg: LossConfig, generator: torch.Gene
 
 def regularization(field: nn.Module, loss_cfg: LossConfig, generator: torch.Generator | None = None,
                    noise: torch.Tensor | None = None, tv_density: torch.Tensor | None = None,
-                   plane_tv_scale: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+                   plane_tv_scale: torch.Tensor | None = None, plane_tv: torch.Tensor | None = None
+                   ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Weighted regularization total and its weighted parts ({'plane_tv', 'volume_tv'}, only the
     terms with a positive weight that apply to the field; the parts sum to the total).
 
@@ -181,13 +182,15 @@ def regularization(field: nn.Module, loss_cfg: LossConfig, generator: torch.Gene
     :func:`subgrid_points`, evaluated by the caller) or else :func:`field_volume_tv` on a random
     sub-grid drawn here. ``plane_tv_scale``: a 0-dim tensor multiplying the plane TV weight (the
     :class:`PlaneTVSchedule` factor of the step; a tensor so that a captured graph reads its update).
+    ``plane_tv``: the field's plane TV computed by the caller (``field(points, plane_tv=True)``,
+    whose backward takes it in one pass with the features'), else ``field.plane_tv()`` here.
     """
     parts: dict[str, torch.Tensor] = {}
     if loss_cfg.plane_tv is None:
         raise ValueError("loss.plane_tv is null (chosen from the data when a run is built: fasttomo.run.build); "
                          "give a number, e.g. LossConfig(plane_tv=3e-2), to compute the regularizers directly.")
     if loss_cfg.plane_tv > 0 and hasattr(field, "plane_tv"):
-        parts["plane_tv"] = loss_cfg.plane_tv * field.plane_tv()
+        parts["plane_tv"] = loss_cfg.plane_tv * (field.plane_tv() if plane_tv is None else plane_tv)
         if plane_tv_scale is not None:
             parts["plane_tv"] = parts["plane_tv"] * plane_tv_scale
     if loss_cfg.volume_tv > 0:

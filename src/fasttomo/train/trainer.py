@@ -113,6 +113,7 @@ class Trainer:
         self._plane_tv_factor = 1.0
         self._slices: dict[str, torch.Tensor] | None = None  # central-plane points, see _slice_points
         self._subgrid_noise, self._s3im_noise = projector.noise_sizes(sampler.batch_size)
+        self._plane_tv_in_forward = projector.plane_tv_in_forward()
         self.best: dict | None = None
         """keep_best: {"step", "val", "model"} of the lowest validation loss so far (model: a copy of
         the projector's state on its device)."""
@@ -181,14 +182,15 @@ class Trainer:
         # the volume TV's sub-grid rides along with the rays: one field evaluation per step
         tv_points = self.projector.tv_points(self.reg_generator, noise[:k] if k else None)
         with self.precision.autocast():
-            if tv_points is None:
-                pred, tv_density = self.model(batch.tilt, batch.row, batch.col), None
+            if tv_points is None and not self._plane_tv_in_forward:
+                pred, tv_density, plane_tv = self.model(batch.tilt, batch.row, batch.col), None, None
             else:
-                pred, tv_density = self.model(batch.tilt, batch.row, batch.col, tv_points)
+                pred, tv_density, plane_tv = self.model(batch.tilt, batch.row, batch.col, tv_points,
+                                                        plane_tv=self._plane_tv_in_forward)
         data_parts = self.projector.data_loss(pred, batch, noise[k:] if self._s3im_noise else None)
         with self.precision.autocast():
             reg, parts = self.projector.regularization(self.reg_generator, noise[:k] if k else None, tv_density,
-                                                       self._plane_tv_scale)
+                                                       self._plane_tv_scale, plane_tv)
         loss = reg.float()
         for v in data_parts.values():  # no python sum(): its start value 0 would cost a kernel
             loss = v + loss

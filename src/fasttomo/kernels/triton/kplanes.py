@@ -508,8 +508,11 @@ def backward_strategy(n_points: int, n_rot: int, device: torch.device,
 
 def kplanes_backward(grad: torch.Tensor, points: torch.Tensor, matrices: torch.Tensor,
                      plane_data: torch.Tensor, layout: PlaneLayout, need_dq: bool,
-                     tuning: KPlanesTuning = DEFAULT_TUNING, need_gm: bool = False):
-    """Plane gradients, dL/dq laid out (3, T, N) (N = 0 unless need_dq) and, with need_gm, the
+                     tuning: KPlanesTuning = DEFAULT_TUNING, need_gm: bool = False,
+                     gplanes: torch.Tensor | None = None):
+    """Plane gradients (added to ``gplanes``, a contiguous fp32 buffer of the planes' shape, when
+    given: the plane TV's gradient, so that no zeroed buffer is written and no second gradient
+    added to this one), dL/dq laid out (3, T, N) (N = 0 unless need_dq) and, with need_gm, the
     frame matrices' gradient dL/dM (T, 3, 3) from per-program partial sums added up here in a fixed
     order, so it is deterministic ((0, 3, 3) without need_gm); the strategy from
     ``backward_strategy``. ``plane_data`` may be a bf16 copy (sampled from, as in
@@ -520,7 +523,8 @@ def kplanes_backward(grad: torch.Tensor, points: torch.Tensor, matrices: torch.T
     F = layout.n_features
     strategy = backward_strategy(N, T, device_of(points), tuning)
     bc = _block_c(C)
-    gplanes = torch.zeros(plane_data.shape, device=plane_data.device, dtype=torch.float32)
+    if gplanes is None:
+        gplanes = torch.zeros(plane_data.shape, device=plane_data.device, dtype=torch.float32)
     dq = torch.empty((3, T, N if need_dq else 0), device=points.device, dtype=torch.float32)
     per_program = tuning.run_rows * tuning.run_len if strategy == "runs" else tuning.pairs_block_n
     n_prog = triton.cdiv(N, per_program)

@@ -79,6 +79,11 @@ class Projector(nn.Module):
             parts["s3im"] = lc.s3im * losses.s3im(pred, batch.target, batch.weight, s3im_noise)
         return parts
 
+    def plane_tv_in_forward(self) -> bool:
+        """Whether a training step asks :meth:`forward` for the plane TV (a K-Planes field with a
+        positive loss.plane_tv): the features' and the TV's backward then run as one pass."""
+        return bool(self.loss.plane_tv) and self.loss.plane_tv > 0 and hasattr(self.field, "plane_tv")
+
     def tv_points(self, generator: torch.Generator | None = None, noise: torch.Tensor | None = None
                   ) -> torch.Tensor | None:
         """The volume TV's random sub-grid (n, n, n, 3) for this step, or None when the field has
@@ -87,19 +92,22 @@ class Projector(nn.Module):
         return subgrid_points(self.field, self.loss, generator, noise)
 
     def regularization(self, generator: torch.Generator | None = None, noise: torch.Tensor | None = None,
-                       tv_density: torch.Tensor | None = None, plane_tv_scale: torch.Tensor | None = None
-                       ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+                       tv_density: torch.Tensor | None = None, plane_tv_scale: torch.Tensor | None = None,
+                       plane_tv: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """The field's weighted regularizers (plane TV, volume TV) and their total; ``tv_density``:
         the field on :meth:`tv_points` (else the sub-grid is drawn and evaluated here);
-        ``plane_tv_scale``: the plane TV schedule's factor of the step (0-dim tensor)."""
-        return regularization(self.field, self.loss, generator, noise, tv_density, plane_tv_scale)
+        ``plane_tv_scale``: the plane TV schedule's factor of the step (0-dim tensor);
+        ``plane_tv``: the planes' TV from :meth:`forward` (else computed here)."""
+        return regularization(self.field, self.loss, generator, noise, tv_density, plane_tv_scale, plane_tv)
 
     def forward(self, tilt: torch.Tensor, row: torch.Tensor, col: torch.Tensor,
-                extra_points: torch.Tensor | None = None):
+                extra_points: torch.Tensor | None = None, plane_tv: bool = False):
         """Predicted measurements (B,) fp32 for pixels (tilt, row, col): the line integrals,
         through the intensity model when there is one. With ``extra_points`` (..., 3) normalized
-        xyz, the field is evaluated there in the same call and ``(predicted, density there)`` is
-        returned (one field evaluation per step for the rays and the volume TV's sub-grid)."""
+        xyz the field is evaluated there in the same call (one field evaluation per step for the
+        rays and the volume TV's sub-grid), and with ``plane_tv`` a K-Planes field's plane TV comes
+        from the same call (its backward in one pass with the features'); either returns
+        ``(predicted, density at extra_points or None, plane TV or None)``."""
         device_type = tilt.device.type
         with torch.autocast(device_type=device_type, enabled=False):
             rot, shift = self.poses(tilt, row)
@@ -109,14 +117,18 @@ class Projector(nn.Module):
         points = samples.points.reshape(b * s, 3)
         if extra_points is not None:
             points = torch.cat((points, extra_points.reshape(-1, 3).to(points.dtype)))
-        out = self.field(points)
+        tv = None
+        if plane_tv and hasattr(self.field, "plane_tv"):
+            out, tv = self.field(points, plane_tv=True)
+        else:
+            out = self.field(points)
         density = out[:b * s].reshape(b, s)
         with torch.autocast(device_type=device_type, enabled=False):
             integral = line_integral(density.float(), samples) / self.length_unit
             pred = integral if self.intensity is None else self.intensity(integral, tilt)
-        if extra_points is None:
+        if extra_points is None and not plane_tv:
             return pred
-        return pred, out[b * s:].reshape(extra_points.shape[:-1])
+        return pred, (None if extra_points is None else out[b * s:].reshape(extra_points.shape[:-1])), tv
 
     def density(self, points: torch.Tensor) -> torch.Tensor:
         """Density per voxel length (target units) at normalized points (N, 3), fp32."""
