@@ -22,6 +22,9 @@ import triton.language as tl
 from fasttomo.kernels.triton.launch import launch
 
 RAY_POINTS_BLOCK = 1024
+RAY_POINTS_OPTIONS = {"num_warps": 4, "enable_fp_fusion": False}
+"""The launch's compile options: no multiply-add contracted into one rounding (the twin rounds
+each product and sum)."""
 
 
 @triton.jit
@@ -64,5 +67,5 @@ def ray_points(origin: torch.Tensor, direction: torch.Tensor, t_in: torch.Tensor
     hx, hy, hz = (float(h) for h in half_extent)
     launch(ray_points_kernel, (triton.cdiv(n, RAY_POINTS_BLOCK),), origin, direction, t_in, dt,
            hit.view(torch.int8), points, inside.view(torch.int8), n, S, hx, hy, hz, float(bound),
-           BLOCK=RAY_POINTS_BLOCK, num_warps=4, enable_fp_fusion=False)
+           BLOCK=RAY_POINTS_BLOCK, **RAY_POINTS_OPTIONS)
     return points, inside
