@@ -21,7 +21,8 @@
 # that way against the Triton texel runs, at scales 50 and 100), camerastep (bench_step camera2k,
 # bf16 and fp32, with its kernels profiled), fusedmlp (probe_fused_mlp at camera2k's shape with the
 # backward's sweep), knockout (probe_bwd_knockout: the texel-run backward's knockouts and candidates),
-# knockcam (the same at the camera2k step's shape, with launch settings for its 8 channels),
+# knockcam (the same at the camera2k step's shape, with launch settings for its 8 channels), camerabf16
+# (bench_step camera2k, bf16 only, unprofiled: a quick A/B with base-camerabf16),
 # decoder (the fused decoder's GPU tests: tests/kernels/test_kernels_gpu.py, test_compile_ahead.py
 # and tests/train/test_cuda_graph.py), decoderab (kernels.gpu_decoder cublas against fused, both named: the
 # camera2k step, the fused one profiled, and bench_quality on three specimens).
@@ -165,6 +166,7 @@ for s in "${steps[@]}"; do
                   --profile 3 ;;
     fusedmlp) step fused-mlp python3 scripts/probe_fused_mlp.py --case camera2k --sweep --out-dir "$DIR" ;;
     knockout) step knockout python3 scripts/probe_bwd_knockout.py --out-dir "$DIR" ;;
+    camerabf16) step camerabf16 python3 scripts/bench_step.py --case camera2k --variants triton-bf16 ;;
     knockcam) step knockcam python3 scripts/probe_bwd_knockout.py --case camera2k --repeat 10 \
                 --variants shipped stores no_run_flushes no_pick one_tap unroll2_nocap rows16 rows32 rows32_w2 \
                 rows16_len32 len32 --fwd-block-n 64 128 --out-dir "$DIR" ;;
@@ -179,7 +181,7 @@ for s in "${steps[@]}"; do
         --methods field-default --variant cublas=kernels.gpu_decoder=cublas --variant fused=kernels.gpu_decoder=fused \
         --out-dir "$DIR" ;;
     *) echo "STEP $s unknown (kernels, step, run, runpyc, camera, camera16, quality, suite, imports, smem," \
-         "camerastep, fusedmlp, knockout, knockcam, decoder, decoderab; base-STEP)" >> "$DIR/batch.log" ;;
+         "camerastep, fusedmlp, knockout, knockcam, camerabf16, decoder, decoderab; base-STEP)" >> "$DIR/batch.log" ;;
   esac
 done
 echo DONE >> "$DIR/batch.log"
