@@ -350,9 +350,10 @@ def build(cfg: Config, ts: TiltSeries, *, rank: int = 0, world_size: int = 1, lo
         # Its only buffers (tilt angles, reference mask) are constants built identically on every
         # rank, so the per-forward buffer broadcast is skipped (one collective less per step).
         # Every trainable parameter gets a gradient each step (frozen ones are not trainable and
-        # DDP ignores them), so find_unused_parameters stays off. The regularizer runs on the
-        # unwrapped field outside DDP's forward; that is safe: it joins the same backward, so each
-        # parameter's AccumulateGrad (where DDP's hook fires) sees data + regularizer gradients.
+        # DDP ignores them), so find_unused_parameters stays off. The plane TV comes from DDP's
+        # forward with the features; the other regularizers run on the unwrapped field outside it,
+        # which is safe: they join the same backward, so each parameter's AccumulateGrad (where
+        # DDP's hook fires) sees data + regularizer gradients.
         import inspect
 
         no_buffer_sync = ({"forward_sync_buffers": False} if "forward_sync_buffers" in inspect.signature(DDP).parameters

@@ -260,9 +260,12 @@ def _kptv_backward(ctx, grad, grad_tv):
                if need]
         out = reference.tilted_kplanes(points, matrices,
                                        reference.bf16_planes(plane_data) if planes_bf16 else plane_data, layout)
-        tv = reference.plane_tv(plane_data, layout)
-        got = torch.autograd.grad([out, tv], [t for _, t in wrt], [grad.to(out.dtype), grad_tv.to(tv.dtype)],
-                                  create_graph=True, allow_unused=True)
+        outs, grads = [out], [grad.to(out.dtype)]
+        if need_x:  # the TV depends on the planes alone
+            tv = reference.plane_tv(plane_data, layout)
+            outs.append(tv)
+            grads.append(grad_tv.to(tv.dtype))
+        got = torch.autograd.grad(outs, [t for _, t in wrt], grads, create_graph=True, allow_unused=True)
         res = [None, None, None]
         for (i, t), g in zip(wrt, got):
             res[i] = torch.zeros_like(t) if g is None else g
