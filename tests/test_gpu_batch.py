@@ -46,7 +46,7 @@ def test_start_returns_and_poll_copies_the_folder(tmp_path):
         res = _batch(["poll", "60"], tmp_path / "b", OUT=str(out))
         assert res.returncode == 0 and res.stdout.splitlines()[-1] == "DONE"
         known = ("kernels, step, run, runpyc, camera, camera16, quality, suite, imports, smem, camerastep, fusedmlp, "
-                 "knockout, knockcam, camerabf16, decoder, decoderab; base-STEP")
+                 "knockout, knockcam, camerabf16, decoder, decoderab, fusionab; base-STEP")
         assert f"STEP nosuchstep unknown ({known})" in res.stdout
     assert (out / "batch.log").read_text().count("BEGIN") == 1
     assert len(list((tmp_path / "b").glob("batch-*.log"))) == 1
@@ -78,7 +78,7 @@ def test_a_base_step_runs_in_the_other_tree(tmp_path):
     log says what it needs."""
     tree = tmp_path / "other"
     (tree / "scripts").mkdir(parents=True)
-    (tree / "scripts" / "gpu_batch.sh").write_text(SCRIPT.read_text().replace("camerabf16, decoder, decoderab;", "camerabf16, OTHER;"))
+    (tree / "scripts" / "gpu_batch.sh").write_text(SCRIPT.read_text().replace("decoder, decoderab, fusionab;", "decoder, OTHER;"))
     res = _batch(["run", "base-nosuchstep"], tmp_path / "b", FASTTOMO_COMMIT="abc1234", GPU_BATCH_BASE=str(tree),
                  GPU_BATCH_BASE_COMMIT="def5678")
     assert res.returncode == 0, res.stderr

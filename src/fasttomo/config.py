@@ -904,6 +904,10 @@ class KernelsConfig:
     step 10.8 ms against 14.0 with cublas on an H100, the same quality; docs/kernels.md, "The camera
     step") or cublas (torch's GEMMs and elementwise kernels). fp32 and fp16 runs, wider decoders
     and kernels.backend=torch use cuBLAS either way."""
+    step_fusion: bool = False
+    """On a GPU, two fusions of the training step (docs/kernels.md, "The door"): the rays' samples
+    in one kernel, and the features' and plane TV's backward into one buffer. Off until measured on
+    a GPU; the same results either way (the samples bit for bit)."""
 
     def __post_init__(self) -> None:
         _choice(self.backend, ("auto", "triton", "torch"), "kernels.backend")

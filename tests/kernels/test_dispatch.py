@@ -182,3 +182,20 @@ def test_ray_samples_on_the_cpu_are_the_geometry_twins():
     ref = ray_samples(row, col, R, shift, (10, 12), box, 9)
     assert torch.equal(got.points, ref.points) and torch.equal(got.inside, ref.inside) and torch.equal(got.dt, ref.dt)
     assert dispatch.counters["ray_points"] == {"torch": 1}
+
+
+def test_the_step_fusions_are_off_unless_configured():
+    """kernels.step_fusion (off by default): the run's config reaches the door, and with it off
+    the features and plane TV are the two ops (counted as such), on every device."""
+    from fasttomo.config import KernelsConfig
+    from fasttomo.kernels.layout import PlaneLayout
+
+    assert KernelsConfig().step_fusion is False
+    lay = PlaneLayout(1, 2, ((3, 3, 3),))
+    x = torch.randn(lay.numel, requires_grad=True)
+    f, tv = dispatch.tilted_kplanes_tv(torch.rand(5, 3) * 2 - 1, torch.eye(3)[None], x, lay)
+    assert f.shape == (5, lay.n_features) and tv.dim() == 0
+    assert set(dispatch.counters) == {"tilted_kplanes", "plane_tv"}
+    assert dispatch.configure("auto", step_fusion=True) == "auto" and dispatch._state["step_fusion"] is True
+    dispatch.configure("auto")
+    assert dispatch._state["step_fusion"] is False

@@ -484,6 +484,7 @@ def test_ray_samples_are_the_twins_bits(S):
     multiply-adds, an IEEE division), missed rays and a NaN origin included; the spy says triton."""
     from fasttomo.geometry.rays import segment_samples
 
+    dispatch.configure("auto", step_fusion=True)
     seg, box = _segments(1000, S, "cuda")
     seg.origin[int(seg.hit.nonzero()[0])] = float("nan")
     assert not bool(seg.hit.all())
@@ -498,7 +499,7 @@ def test_ray_samples_are_the_twins_bits(S):
 
 def test_ray_samples_with_learned_poses_run_the_twin_even_under_backend_triton():
     seg, box = _segments(64, 16, "cuda", requires_grad=True)
-    dispatch.configure("triton")
+    dispatch.configure("triton", step_fusion=True)
     got = dispatch.ray_samples(seg, box, 16)
     assert dispatch.counters["ray_points"] == {"torch": 1} and got.points.requires_grad
     with torch.no_grad():  # validation: no gradient, the kernel
@@ -517,6 +518,7 @@ def test_opcheck_ray_points():
 def test_kplanes_tv_in_one_op_matches_the_two(planes_bf16):
     """The features and plane TV of one op (its backward adds the interpolation's plane gradient to
     the TV's buffer) against the two ops, under bf16 autocast as a step calls them."""
+    dispatch.configure("auto", step_fusion=True)
     lay = LAYOUTS["T3_C20"]
     pts = _rays(64, 48, "cuda")
     M = _rot(3, "cuda").requires_grad_()

@@ -53,7 +53,7 @@ BACKENDS = ("auto", "triton", "torch")
 INSTALL_HINT = ("Triton comes with the CUDA builds of torch on Linux (pip install torch); on its own: "
                 "pip install triton")
 
-_state = {"backend": "auto", "gpu_decoder": "cublas"}
+_state = {"backend": "auto", "gpu_decoder": "cublas", "step_fusion": False}
 GPU_DECODERS = ("cublas", "fused")
 counters = _spy.counters  # the spy's table (kernels/counters.py), same dict object
 _logged: set = set()
@@ -67,23 +67,25 @@ class KernelUnavailableError(RuntimeError):
     """kernels.backend=triton was asked for but the fast path cannot take this input."""
 
 
-def configure(backend: str = "auto", gpu_decoder: str = "cublas") -> str:
-    """Set the kernel backend and the GPU decoder (call when building the model/trainer, with
-    ``kernels.backend`` and ``kernels.gpu_decoder`` of the run's config, whose default is
-    ``fused``; this function's own default, ``cublas``, is for code that calls the door outside a
-    run, such as the kernel benchmarks). Returns the backend in force."""
+def configure(backend: str = "auto", gpu_decoder: str = "cublas", step_fusion: bool = False) -> str:
+    """Set the kernel backend, the GPU decoder and the step's fusions (call when building the
+    model/trainer, with ``kernels.backend``, ``kernels.gpu_decoder`` and ``kernels.step_fusion`` of
+    the run's config, whose decoder default is ``fused``; this function's own default, ``cublas``,
+    is for code that calls the door outside a run, such as the kernel benchmarks). Returns the
+    backend in force."""
     if backend not in BACKENDS:
         raise ValueError(f"kernels.backend must be one of {list(BACKENDS)}, got {backend!r}.")
     if gpu_decoder not in GPU_DECODERS:
         raise ValueError(f"kernels.gpu_decoder must be one of {list(GPU_DECODERS)}, got {gpu_decoder!r}.")
     _state["backend"] = backend
     _state["gpu_decoder"] = gpu_decoder
+    _state["step_fusion"] = bool(step_fusion)
     _logged.clear()
     if backend == "triton" and _load_ops() is None:
         raise KernelUnavailableError(
             f"kernels.backend=triton but the Triton kernels cannot load ({_ops_error}). "
             f"{INSTALL_HINT}; or set kernels.backend=auto to run the pure-torch twins.")
-    log.info("kernels: backend=%s, gpu_decoder=%s", backend, gpu_decoder)
+    log.info("kernels: backend=%s, gpu_decoder=%s, step_fusion=%s", backend, gpu_decoder, bool(step_fusion))
     return backend
 
 
@@ -220,8 +222,11 @@ def tilted_kplanes_tv(points: torch.Tensor, matrices: torch.Tensor, plane_data: 
     """(``tilted_kplanes``, ``plane_tv``) of the same planes: a training step's features and plane
     TV. On the fast path one op, whose backward writes the plane TV's gradient and adds the
     interpolation's to it in place (no zeroed buffer, no second plane-sized gradient for autograd
-    to add); elsewhere, and for calls that need no plane gradient, the two ops."""
+    to add) when ``configure(step_fusion=True)``; elsewhere, and for calls that need no plane
+    gradient, the two ops."""
     reason = _why_not_kplanes(points, matrices, plane_data, layout)
+    if reason is None and not _state["step_fusion"]:
+        reason = "kernels.step_fusion=false"
     if reason is None and not (torch.is_grad_enabled() and plane_data.requires_grad):
         reason = "no plane gradient wanted"
     if reason is not None:
@@ -393,7 +398,8 @@ def compile_ahead(field, points_per_step: int, *, out_bf16: bool, need_dq: bool,
     jobs = ahead.plan_jobs(layout, int(points_per_step), train_out_bf16=out_bf16, need_dq=need_dq,
                            need_gm=rot is not None and rot.requires_grad, plane_tv=plane_tv, volume_tv=volume_tv,
                            planes_bf16=bool(getattr(field, "planes_bf16", False)),
-                           decoder=_fused_decoder_widths(field) if out_bf16 else None, rays=rays)
+                           decoder=_fused_decoder_widths(field) if out_bf16 else None,
+                           rays=rays if _state["step_fusion"] else None)
     started = ahead.start(planes.device, jobs, ahead.kernels())
     _ahead["started"] = _ahead["started"] or started > 0
     return started
@@ -458,14 +464,18 @@ def voxel_backproject(images: torch.Tensor, rot: torch.Tensor, shift: torch.Tens
 def ray_samples(segments, box, n_samples: int):
     """The midpoint samples (``geometry.rays.RaySamples``) of ``segments``
     (``geometry.rays.ray_segments`` of a batch's rays): one fused kernel on CUDA, the same bits as
-    the twin (``geometry.rays.segment_samples``). Forward-only: while the chords need a gradient
-    (the poses learn) the twin runs, under every backend."""
+    the twin (``geometry.rays.segment_samples``), when ``configure(step_fusion=True)``.
+    Forward-only: while the chords need a gradient (the poses learn) the twin runs, under every
+    backend."""
     from fasttomo.geometry.rays import INSIDE_TOL, RaySamples, segment_samples
 
     seg = segments
     tensors = (seg.origin, seg.direction, seg.t_in, seg.dt)
-    if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
-        _note("ray_points", "torch", "the rays need a gradient (learned poses)")
+    why = None if _state["step_fusion"] else "kernels.step_fusion=false"
+    if why is None and torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
+        why = "the rays need a gradient (learned poses)"
+    if why is not None:
+        _note("ray_points", "torch", why)
         return segment_samples(seg, box, n_samples)
     r = _common_reason(tensors)
     if r is None and 3 * seg.origin.shape[0] * int(n_samples) > _INT32_MAX:

@@ -320,7 +320,7 @@ def build(cfg: Config, ts: TiltSeries, *, rank: int = 0, world_size: int = 1, lo
     if cfg.kernels.backend == "triton" and device.type != "cuda":
         raise ConfigError(f"kernels.backend=triton: the fused kernels need a CUDA device, but this run is on "
                           f"{device}; use kernels=auto (fused where possible) or kernels=torch.")
-    dispatch.configure(cfg.kernels.backend, gpu_decoder=cfg.kernels.gpu_decoder)
+    dispatch.configure(cfg.kernels.backend, gpu_decoder=cfg.kernels.gpu_decoder, step_fusion=cfg.kernels.step_fusion)
     box = reconstruction_box(cfg, ts)
     torch.manual_seed(cfg.runtime.seed)
     field = build_field(cfg.model, box).to(device)  # no host copy (1 GB at 4096^2) beside the estimates below

@@ -196,7 +196,7 @@ def _prepare(cfg: Config, ts, box, device: torch.device) -> _Prepared:
     from fasttomo.kernels import dispatch
     from fasttomo.quality.metrics import FOREGROUND_REL
 
-    dispatch.configure(cfg.kernels.backend, gpu_decoder=cfg.kernels.gpu_decoder)
+    dispatch.configure(cfg.kernels.backend, gpu_decoder=cfg.kernels.gpu_decoder, step_fusion=cfg.kernels.step_fusion)
     bg, bg_desc = background_of(cfg, ts)
     stack = torch.empty(ts.stack.shape, dtype=torch.float32, device=device)
     for i in range(ts.n_tilts):  # a view at a time, on the device: no float64 copy of the stack on the host
