@@ -907,7 +907,8 @@ class KernelsConfig:
     step_fusion: bool = False
     """On a GPU, two fusions of the training step (docs/kernels.md, "The door"): the rays' samples
     in one kernel, and the features' and plane TV's backward into one buffer. Off until measured on
-    a GPU; the same results either way (the samples bit for bit)."""
+    a GPU. The same computation either way: the samples are the twin's bits (checked through
+    Triton's interpreter), the plane gradients differ by the order of their sums."""
 
     def __post_init__(self) -> None:
         _choice(self.backend, ("auto", "triton", "torch"), "kernels.backend")
