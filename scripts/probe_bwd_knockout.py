@@ -270,7 +270,7 @@ def main() -> int:
     path = write_result("probe_bwd_knockout", args.case, device_name(dev), rows,
                         out_dir=Path(args.out_dir) if args.out_dir else None,
                         note="backward ms with need_gm (planes and frames), need_dq off; knockouts' results are wrong "
-                             "on purpose, candidates' (sep_pick, unroll2_nocap, stages2_nocap, rows4) are checked "
+                             "on purpose, candidates' (sep_pick, unroll2_nocap, stages2_nocap and the launch settings rows*, len32) are checked "
                              "against the shipped kernel (err_*)")
     print(f"wrote {path}")
     return 0
