@@ -148,12 +148,15 @@ def _fit_halves(run, parts: dict) -> dict | None:
         hcfg = dc.replace(cfg, resume=None, runtime=dc.replace(cfg.runtime, seed=cfg.runtime.seed + 1 + parity),
                           logging=dc.replace(cfg.logging, tensorboard=False, progress=False, checkpoint_every=0),
                           evaluation=dc.replace(cfg.evaluation, curve_every=0))
+        if run.resumable:  # from here a Ctrl-C is said as the halves' stop (the build below takes a while)
+            run.stop.phase = "halves"
         log.info("half sets: reconstructing the %s views (%d of %d)", name, parts[name].n_tilts, run.ts.n_tilts)
         method = make_method(hcfg, parts.pop(name), None, dc.replace(place, out_dir=None))
         stoppable = getattr(method, "trainer", None) is not None and run.resumable  # alike on every rank
         if stoppable:
             method.trainer.stop = run.stop  # polled; its fit keeps its quiet log lines (no phases of its own)
-            run.stop.phase = "halves"
+        else:
+            run.stop.phase = "saving"
         method.fit()
         run.stop.phase = "saving"
         if stoppable and run.stop.agreed():  # collective: every rank stops, or none
