@@ -116,34 +116,55 @@ def _kp_setup(ctx, inputs, output):
     ctx.n_inputs = len(inputs)
 
 
-def _kp_backward(ctx, grad):
+def _twin_grads(ctx, grad: torch.Tensor, grad_tv: torch.Tensor | None = None) -> list:
+    """A create_graph backward of the interpolation (and, given ``grad_tv``, of the plane TV of the
+    same planes): exact higher-order autograd through the twins. [d points, d matrices, d planes],
+    None where not needed."""
     points, matrices, plane_data = ctx.saved_tensors
     n_rot, channels, resolutions, planes_bf16 = ctx.cfg
+    layout = _layout(n_rot, channels, resolutions)
     need_p, need_m, need_x = ctx.needs_input_grad[:3]
+    _count("tilted_kplanes_bwd", "torch")
+    wrt = [(i, t) for i, (t, need) in enumerate(((points, need_p), (matrices, need_m), (plane_data, need_x))) if need]
+    out = reference.tilted_kplanes(points, matrices, reference.bf16_planes(plane_data) if planes_bf16 else plane_data,
+                                   layout)
+    outs, grads = [out], [grad.to(out.dtype)]
+    if grad_tv is not None:
+        _count("plane_tv_bwd", "torch")
+        if need_x:  # the TV depends on the planes alone
+            tv = reference.plane_tv(plane_data, layout)
+            outs.append(tv)
+            grads.append(grad_tv.to(tv.dtype))
+    got = torch.autograd.grad(outs, [t for _, t in wrt], grads, create_graph=True, allow_unused=True)
+    res = [None, None, None]
+    for (i, t), g in zip(wrt, got):
+        res[i] = torch.zeros_like(t) if g is None else g
+    return res
+
+
+def _kernel_grads(ctx, gplanes: torch.Tensor, dq: torch.Tensor, gm: torch.Tensor) -> list:
+    """[d points, d matrices, d planes] from the backward kernels' results, None where not needed.
+    dq (3, T, N) is there only for the points' gradient; the matrices' gradient (sum over N of
+    dq p^T) comes from per-program partial sums of the kernel (an N-long einsum over dq ran on a
+    single GEMM tile: 0.105 ms of a 1.57 ms small128 step)."""
+    _, matrices, plane_data = ctx.saved_tensors
+    need_p, need_m, need_x = ctx.needs_input_grad[:3]
+    return [torch.einsum("itn,tij->nj", dq, matrices) if need_p else None,
+            gm.to(matrices.dtype) if need_m else None,
+            gplanes.to(plane_data.dtype) if need_x else None]
+
+
+def _kp_backward(ctx, grad):
     rest = (None,) * (ctx.n_inputs - 3)
-    if torch.is_grad_enabled():
-        # create_graph backward: exact higher-order autograd through the twin
-        _count("tilted_kplanes_bwd", "torch")
-        wrt = [(i, t) for i, (t, need) in enumerate(((points, need_p), (matrices, need_m),
-                                                     (plane_data, need_x))) if need]
-        out = reference.tilted_kplanes(points, matrices,
-                                       reference.bf16_planes(plane_data) if planes_bf16 else plane_data,
-                                       _layout(n_rot, channels, resolutions))
-        got = torch.autograd.grad(out, [t for _, t in wrt], grad.to(out.dtype), create_graph=True,
-                                  allow_unused=True)
-        res = [None, None, None]
-        for (i, t), g in zip(wrt, got):
-            res[i] = torch.zeros_like(t) if g is None else g
-        return (res[0], res[1], res[2], *rest)
+    if torch.is_grad_enabled():  # create_graph backward
+        return (*_twin_grads(ctx, grad), *rest)
+    points, matrices, plane_data = ctx.saved_tensors
+    n_rot, channels, resolutions, planes_bf16 = ctx.cfg
+    need_p, need_m = ctx.needs_input_grad[:2]
     _count("tilted_kplanes_bwd", "triton")
-    # dq (3, T, N) only for the points' gradient; the matrices' gradient (sum over N of dq p^T)
-    # comes from per-program partial sums of the kernel (an N-long einsum over dq ran on a single
-    # GEMM tile: 0.105 ms of a 1.57 ms small128 step)
     gplanes, dq, gm = torch.ops.fasttomo.tilted_kplanes_bwd(grad, points, matrices, _sampled(plane_data, planes_bf16),
                                                             n_rot, channels, resolutions, bool(need_p), bool(need_m))
-    gp = torch.einsum("itn,tij->nj", dq, matrices) if need_p else None
-    gm = gm.to(matrices.dtype) if need_m else None
-    return (gp, gm, (gplanes.to(plane_data.dtype) if need_x else None), *rest)
+    return (*_kernel_grads(ctx, gplanes, dq, gm), *rest)
 
 
 torch.library.register_autograd("fasttomo::tilted_kplanes", _kp_backward, setup_context=_kp_setup, lib=_LIB)
@@ -248,36 +269,19 @@ def _kptv_setup(ctx, inputs, output):
 def _kptv_backward(ctx, grad, grad_tv):
     points, matrices, plane_data = ctx.saved_tensors
     n_rot, channels, resolutions, planes_bf16 = ctx.cfg
-    need_p, need_m, need_x = ctx.needs_input_grad[:3]
+    need_p, need_m = ctx.needs_input_grad[:2]
+    rest = (None,) * 5
     if grad is None:
         grad = points.new_zeros((points.shape[0], _layout(n_rot, channels, resolutions).n_features))
     grad_tv = torch.zeros((), device=points.device, dtype=torch.float32) if grad_tv is None else grad_tv
-    if torch.is_grad_enabled():  # create_graph: exact higher-order autograd through the twins
-        _count("tilted_kplanes_bwd", "torch")
-        _count("plane_tv_bwd", "torch")
-        layout = _layout(n_rot, channels, resolutions)
-        wrt = [(i, t) for i, (t, need) in enumerate(((points, need_p), (matrices, need_m), (plane_data, need_x)))
-               if need]
-        out = reference.tilted_kplanes(points, matrices,
-                                       reference.bf16_planes(plane_data) if planes_bf16 else plane_data, layout)
-        outs, grads = [out], [grad.to(out.dtype)]
-        if need_x:  # the TV depends on the planes alone
-            tv = reference.plane_tv(plane_data, layout)
-            outs.append(tv)
-            grads.append(grad_tv.to(tv.dtype))
-        got = torch.autograd.grad(outs, [t for _, t in wrt], grads, create_graph=True, allow_unused=True)
-        res = [None, None, None]
-        for (i, t), g in zip(wrt, got):
-            res[i] = torch.zeros_like(t) if g is None else g
-        return (res[0], res[1], res[2], None, None, None, None, None)
+    if torch.is_grad_enabled():  # create_graph backward
+        return (*_twin_grads(ctx, grad, grad_tv), *rest)
     _count("tilted_kplanes_bwd", "triton")
     _count("plane_tv_bwd", "triton")
     gplanes, dq, gm = torch.ops.fasttomo.tilted_kplanes_tv_bwd(grad, grad_tv, points, matrices, plane_data, n_rot,
                                                                channels, resolutions, bool(need_p), bool(need_m),
                                                                planes_bf16)
-    gp = torch.einsum("itn,tij->nj", dq, matrices) if need_p else None
-    gm = gm.to(matrices.dtype) if need_m else None
-    return (gp, gm, (gplanes.to(plane_data.dtype) if need_x else None), None, None, None, None, None)
+    return (*_kernel_grads(ctx, gplanes, dq, gm), *rest)
 
 
 torch.library.register_autograd("fasttomo::tilted_kplanes_tv", _kptv_backward, setup_context=_kptv_setup, lib=_LIB)
