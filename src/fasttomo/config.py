@@ -904,11 +904,12 @@ class KernelsConfig:
     step 10.8 ms against 14.0 with cublas on an H100, the same quality; docs/kernels.md, "The camera
     step") or cublas (torch's GEMMs and elementwise kernels). fp32 and fp16 runs, wider decoders
     and kernels.backend=torch use cuBLAS either way."""
-    step_fusion: bool = False
+    step_fusion: bool = True
     """On a GPU, two fusions of the training step (docs/kernels.md, "The door"): the rays' samples
-    in one kernel, and the features' and plane TV's backward into one buffer. Off until measured on
-    a GPU. The same computation either way: the samples are the twin's bits (checked through
-    Triton's interpreter), the plane gradients differ by the order of their sums."""
+    in one kernel, and the features' and plane TV's backward into one buffer (the camera2k bf16
+    step 10.11 ms against 10.83 without on an H100). The same computation either way: the samples
+    are the twin's bits, the plane gradients differ by the order of their sums. false: the
+    separate ops."""
 
     def __post_init__(self) -> None:
         _choice(self.backend, ("auto", "triton", "torch"), "kernels.backend")

@@ -185,12 +185,13 @@ def test_ray_samples_on_the_cpu_are_the_geometry_twins():
 
 
 def test_the_step_fusions_are_off_unless_configured():
-    """kernels.step_fusion (off by default): the run's config reaches the door, and with it off
-    the features and plane TV are the two ops (counted as such), on every device."""
+    """kernels.step_fusion (a run's default on, the door's off until a run configures it): the
+    run's config reaches the door, and with it off the features and plane TV are the two ops
+    (counted as such), on every device."""
     from fasttomo.config import KernelsConfig
     from fasttomo.kernels.layout import PlaneLayout
 
-    assert KernelsConfig().step_fusion is False
+    assert KernelsConfig().step_fusion is True
     lay = PlaneLayout(1, 2, ((3, 3, 3),))
     x = torch.randn(lay.numel, requires_grad=True)
     f, tv = dispatch.tilted_kplanes_tv(torch.rand(5, 3) * 2 - 1, torch.eye(3)[None], x, lay)
