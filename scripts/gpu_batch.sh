@@ -21,7 +21,8 @@
 # that way against the Triton texel runs, at scales 50 and 100), camerastep (bench_step camera2k,
 # bf16 and fp32, with its kernels profiled), fusedmlp (probe_fused_mlp at camera2k's shape with the
 # backward's sweep), knockout (probe_bwd_knockout: the texel-run backward's knockouts and candidates),
-# knockcam (the same at the camera2k step's shape, with launch settings for its 8 channels), camerabf16
+# knockcam (the same at the camera2k step's shape, with launch settings for its 8 channels), knockrows
+# (at that shape the shipped rows per scale against 8 and 16 rows everywhere), camerabf16
 # (bench_step camera2k, bf16 only, unprofiled: a quick A/B with base-camerabf16), fusionab (the camera2k
 # bf16 step with kernels.step_fusion off and on, the second profiled, and the fusions' GPU tests),
 # decoder (the fused decoder's GPU tests: tests/kernels/test_kernels_gpu.py, test_compile_ahead.py
@@ -181,6 +182,8 @@ for s in "${steps[@]}"; do
       step quality-decoder python3 scripts/bench_quality.py --cases clean128 cell128_d20 catalyst128_d200 \
         --methods field-default --variant cublas=kernels.gpu_decoder=cublas --variant fused=kernels.gpu_decoder=fused \
         --out-dir "$DIR" ;;
+    knockrows) step knockrows python3 scripts/probe_bwd_knockout.py --case camera2k --repeat 10 \
+                 --variants shipped rows8 rows16 rows16_nocap unroll2_nocap --out-dir "$DIR" ;;
     fusionab)
       step step-camera2k-fusion-off python3 scripts/bench_step.py --case camera2k --variants triton-bf16 \
         --extra kernels.step_fusion=false --label fusionoff
@@ -189,7 +192,7 @@ for s in "${steps[@]}"; do
       step fusion-tests python3 -m pytest -q -m gpu -p no:cacheprovider -o addopts='' \
         tests/kernels/test_kernels_gpu.py -k "ray or kplanes_tv" ;;
     *) echo "STEP $s unknown (kernels, step, run, runpyc, camera, camera16, quality, suite, imports, smem," \
-         "camerastep, fusedmlp, knockout, knockcam, camerabf16, decoder, decoderab, fusionab; base-STEP)" >> "$DIR/batch.log" ;;
+         "camerastep, fusedmlp, knockout, knockcam, knockrows, camerabf16, decoder, decoderab, fusionab; base-STEP)" >> "$DIR/batch.log" ;;
   esac
 done
 echo DONE >> "$DIR/batch.log"

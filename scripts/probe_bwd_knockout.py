@@ -22,9 +22,10 @@ and candidates, which compute the same result another way (checked against the s
     stages2_nocap    the walk software-pipelined in 2 stages, no register cap (203 registers;
                      both counts from a Triton 3.9 compile for sm_90a on the CPU)
     rows4            4 rows a program instead of 8
-    rows16, rows32, rows32_w2, rows16_len32, len32, rows16_nocap
+    rows8, rows16, rows32, rows32_w2, rows16_len32, len32, rows16_nocap
                      launch settings for planes of few channels (rows a program, points a row,
-                     warps, register cap)
+                     warps, register cap), each for every scale (the shipped tuning takes 16 rows
+                     for scales of C <= 16 and planes up to 512 a side: KPlanesTuning)
 
 at the flagship's points (8192 rays x 200 samples, T = 8, C = 48) on the flagship layout
 (scales 50 / 100 / 200) and on each scale alone, with the gradients a training step asks for
@@ -127,15 +128,17 @@ VARIANTS = {
     "sep_pick": (_sep_pick, 4, {}, True),
     "unroll2_nocap": (_loop("loop_unroll_factor=2"), 1, {"run_maxnreg": None}, True),
     "stages2_nocap": (_loop("num_stages=2"), 1, {"run_maxnreg": None}, True),
-    "rows4": (lambda t: t, 0, {"run_rows": 4}, True),
+    "rows4": (lambda t: t, 0, {"run_rows": 4, "few_channel_rows": 0}, True),
     # launch settings for few channels a plane (the camera step's C = 8: a chunk of 8 rows x 8
-    # channels gives the one warp 2 elements a thread)
-    "rows16": (lambda t: t, 0, {"run_rows": 16}, True),
-    "rows32": (lambda t: t, 0, {"run_rows": 32}, True),
-    "rows32_w2": (lambda t: t, 0, {"run_rows": 32, "run_warps": 2}, True),
-    "rows16_len32": (lambda t: t, 0, {"run_rows": 16, "run_len": 32}, True),
-    "len32": (lambda t: t, 0, {"run_len": 32}, True),
-    "rows16_nocap": (lambda t: t, 0, {"run_rows": 16, "run_maxnreg": None}, True),
+    # channels gives the one warp 2 elements a thread), each for every scale (few_channel_rows 0);
+    # rows8 is the shipped tuning before few_channel_rows
+    "rows8": (lambda t: t, 0, {"few_channel_rows": 0}, True),
+    "rows16": (lambda t: t, 0, {"run_rows": 16, "few_channel_rows": 0}, True),
+    "rows32": (lambda t: t, 0, {"run_rows": 32, "few_channel_rows": 0}, True),
+    "rows32_w2": (lambda t: t, 0, {"run_rows": 32, "run_warps": 2, "few_channel_rows": 0}, True),
+    "rows16_len32": (lambda t: t, 0, {"run_rows": 16, "run_len": 32, "few_channel_rows": 0}, True),
+    "len32": (lambda t: t, 0, {"run_len": 32, "few_channel_rows": 0}, True),
+    "rows16_nocap": (lambda t: t, 0, {"run_rows": 16, "run_maxnreg": None, "few_channel_rows": 0}, True),
 }
 
 

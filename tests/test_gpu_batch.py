@@ -46,7 +46,7 @@ def test_start_returns_and_poll_copies_the_folder(tmp_path):
         res = _batch(["poll", "60"], tmp_path / "b", OUT=str(out))
         assert res.returncode == 0 and res.stdout.splitlines()[-1] == "DONE"
         known = ("kernels, step, run, runpyc, camera, camera16, quality, suite, imports, smem, camerastep, fusedmlp, "
-                 "knockout, knockcam, camerabf16, decoder, decoderab, fusionab; base-STEP")
+                 "knockout, knockcam, knockrows, camerabf16, decoder, decoderab, fusionab; base-STEP")
         assert f"STEP nosuchstep unknown ({known})" in res.stdout
     assert (out / "batch.log").read_text().count("BEGIN") == 1
     assert len(list((tmp_path / "b").glob("batch-*.log"))) == 1

@@ -25,12 +25,17 @@ def _rel(a, b) -> float:
 
 def _texel_runs(errs, g, pts, M, x, lay, res, gr):
     """The "runs" backward (texel runs) for several row shapes (each a frozen KPlanesTuning passed
-    down); plane and point gradients against the twin."""
+    down), the last with 4 rows for the scales of planes at most 6 texels a side and 2 for the
+    others (each scale's partial sums of dL/dM in its own slots); plane and point gradients
+    against the twin."""
     import torch
 
     from fasttomo.kernels.triton import kplanes as kp
-    for rows, run in ((4, 4), (2, 8), (16, 16)):
-        tuning = kp.KPlanesTuning(backward="runs", run_rows=rows, run_len=run, run_warps=1)
+    for rows, run, few in ((4, 4, 0), (2, 8, 0), (16, 16, 0), (2, 8, 4)):
+        tuning = kp.KPlanesTuning(backward="runs", run_rows=rows, run_len=run, run_warps=1,
+                                  few_channel_rows=few, few_channel_max_res=6)
+        if few:
+            run = f"{run}few{few}"
         gp, dq, gm = kp.kplanes_backward(g, pts.detach(), M.detach(), x.detach(), lay, True, tuning,
                                          need_gm=True)
         errs[f"d_planes_runs{rows}x{run}"] = _rel(gp, gr[2])

@@ -36,6 +36,12 @@ def test_kernel_tuning_is_a_frozen_argument():
         kp.KPlanesTuning(backward="scan")
     with pytest.raises(ValueError, match="power of two"):
         kp.KPlanesTuning(run_rows=6)
+    with pytest.raises(ValueError, match="few_channel_rows must be a power of two"):
+        kp.KPlanesTuning(few_channel_rows=12)
+    # rows per scale: 16 for few channels and planes up to 512 a side, run_rows elsewhere; 0 turns it off
+    tu = kp.KPlanesTuning()
+    assert (tu.rows(8, 256), tu.rows(8, 512), tu.rows(8, 1024), tu.rows(48, 200), tu.rows(16, 512)) == (16, 16, 8, 8, 16)
+    assert kp.KPlanesTuning(few_channel_rows=0).rows(8, 256) == 8
     # no module-level knobs left to setattr
     assert not [n for n in vars(kp) if n.isupper() and not n.startswith("_") and n != "BACKWARDS"
                 and n != "DEFAULT_TUNING"]

@@ -452,6 +452,14 @@ class KPlanesTuning:
     """"runs": warps per program."""
     run_maxnreg: int | None = 168
     """"runs": register cap per thread (None: the compiler's choice)."""
+    few_channel_rows: int = 16
+    """"runs": rows per program, instead of ``run_rows``, for a scale of few channels (C <= 16)
+    whose planes are at most ``few_channel_max_res`` texels a side (0: ``run_rows`` everywhere).
+    At the camera2k step's shape (C = 8) on an H100, 16 rows took the backward of its scales 256
+    and 512 from 1.63 and 1.74 ms to 1.22 and 1.36, and that of its scale 1024 from 2.23 to 2.32
+    (docs/kernels.md, "The camera step")."""
+    few_channel_max_res: int = 512
+    """The largest plane side that takes ``few_channel_rows``."""
     min_programs_per_sm: int = 16
     """A texel-run program walks its points one after another; with few programs (the embedded
     default: 49 k points, T = 2 -> 768 one-warp programs on 132 SMs) that serial walk is exposed.
@@ -460,12 +468,20 @@ class KPlanesTuning:
     def __post_init__(self) -> None:
         if self.backward not in BACKWARDS:
             raise ValueError(f"KPlanesTuning.backward must be one of {BACKWARDS}, got {self.backward!r}")
-        for name in ("run_rows", "run_len"):
+        for name in ("run_rows", "run_len", "few_channel_rows"):
             v = getattr(self, name)
-            if v < 1 or v & (v - 1):
+            if (v < 1 and not (name == "few_channel_rows" and v == 0)) or v & (v - 1):
                 raise ValueError(f"KPlanesTuning.{name} must be a power of two, got {v}")
         if self.pairs_block_n < 2 or self.pairs_block_n & (self.pairs_block_n - 1):
             raise ValueError(f"KPlanesTuning.pairs_block_n must be a power of two >= 2, got {self.pairs_block_n}")
+
+
+    def rows(self, channels: int, side: int) -> int:
+        """"runs": rows per program for a scale of ``channels`` channels whose largest plane side
+        is ``side`` texels."""
+        if self.few_channel_rows and channels <= 16 and side <= self.few_channel_max_res:
+            return self.few_channel_rows
+        return self.run_rows
 
 
 DEFAULT_TUNING = KPlanesTuning()
@@ -526,20 +542,23 @@ def kplanes_backward(grad: torch.Tensor, points: torch.Tensor, matrices: torch.T
     if gplanes is None:
         gplanes = torch.zeros(plane_data.shape, device=plane_data.device, dtype=torch.float32)
     dq = torch.empty((3, T, N if need_dq else 0), device=points.device, dtype=torch.float32)
-    per_program = tuning.run_rows * tuning.run_len if strategy == "runs" else tuning.pairs_block_n
-    n_prog = triton.cdiv(N, per_program)
+    scales = list(layout.scales())
+    per_program = [tuning.rows(C, max(s[1:4])) * tuning.run_len if strategy == "runs" else tuning.pairs_block_n
+                   for s in scales]
+    n_progs = [triton.cdiv(N, n) for n in per_program]
+    first = [sum(n_progs[:i]) for i in range(len(scales))]  # each scale's first slot
     # one slot of 9 partial sums per (scale, program, t), each written by one program
-    partials = torch.empty((layout.n_scales * n_prog if need_gm else 0, T, 9), device=points.device,
+    partials = torch.empty((sum(n_progs) if need_gm else 0, T, 9), device=points.device,
                            dtype=torch.float32)
     if N == 0:
         return gplanes, dq, torch.zeros((T if need_gm else 0, 3, 3), device=points.device, dtype=torch.float32)
     grad = grad.contiguous()  # autograd may hand an expanded (stride-0) gradient
-    for l, rx, ry, rz, oxy, oxz, oyz in layout.scales():
-        common = (grad, points, matrices, plane_data, gplanes, dq, T * N, partials, l * n_prog, N, F,
+    for (l, rx, ry, rz, oxy, oxz, oyz), per in zip(scales, per_program):
+        common = (grad, points, matrices, plane_data, gplanes, dq, T * N, partials, first[l], N, F,
                   l * T * C, oxy, oxz, oyz, rx, ry, rz)
         flags = dict(NEED_DQ=need_dq, ACCUM_DQ=l > 0, NEED_GM=need_gm, NEED_S=need_dq or need_gm)
         if strategy == "runs":
-            rows, run = tuning.run_rows, tuning.run_len
+            rows, run = per // tuning.run_len, tuning.run_len
             extra = {"maxnreg": int(tuning.run_maxnreg)} if tuning.run_maxnreg else {}
             launch(kplanes_bwd_runs_kernel, (triton.cdiv(N, rows * run), T), *common, T=T, C=C, ROWS=rows,
                    RUN=run, BLOCK_C=bc, num_warps=tuning.run_warps, **flags, **extra)
