@@ -49,7 +49,7 @@ log = logging.getLogger("fasttomo.kernels")
 MAX_THREADS = 8
 """Compile threads at most (also at most the CPUs this process may use, less one)."""
 
-_pending: dict = {"pool": None, "futures": [], "t0": 0.0, "done_s": None, "waited_s": None, "kernels": 0,
+_pending: dict = {"pool": None, "futures": [], "t0": 0.0, "done_s": None, "waited_s": None, "kernels": 0, "failed": [],
                   "marker": None, "cached": False}
 _lock = threading.Lock()
 
@@ -96,18 +96,18 @@ def _collect(device: torch.device, jobs: list, classes: list | None = None) -> l
     return list(collector.calls.values())
 
 
-def _compile(device: torch.device, call) -> tuple[float, bool]:
-    """(when it ended, whether it compiled)."""
+def _compile(device: torch.device, call) -> tuple[float, str | None]:
+    """(when it ended, None when it compiled, else what failed: the kernel, the error)."""
     kernel, grid, args, kwargs = call
     try:
         with torch.cuda.device(device):
             compiled = kernel.warmup(*args, grid=grid, **kwargs)
     except Exception as exc:  # noqa: BLE001  (the launch compiles it again and reports a real problem)
-        log.debug("kernels: compiling %s ahead failed: %s: %s", getattr(kernel, "__name__", kernel),
-                  type(exc).__name__, exc)
-        return time.perf_counter(), False
+        why = f"{getattr(kernel, '__name__', kernel)}: {type(exc).__name__}: {str(exc)[:300]}"
+        log.debug("kernels: compiling %s ahead failed", why)
+        return time.perf_counter(), why
     _build_launcher(compiled)
-    return time.perf_counter(), True
+    return time.perf_counter(), None
 
 
 def _build_launcher(compiled) -> None:
@@ -191,12 +191,12 @@ def start(device: torch.device, jobs: list, kernels=()) -> int:
             return 0
         marker = plan_marker(device, classes)
         if marker is not None and os.path.exists(marker):  # compiled by an earlier run: load at first use
-            _pending.update(done_s=0.0, waited_s=0.0, kernels=len(calls), marker=marker, cached=True)
+            _pending.update(done_s=0.0, waited_s=0.0, kernels=len(calls), marker=marker, cached=True, failed=[])
             return 0
         _touch(kernels, device)
         pool = ThreadPoolExecutor(_threads(len(calls)), thread_name_prefix="fasttomo-compile")
         _pending.update(pool=pool, t0=t0, done_s=None, waited_s=None, kernels=len(calls), marker=marker,
-                        cached=False)
+                        cached=False, failed=[])
         _pending["futures"] = [pool.submit(_compile, device, call) for call in calls]
     return len(calls)
 
@@ -215,18 +215,22 @@ def wait() -> None:
         pool.shutdown(wait=True)
         now = time.perf_counter()
         _pending.update(pool=None, futures=[], done_s=max((e for e, _ in results), default=now) - _pending["t0"],
-                        waited_s=now - t)
-        if results and all(ok for _, ok in results):
+                        waited_s=now - t, failed=[why for _, why in results if why is not None])
+        if results and not _pending["failed"]:
             _leave_marker(_pending["marker"])
 
 
 def summary() -> dict | None:
-    """The last pool's kernels, its seconds from start to its last job's end, and how long the main
-    thread waited for it (for the run's timeline), or None when no pool ran."""
+    """The last pool's kernels, its seconds from start to its last job's end, how long the main
+    thread waited for it and, where some failed (they compile at their first launch instead, and
+    no marker is left), what failed (for the run's timeline); None when no pool ran."""
     if _pending["done_s"] is None:
         return None
-    return {"kernels": _pending["kernels"], "seconds": round(_pending["done_s"], 3),
-            "waited_s": round(_pending["waited_s"], 3), "cached": _pending["cached"]}
+    out = {"kernels": _pending["kernels"], "seconds": round(_pending["done_s"], 3),
+           "waited_s": round(_pending["waited_s"], 3), "cached": _pending["cached"]}
+    if _pending["failed"]:
+        out["failed"] = list(_pending["failed"])
+    return out
 
 
 def plan_jobs(layout, n_points: int, *, train_out_bf16: bool, need_dq: bool, need_gm: bool,
