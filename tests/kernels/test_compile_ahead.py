@@ -149,6 +149,27 @@ def test_a_pool_whose_compiles_fail_says_which_and_leaves_no_marker(monkeypatch,
     assert not list(tmp_path.glob("fasttomo-ahead-*.done"))
 
 
+def test_every_pointer_of_a_plan_is_a_tensor():
+    """Each planned launch hands its kernel a tensor for every ``*_ptr`` parameter and a number for
+    the others: the plan of a bf16 run with every job (the decoder's jobs once read a name the
+    rays' loop had rebound to an integer, so the pool failed to compile them, silently)."""
+    pytest.importorskip("triton")
+    from fasttomo.kernels.layout import PlaneLayout
+    from fasttomo.kernels.triton import ahead
+
+    lay = PlaneLayout(2, 8, ((8, 8, 8), (16, 16, 16)))
+    jobs = ahead.plan_jobs(lay, 4096, train_out_bf16=True, need_dq=True, need_gm=True, plane_tv=True,
+                           volume_tv=((8, 16, 16), False), planes_bf16=True, decoder=(32, 32), rays=(256, 13))
+    calls = ahead._collect(torch.device("cpu"), jobs)
+    names = {kernel.__name__ for kernel, *_ in calls}
+    assert {"mlp_fwd_kernel", "mlp_bwd_kernel", "ray_points_kernel", "plane_tv_bwd_kernel"} <= names, names
+    for kernel, _, args, _ in calls:
+        params = kernel.arg_names[:len(args)]
+        wrong = [(p, type(a).__name__) for p, a in zip(params, args)
+                 if p.endswith("_ptr") != isinstance(a, torch.Tensor)]
+        assert not wrong, (kernel.__name__, wrong)
+
+
 def test_planning_a_run_imports_no_symbolic_shapes():
     """Collecting a plan runs the launchers on meta tensors; their sums of partial results must not
     reach torch's meta reductions, which import sympy and torch's symbolic shapes (3.1 s of a warm

@@ -269,16 +269,18 @@ def plan_jobs(layout, n_points: int, *, train_out_bf16: bool, need_dq: bool, nee
         jobs.append(lambda: tv.plane_tv_backward(meta(), planes, layout))
     if decoder is not None:
         F_in, H = decoder
-        x, w1, b, w2, w3 = (meta(n_points, F_in, dtype=torch.bfloat16), meta(H, F_in), meta(H), meta(H, H),
-                            meta(1, H))
-        jobs.append(lambda: mlp.mlp_forward(x, w1, b, w2, b, w3, meta(1), True))
-        jobs.append(lambda: mlp.mlp_backward(x, meta(n_points), w1, b, w2, b, w3, True))
+        x, w1, bias, w2, w3 = (meta(n_points, F_in, dtype=torch.bfloat16), meta(H, F_in), meta(H), meta(H, H),
+                               meta(1, H))
+        # each job binds its tensors now (a job runs after this function has rebound its names)
+        jobs.append(lambda x=x, w1=w1, b=bias, w2=w2, w3=w3: mlp.mlp_forward(x, w1, b, w2, b, w3, meta(1), True))
+        jobs.append(lambda x=x, w1=w1, b=bias, w2=w2, w3=w3: mlp.mlp_backward(x, meta(n_points), w1, b, w2, b, w3,
+                                                                             True))
     if rays is not None:
         n_rays, S = (int(v) for v in rays)
         counts = [n_rays] if S % 16 == 0 else [n_rays, n_rays + 1 if n_rays * S % 16 == 0 else 16]
-        for b in dict.fromkeys(counts):
-            jobs.append(lambda b=b: rp.ray_points(meta(b, 3), meta(b, 3), meta(b), meta(b), meta(b, dtype=torch.bool),
-                                                  (1.0, 1.0, 1.0), S, 1.0))
+        for count in dict.fromkeys(counts):
+            jobs.append(lambda c=count: rp.ray_points(meta(c, 3), meta(c, 3), meta(c), meta(c), meta(c, dtype=torch.bool),
+                                                      (1.0, 1.0, 1.0), S, 1.0))
     if volume_tv is not None:
         shape, l1 = volume_tv
         jobs.append(lambda: tv.volume_tv_forward(meta(*shape), l1))
