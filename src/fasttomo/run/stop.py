@@ -25,8 +25,12 @@ DDP_CHECK_EVERY = 10
 _NAMES = {signal.SIGINT: "SIGINT", signal.SIGTERM: "SIGTERM"}
 
 
-class RunInterrupted(Exception):
-    """The run was stopped by a signal; ``exit_code`` is 128 + the signal number."""
+class RunInterrupted(BaseException):
+    """The run was stopped by a signal; ``exit_code`` is 128 + the signal number. A BaseException,
+    as KeyboardInterrupt is: raised wherever the main thread is when the signal comes, it must not
+    be taken for the failure of the code it lands in by an ``except Exception`` there (a
+    best-effort import that would fall back, a header parser that would call the file corrupt,
+    logging's emit that would print it and go on)."""
 
     def __init__(self, signum: int, message: str):
         super().__init__(message)
