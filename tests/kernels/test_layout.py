@@ -42,6 +42,28 @@ def test_kernel_tuning_is_a_frozen_argument():
     tu = kp.KPlanesTuning()
     assert (tu.rows(8, 256), tu.rows(8, 512), tu.rows(8, 1024), tu.rows(48, 200), tu.rows(16, 512)) == (16, 16, 8, 8, 16)
     assert kp.KPlanesTuning(few_channel_rows=0).rows(8, 256) == 8
+
+
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
+def test_a_scale_takes_more_rows_only_where_programs_stay_plenty(monkeypatch):
+    """16 rows a program halve the programs: a scale takes them only where the launch keeps
+    min_programs_per_sm programs an SM (a 132-SM device stands in here), so a problem just large
+    enough for texel runs at 8 rows keeps 8 rows."""
+    import types
+
+    import torch
+
+    from fasttomo.kernels.triton import kplanes as kp
+
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda d=None: types.SimpleNamespace(multi_processor_count=132))
+    cuda = torch.device("cuda")
+    camera = 8192 * 768  # the camera2k step's points, T = 2, C = 8
+    assert [kp.scale_rows(camera, 2, 8, side, cuda) for side in (256, 512, 1024)] == [16, 16, 8]
+    assert kp.scale_rows(camera, 2, 48, 256, cuda) == 8  # many channels: 8 rows
+    edge = 16 * 132 * 128 // 2  # 16 programs an SM at 8 rows of 16 points, T = 2
+    assert kp.backward_strategy(edge, 2, cuda) == "runs" and kp.scale_rows(edge, 2, 8, 256, cuda) == 8
+    assert kp.backward_strategy(edge - 128, 2, cuda) == "pairs"
+    assert kp.scale_rows(100, 2, 8, 256, torch.device("cpu")) == 16  # no device to fill: the interpreter
     # no module-level knobs left to setattr
     assert not [n for n in vars(kp) if n.isupper() and not n.startswith("_") and n != "BACKWARDS"
                 and n != "DEFAULT_TUNING"]

@@ -457,7 +457,8 @@ class KPlanesTuning:
     whose planes are at most ``few_channel_max_res`` texels a side (0: ``run_rows`` everywhere).
     At the camera2k step's shape (C = 8) on an H100, 16 rows took the backward of its scales 256
     and 512 from 1.63 and 1.74 ms to 1.22 and 1.36, and that of its scale 1024 from 2.23 to 2.32
-    (docs/kernels.md, "The camera step")."""
+    (docs/kernels.md, "The camera step"). Only where that still launches ``min_programs_per_sm``
+    programs an SM (:func:`scale_rows`)."""
     few_channel_max_res: int = 512
     """The largest plane side that takes ``few_channel_rows``."""
     min_programs_per_sm: int = 16
@@ -509,17 +510,34 @@ def kplanes_forward(points: torch.Tensor, matrices: torch.Tensor, plane_data: to
     return out
 
 
+def _few_programs(n_points: int, n_rot: int, rows: int, device: torch.device, tuning: KPlanesTuning) -> bool:
+    """Whether a texel-run launch of ``rows`` rows a program would give a CUDA device fewer than
+    ``tuning.min_programs_per_sm`` programs an SM."""
+    if device.type != "cuda" or not tuning.min_programs_per_sm:
+        return False
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    return triton.cdiv(n_points, rows * tuning.run_len) * n_rot < tuning.min_programs_per_sm * sms
+
+
 def backward_strategy(n_points: int, n_rot: int, device: torch.device,
                       tuning: KPlanesTuning = DEFAULT_TUNING) -> str:
     """The backward a call takes: ``tuning.backward``, except that "runs" becomes "pairs" when the
     texel-run kernel would launch fewer than ``tuning.min_programs_per_sm`` programs per SM of a
     CUDA device."""
-    if tuning.backward == "runs" and device.type == "cuda" and tuning.min_programs_per_sm:
-        sms = torch.cuda.get_device_properties(device).multi_processor_count
-        programs = triton.cdiv(n_points, tuning.run_rows * tuning.run_len) * n_rot
-        if programs < tuning.min_programs_per_sm * sms:
-            return "pairs"
+    if tuning.backward == "runs" and _few_programs(n_points, n_rot, tuning.run_rows, device, tuning):
+        return "pairs"
     return tuning.backward
+
+
+def scale_rows(n_points: int, n_rot: int, channels: int, side: int, device: torch.device,
+               tuning: KPlanesTuning = DEFAULT_TUNING) -> int:
+    """Rows per program of one scale's texel-run launch: ``tuning.rows(channels, side)`` where that
+    still gives ``tuning.min_programs_per_sm`` programs an SM (measured at the camera step's 6.3 M
+    points), else ``tuning.run_rows``."""
+    rows = tuning.rows(channels, side)
+    if rows != tuning.run_rows and _few_programs(n_points, n_rot, rows, device, tuning):
+        return tuning.run_rows
+    return rows
 
 
 def kplanes_backward(grad: torch.Tensor, points: torch.Tensor, matrices: torch.Tensor,
@@ -543,8 +561,9 @@ def kplanes_backward(grad: torch.Tensor, points: torch.Tensor, matrices: torch.T
         gplanes = torch.zeros(plane_data.shape, device=plane_data.device, dtype=torch.float32)
     dq = torch.empty((3, T, N if need_dq else 0), device=points.device, dtype=torch.float32)
     scales = list(layout.scales())
-    per_program = [tuning.rows(C, max(s[1:4])) * tuning.run_len if strategy == "runs" else tuning.pairs_block_n
-                   for s in scales]
+    dev = device_of(points)
+    per_program = [scale_rows(N, T, C, max(s[1:4]), dev, tuning) * tuning.run_len if strategy == "runs"
+                   else tuning.pairs_block_n for s in scales]
     n_progs = [triton.cdiv(N, n) for n in per_program]
     first = [sum(n_progs[:i]) for i in range(len(scales))]  # each scale's first slot
     # one slot of 9 partial sums per (scale, program, t), each written by one program
