@@ -40,7 +40,7 @@ def test_kernel_tuning_is_a_frozen_argument():
         kp.KPlanesTuning(few_channel_rows=12)
     # rows per scale: 16 for few channels and planes up to 512 a side, run_rows elsewhere; 0 turns it off
     tu = kp.KPlanesTuning()
-    assert (tu.rows(8, 256), tu.rows(8, 512), tu.rows(8, 1024), tu.rows(48, 200), tu.rows(16, 512)) == (16, 16, 8, 8, 16)
+    assert [tu.rows(c, side) for c, side in ((8, 256), (8, 512), (8, 1024), (48, 200), (16, 512))] == [16, 16, 8, 8, 16]
     assert kp.KPlanesTuning(few_channel_rows=0).rows(8, 256) == 8
 
 
@@ -55,7 +55,8 @@ def test_a_scale_takes_more_rows_only_where_programs_stay_plenty(monkeypatch):
 
     from fasttomo.kernels.triton import kplanes as kp
 
-    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda d=None: types.SimpleNamespace(multi_processor_count=132))
+    monkeypatch.setattr(torch.cuda, "get_device_properties",
+                        lambda d=None: types.SimpleNamespace(multi_processor_count=132))
     cuda = torch.device("cuda")
     camera = 8192 * 768  # the camera2k step's points, T = 2, C = 8
     assert [kp.scale_rows(camera, 2, 8, side, cuda) for side in (256, 512, 1024)] == [16, 16, 8]

@@ -49,8 +49,8 @@ log = logging.getLogger("fasttomo.kernels")
 MAX_THREADS = 8
 """Compile threads at most (also at most the CPUs this process may use, less one)."""
 
-_pending: dict = {"pool": None, "futures": [], "t0": 0.0, "done_s": None, "waited_s": None, "kernels": 0, "failed": [],
-                  "marker": None, "cached": False}
+_pending: dict = {"pool": None, "futures": [], "t0": 0.0, "done_s": None, "waited_s": None, "kernels": 0,
+                  "failed": [], "marker": None, "cached": False}
 _lock = threading.Lock()
 
 
@@ -279,8 +279,8 @@ def plan_jobs(layout, n_points: int, *, train_out_bf16: bool, need_dq: bool, nee
         n_rays, S = (int(v) for v in rays)
         counts = [n_rays] if S % 16 == 0 else [n_rays, n_rays + 1 if n_rays * S % 16 == 0 else 16]
         for count in dict.fromkeys(counts):
-            jobs.append(lambda c=count: rp.ray_points(meta(c, 3), meta(c, 3), meta(c), meta(c), meta(c, dtype=torch.bool),
-                                                      (1.0, 1.0, 1.0), S, 1.0))
+            jobs.append(lambda c=count: rp.ray_points(meta(c, 3), meta(c, 3), meta(c), meta(c),
+                                                      meta(c, dtype=torch.bool), (1.0, 1.0, 1.0), S, 1.0))
     if volume_tv is not None:
         shape, l1 = volume_tv
         jobs.append(lambda: tv.volume_tv_forward(meta(*shape), l1))

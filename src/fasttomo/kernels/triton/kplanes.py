@@ -476,7 +476,6 @@ class KPlanesTuning:
         if self.pairs_block_n < 2 or self.pairs_block_n & (self.pairs_block_n - 1):
             raise ValueError(f"KPlanesTuning.pairs_block_n must be a power of two >= 2, got {self.pairs_block_n}")
 
-
     def rows(self, channels: int, side: int) -> int:
         """"runs": rows per program for a scale of ``channels`` channels whose largest plane side
         is ``side`` texels."""
