@@ -31,3 +31,32 @@ def test_the_rays_kernel_rounds_as_the_twin():
     assert "fma.rn.f32" not in ptx
     assert ptx.count("div.rn.f32") > 0 and "div.full" not in ptx and "div.approx" not in ptx
     assert ptx.count("mul.rn.f32") + ptx.count("mul.f32") > 0  # the products are there, each on its own
+
+
+def test_every_launch_says_whether_it_fuses_multiply_adds():
+    """Triton 3.9 warns at a process's first compile that does not say (3.10 stops fusing by
+    default): every launch of a run's plan passes ``enable_fp_fusion``, True as the kernels were
+    measured, except the rays' samples kernel (False: the twin's roundings); the interpolation's
+    forward compiled with its launch's options keeps its fma."""
+    import torch
+
+    from fasttomo.kernels.layout import PlaneLayout
+    from fasttomo.kernels.triton import ahead
+    from fasttomo.kernels.triton import kplanes as kp
+
+    lay = PlaneLayout(2, 8, ((8, 8, 8), (16, 16, 16)))
+    jobs = ahead.plan_jobs(lay, 4096, train_out_bf16=True, need_dq=True, need_gm=True, plane_tv=True,
+                           volume_tv=((8, 16, 16), False), decoder=(32, 32), rays=(256, 16))
+    calls = ahead._collect(torch.device("cpu"), jobs)
+    assert len({kernel.__name__ for kernel, *_ in calls}) == 9
+    for kernel, _, _, kwargs in calls:
+        assert kwargs.get("enable_fp_fusion") is (kernel.__name__ != "ray_points_kernel"), (kernel.__name__, kwargs)
+    fwd = next(c for c in calls if c[0] is kp.kplanes_fwd_kernel)
+    sig = {"pts_ptr": "*fp32", "mat_ptr": "*fp32", "planes_ptr": "*fp32", "out_ptr": "*fp32"}
+    names = fwd[0].arg_names
+    sig.update({n: "i32" for n in names[4:len(fwd[2])]})
+    constexprs = {n: v for n, v in fwd[3].items() if n in names}
+    sig.update({n: "constexpr" for n in constexprs})
+    options = {k: v for k, v in fwd[3].items() if k not in names}
+    assert "fma.rn.f32" in _ptx_sm90(kp.kplanes_fwd_kernel, sig, constexprs, options)
+    assert "fma.rn.f32" not in _ptx_sm90(kp.kplanes_fwd_kernel, sig, constexprs, dict(options, enable_fp_fusion=False))

@@ -12,9 +12,17 @@ COMPILE_ONLY: contextvars.ContextVar = contextvars.ContextVar("fasttomo_compile_
 compile for; ``.add(kernel, grid, args, kwargs)``: one launch to compile), else None."""
 
 
+FP_FUSION = True
+"""Multiply-adds contracted into one rounding (fma), as every kernel here was measured and checked:
+Triton's default up to 3.9, which warns that 3.10 turns it off. Each launch says so unless it asks
+otherwise (the rays' samples kernel rounds each product and sum, as its twin)."""
+
+
 def launch(kernel, grid, *args, **kwargs) -> None:
-    """``kernel[grid](*args, **kwargs)``, or while ``ahead.start`` collects a plan: hand the launch
-    to the collector, which compiles it (``JITFunction.warmup``) in its pool."""
+    """``kernel[grid](*args, **kwargs)`` (with ``enable_fp_fusion=FP_FUSION`` unless given), or
+    while ``ahead.start`` collects a plan: hand the launch to the collector, which compiles it
+    (``JITFunction.warmup``) in its pool."""
+    kwargs.setdefault("enable_fp_fusion", FP_FUSION)
     collector = COMPILE_ONLY.get()
     if collector is None:
         kernel[grid](*args, **kwargs)

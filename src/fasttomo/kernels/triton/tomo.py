@@ -35,6 +35,7 @@ import triton
 import triton.language as tl
 
 from fasttomo.kernels.reference import RAY_COUNT_TOL
+from fasttomo.kernels.triton.launch import launch
 
 PROJECT_BLOCK_V = 4
 PROJECT_BLOCK_U = 32
@@ -250,8 +251,8 @@ def ray_project(volume: torch.Tensor, rot: torch.Tensor, shift: torch.Tensor, he
     tiles_u = triton.cdiv(width, block_u)
     grid = (triton.cdiv(height, block_v) * tiles_u, v)
     big = needs_int64(volume.numel(), out.numel()) if int64 is None else bool(int64)
-    ray_project_kernel[grid](volume, table, out, Z, Y, X, height, width, tiles_u, float(step),
-                             RAY_COUNT_TOL, BLOCK_V=block_v, BLOCK_U=block_u, INT64=big, num_warps=warps)
+    launch(ray_project_kernel, grid, volume, table, out, Z, Y, X, height, width, tiles_u, float(step),
+           RAY_COUNT_TOL, BLOCK_V=block_v, BLOCK_U=block_u, INT64=big, num_warps=warps)
     return out
 
 
@@ -269,7 +270,7 @@ def voxel_backproject(images: torch.Tensor, rot: torch.Tensor, shift: torch.Tens
     table = pose_table(rot, shift)
     grid = (triton.cdiv(Z * Y * X, block),)
     big = needs_int64(images.numel(), out.numel()) if int64 is None else bool(int64)
-    voxel_backproject_kernel[grid](images, table, out, Z, Y, X, h, w, v, out.numel(), BLOCK=block,
-                                   INT64=big, num_warps=warps)
+    launch(voxel_backproject_kernel, grid, images, table, out, Z, Y, X, h, w, v, out.numel(), BLOCK=block,
+           INT64=big, num_warps=warps)
     return out
 
