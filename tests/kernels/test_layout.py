@@ -55,8 +55,11 @@ def test_a_scale_takes_more_rows_only_where_programs_stay_plenty(monkeypatch):
 
     from fasttomo.kernels.triton import kplanes as kp
 
+    from fasttomo.kernels.triton.launch import sm_count
+
     monkeypatch.setattr(torch.cuda, "get_device_properties",
                         lambda d=None: types.SimpleNamespace(multi_processor_count=132))
+    sm_count.cache_clear()
     cuda = torch.device("cuda")
     camera = 8192 * 768  # the camera2k step's points, T = 2, C = 8
     assert [kp.scale_rows(camera, 2, 8, side, cuda) for side in (256, 512, 1024)] == [16, 16, 8]
@@ -65,6 +68,7 @@ def test_a_scale_takes_more_rows_only_where_programs_stay_plenty(monkeypatch):
     assert kp.backward_strategy(edge, 2, cuda) == "runs" and kp.scale_rows(edge, 2, 8, 256, cuda) == 8
     assert kp.backward_strategy(edge - 128, 2, cuda) == "pairs"
     assert kp.scale_rows(100, 2, 8, 256, torch.device("cpu")) == 16  # no device to fill: the interpreter
+    sm_count.cache_clear()  # no stand-in count left for later tests
     # no module-level knobs left to setattr
     assert not [n for n in vars(kp) if n.isupper() and not n.startswith("_") and n != "BACKWARDS"
                 and n != "DEFAULT_TUNING"]

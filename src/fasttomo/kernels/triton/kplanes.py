@@ -34,7 +34,7 @@ import triton
 import triton.language as tl
 
 from fasttomo.kernels.layout import PlaneLayout
-from fasttomo.kernels.triton.launch import device_of, launch, sum_parts
+from fasttomo.kernels.triton.launch import device_of, launch, sm_count, sum_parts
 
 
 @triton.jit
@@ -514,8 +514,7 @@ def _few_programs(n_points: int, n_rot: int, rows: int, device: torch.device, tu
     ``tuning.min_programs_per_sm`` programs an SM."""
     if device.type != "cuda" or not tuning.min_programs_per_sm:
         return False
-    sms = torch.cuda.get_device_properties(device).multi_processor_count
-    return triton.cdiv(n_points, rows * tuning.run_len) * n_rot < tuning.min_programs_per_sm * sms
+    return triton.cdiv(n_points, rows * tuning.run_len) * n_rot < tuning.min_programs_per_sm * sm_count(device)
 
 
 def backward_strategy(n_points: int, n_rot: int, device: torch.device,

@@ -4,6 +4,7 @@ compile only."""
 from __future__ import annotations
 
 import contextvars
+import functools
 
 import torch
 
@@ -47,3 +48,11 @@ def sum_parts(t: torch.Tensor, dim: int | None = None) -> torch.Tensor:
     if COMPILE_ONLY.get() is None:
         return t.sum() if dim is None else t.sum(dim=dim)
     return t.new_empty(() if dim is None else t.shape[:dim] + t.shape[dim + 1:])
+
+
+@functools.lru_cache(maxsize=None)
+def sm_count(device: torch.device) -> int:
+    """The SMs of a CUDA device (asked once per device), 1 elsewhere (the interpreter)."""
+    if device.type != "cuda":
+        return 1
+    return torch.cuda.get_device_properties(device).multi_processor_count

@@ -21,13 +21,11 @@ is faster in fp32), the interpreter tests the kernels' logic with it.
 
 from __future__ import annotations
 
-import functools
-
 import torch
 import triton
 import triton.language as tl
 
-from fasttomo.kernels.triton.launch import device_of, launch, sum_parts
+from fasttomo.kernels.triton.launch import device_of, launch, sm_count, sum_parts
 
 MAX_FEATURES = 64
 HIDDEN = (16, 32, 64)
@@ -156,13 +154,6 @@ def _prec(bf16: bool) -> str:
     return "tf32" if bf16 else "ieee"
 
 
-@functools.lru_cache(maxsize=None)
-def _sms(device: torch.device) -> int:
-    if device.type != "cuda":  # the interpreter
-        return 1
-    return torch.cuda.get_device_properties(device).multi_processor_count
-
-
 def mlp_forward(x: torch.Tensor, w1: torch.Tensor, b1: torch.Tensor, w2: torch.Tensor, b2: torch.Tensor,
                 w3: torch.Tensor, b3: torch.Tensor, bf16: bool) -> torch.Tensor:
     """(N,) fp32 raw density of contiguous (N, F) features (bf16 or fp32) with fp32 nn.Linear
@@ -187,7 +178,7 @@ def mlp_backward(x: torch.Tensor, dout: torch.Tensor, w1: torch.Tensor, b1: torc
     H = w1.shape[0]
     FP = padded(F)
     if programs is None:
-        programs = BWD_PROGRAMS_PER_SM * _sms(device_of(x))
+        programs = BWD_PROGRAMS_PER_SM * sm_count(device_of(x))
     programs = max(1, min(programs, triton.cdiv(N, block_n)))
     dx = torch.empty((N if need_dx else 0, F), device=x.device, dtype=x.dtype)
     part = torch.empty((programs, H * FP + H * H + 3 * H + 1), device=x.device, dtype=torch.float32)
