@@ -27,7 +27,10 @@
 # bf16 step with kernels.step_fusion off and on, the second profiled, and the fusions' GPU tests),
 # decoder (the fused decoder's GPU tests: tests/kernels/test_kernels_gpu.py, test_compile_ahead.py
 # and tests/train/test_cuda_graph.py), decoderab (kernels.gpu_decoder cublas against fused, both named: the
-# camera2k step, the fused one profiled, and bench_quality on three specimens).
+# camera2k step, the fused one profiled, and bench_quality on three specimens), ncu (Nsight Compute's
+# counters of the interpolation's forward and texel-run backward at the camera2k and flagship shapes,
+# ncu-<case>-<kernel>.csv), flagstep (bench_step flagship, bf16 and fp32), cameraprof (bench_step
+# camera2k, bf16, its kernels profiled).
 #
 # An A/B against another commit in the same job, on the same machine: GPU_BATCH_BASE names a folder
 # holding that commit's tree (git archive <commit> | tar -x -C <folder>, carried along) and
@@ -191,8 +194,22 @@ for s in "${steps[@]}"; do
         --extra kernels.step_fusion=true --label fusionon
       step fusion-tests python3 -m pytest -q -m gpu -p no:cacheprovider -o addopts='' \
         tests/kernels/test_kernels_gpu.py -k "ray or kplanes_tv" ;;
+    ncu)  # hardware counters of the interpolation's kernels at both shapes (Nsight Compute, clocks as found)
+      ncu_bin=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | tail -n 1)
+      for case in camera2k flagship; do
+        for kern in bwd_runs fwd; do
+          step "ncu-$case-$kern" "$ncu_bin" --clock-control none -k "regex:kplanes_${kern}_kernel" --launch-count 3 \
+            --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy --section WarpStateStats \
+            --section LaunchStats --section SchedulerStats --section ComputeWorkloadAnalysis \
+            --metrics "lts__t_sectors_op_red.sum,lts__t_requests_op_red.sum,l1tex__t_requests_pipe_lsu_mem_global_op_red.sum,dram__bytes.sum,regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio" \
+            --csv --page details --log-file "$DIR/ncu-$case-$kern.csv" \
+            python3 scripts/probe_bwd_knockout.py --case "$case" --repeat 1 --variants shipped --fwd-block-n 32
+        done
+      done ;;
+    flagstep) step flagstep python3 scripts/bench_step.py --case flagship --variants triton-bf16 triton-fp32 ;;
+    cameraprof) step cameraprof python3 scripts/bench_step.py --case camera2k --variants triton-bf16 --profile 3 ;;
     *) echo "STEP $s unknown (kernels, step, run, runpyc, camera, camera16, quality, suite, imports, smem," \
-         "camerastep, fusedmlp, knockout, knockcam, knockrows, camerabf16, decoder, decoderab, fusionab; base-STEP)" >> "$DIR/batch.log" ;;
+         "camerastep, fusedmlp, knockout, knockcam, knockrows, camerabf16, decoder, decoderab, fusionab, ncu, flagstep, cameraprof; base-STEP)" >> "$DIR/batch.log" ;;
   esac
 done
 echo DONE >> "$DIR/batch.log"
