@@ -30,7 +30,8 @@
 # camera2k step, the fused one profiled, and bench_quality on three specimens), ncu (Nsight Compute's
 # counters of the interpolation's forward and texel-run backward at the camera2k and flagship shapes,
 # ncu-<case>-<kernel>.csv), flagstep (bench_step flagship, bf16 and fp32), cameraprof (bench_step
-# camera2k, bf16, its kernels profiled).
+# camera2k, bf16, its kernels profiled), camerapatch (camera2k as camera does, with pixels, 2 x 2 and
+# 4 x 4 patches: sampler.patch_size's locality at camera scale, time and quality).
 #
 # An A/B against another commit in the same job, on the same machine: GPU_BATCH_BASE names a folder
 # holding that commit's tree (git archive <commit> | tar -x -C <folder>, carried along) and
@@ -206,10 +207,12 @@ for s in "${steps[@]}"; do
             python3 scripts/probe_bwd_knockout.py --case "$case" --repeat 1 --variants shipped --fwd-block-n 32
         done
       done ;;
+    camerapatch) step camerapatch python3 scripts/bench_scale.py --cases camera2k --methods field-default --warmup \
+                   --variant patch2="sampler.patch_size=2" --variant patch4="sampler.patch_size=4" --out-dir "$DIR" ;;
     flagstep) step flagstep python3 scripts/bench_step.py --case flagship --variants triton-bf16 triton-fp32 ;;
     cameraprof) step cameraprof python3 scripts/bench_step.py --case camera2k --variants triton-bf16 --profile 3 ;;
     *) echo "STEP $s unknown (kernels, step, run, runpyc, camera, camera16, quality, suite, imports, smem," \
-         "camerastep, fusedmlp, knockout, knockcam, knockrows, camerabf16, decoder, decoderab, fusionab, ncu, flagstep, cameraprof; base-STEP)" >> "$DIR/batch.log" ;;
+         "camerastep, fusedmlp, knockout, knockcam, knockrows, camerabf16, decoder, decoderab, fusionab, ncu, flagstep, cameraprof, camerapatch; base-STEP)" >> "$DIR/batch.log" ;;
   esac
 done
 echo DONE >> "$DIR/batch.log"
