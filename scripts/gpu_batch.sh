@@ -31,7 +31,9 @@
 # counters of the interpolation's forward and texel-run backward at the camera2k and flagship shapes,
 # ncu-<case>-<kernel>.csv), flagstep (bench_step flagship, bf16 and fp32), cameraprof (bench_step
 # camera2k, bf16, its kernels profiled), camerapatch (camera2k as camera does, with pixels, 2 x 2 and
-# 4 x 4 patches: sampler.patch_size's locality at camera scale, time and quality).
+# 4 x 4 patches: sampler.patch_size's locality at camera scale, time and quality), knockregs (the
+# texel-run backward at camera2k's shape with rows and register caps for more warps an SM, and at
+# the flagship's, shipped only), kernelgpu (tests/kernels/test_kernels_gpu.py).
 #
 # An A/B against another commit in the same job, on the same machine: GPU_BATCH_BASE names a folder
 # holding that commit's tree (git archive <commit> | tar -x -C <folder>, carried along) and
@@ -209,10 +211,17 @@ for s in "${steps[@]}"; do
       done ;;
     camerapatch) step camerapatch python3 scripts/bench_scale.py --cases camera2k --methods field-default --warmup \
                    --variant patch2="sampler.patch_size=2" --variant patch4="sampler.patch_size=4" --out-dir "$DIR" ;;
+    knockregs)
+      step knockregs python3 scripts/probe_bwd_knockout.py --case camera2k --repeat 10 \
+        --variants shipped rows8 rows16 rows8_r128 rows4_r96 --out-dir "$DIR"
+      step knockflag python3 scripts/probe_bwd_knockout.py --case flagship --repeat 10 --variants shipped \
+        --out-dir "$DIR" ;;
+    kernelgpu) step kernelgpu python3 -m pytest -q -m gpu -p no:cacheprovider -o addopts='' \
+                 tests/kernels/test_kernels_gpu.py ;;
     flagstep) step flagstep python3 scripts/bench_step.py --case flagship --variants triton-bf16 triton-fp32 ;;
     cameraprof) step cameraprof python3 scripts/bench_step.py --case camera2k --variants triton-bf16 --profile 3 ;;
     *) echo "STEP $s unknown (kernels, step, run, runpyc, camera, camera16, quality, suite, imports, smem," \
-         "camerastep, fusedmlp, knockout, knockcam, knockrows, camerabf16, decoder, decoderab, fusionab, ncu, flagstep, cameraprof, camerapatch; base-STEP)" >> "$DIR/batch.log" ;;
+         "camerastep, fusedmlp, knockout, knockcam, knockrows, camerabf16, decoder, decoderab, fusionab, ncu, flagstep, cameraprof, camerapatch, knockregs, kernelgpu; base-STEP)" >> "$DIR/batch.log" ;;
   esac
 done
 echo DONE >> "$DIR/batch.log"

@@ -139,6 +139,10 @@ VARIANTS = {
     "rows16_len32": (lambda t: t, 0, {"run_rows": 16, "run_len": 32, "few_channel_rows": 0}, True),
     "len32": (lambda t: t, 0, {"run_len": 32, "few_channel_rows": 0}, True),
     "rows16_nocap": (lambda t: t, 0, {"run_rows": 16, "run_maxnreg": None, "few_channel_rows": 0}, True),
+    # more warps an SM (the walk is latency-bound at 3 a scheduler: docs/kernels.md, "Hardware
+    # counters"): 8 rows under 128 registers (4 warps a scheduler), 4 rows under 96 (5)
+    "rows8_r128": (lambda t: t, 0, {"few_channel_rows": 0, "run_maxnreg": 128}, True),
+    "rows4_r96": (lambda t: t, 0, {"run_rows": 4, "few_channel_rows": 0, "run_maxnreg": 96}, True),
 }
 
 

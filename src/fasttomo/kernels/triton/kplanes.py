@@ -54,16 +54,27 @@ def _axis(q, size_m1):
 
 
 @triton.jit
-def _rotate(pts_ptr, mat_ptr, n, nmask, t):
+def _points(pts_ptr, n, nmask):
     n64 = n.to(tl.int64)
     x = tl.load(pts_ptr + n64 * 3 + 0, mask=nmask, other=0.0)
     y = tl.load(pts_ptr + n64 * 3 + 1, mask=nmask, other=0.0)
     z = tl.load(pts_ptr + n64 * 3 + 2, mask=nmask, other=0.0)
+    return x, y, z
+
+
+@triton.jit
+def _turn(mat_ptr, t, x, y, z):
     m = mat_ptr + t * 9
     q0 = tl.load(m + 0) * x + tl.load(m + 1) * y + tl.load(m + 2) * z
     q1 = tl.load(m + 3) * x + tl.load(m + 4) * y + tl.load(m + 5) * z
     q2 = tl.load(m + 6) * x + tl.load(m + 7) * y + tl.load(m + 8) * z
     return q0, q1, q2
+
+
+@triton.jit
+def _rotate(pts_ptr, mat_ptr, n, nmask, t):
+    x, y, z = _points(pts_ptr, n, nmask)
+    return _turn(mat_ptr, t, x, y, z)
 
 
 @triton.jit
@@ -285,6 +296,25 @@ def kplanes_bwd_kernel(grad_ptr, pts_ptr, mat_ptr, planes_ptr, gplanes_ptr, dq_p
 
 
 @triton.jit
+def _outer3(a0, a1, a2, d, x, y, z):
+    return a0 + d * x, a1 + d * y, a2 + d * z
+
+
+@triton.jit
+def _store_gm_rows(gm_ptr, g00, g01, g02, g10, g11, g12, g20, g21, g22):
+    """A program's dL/dM_t partial (9 floats) from its rows' running sums, into its own slot."""
+    tl.store(gm_ptr + 0, tl.sum(g00, axis=0))
+    tl.store(gm_ptr + 1, tl.sum(g01, axis=0))
+    tl.store(gm_ptr + 2, tl.sum(g02, axis=0))
+    tl.store(gm_ptr + 3, tl.sum(g10, axis=0))
+    tl.store(gm_ptr + 4, tl.sum(g11, axis=0))
+    tl.store(gm_ptr + 5, tl.sum(g12, axis=0))
+    tl.store(gm_ptr + 6, tl.sum(g20, axis=0))
+    tl.store(gm_ptr + 7, tl.sum(g21, axis=0))
+    tl.store(gm_ptr + 8, tl.sum(g22, axis=0))
+
+
+@triton.jit
 def _pick(acc00, acc01, acc10, acc11, ox, oy):
     """Per row, the accumulator of old corner (ox, oy) (column, row offsets), or 0 if outside."""
     cx0 = (ox == 0)[:, None]
@@ -345,7 +375,9 @@ def kplanes_bwd_runs_kernel(grad_ptr, pts_ptr, mat_ptr, planes_ptr, gplanes_ptr,
     gradient sums of the 4 corner texels of the current cell; moving to a neighbouring cell carries
     the shared corners' sums on and flushes only the others, so the samples of one ray (neighbours
     in memory) issue one atomic per texel they touch instead of one per point and corner. dL/dq is
-    summed over the chunks in registers ([ROWS, RUN] per axis) and written once per scale.
+    summed over the chunks in registers ([ROWS, RUN] per axis) and written once per scale; without
+    dL/dq (a training step's frames only) the frame matrices' gradient sum(dq p^T) is summed along
+    each row as the walk goes (9 values a row instead of 3 x RUN).
     """
     pid = tl.program_id(0)
     t = tl.program_id(1)
@@ -357,9 +389,12 @@ def kplanes_bwd_runs_kernel(grad_ptr, pts_ptr, mat_ptr, planes_ptr, gplanes_ptr,
     g_xy_base = gplanes_ptr + off_t_xy
     g_xz_base = gplanes_ptr + off_t_xz
     g_yz_base = gplanes_ptr + off_t_yz
-    dqx = tl.zeros([ROWS, RUN], dtype=tl.float32)
-    dqy = tl.zeros([ROWS, RUN], dtype=tl.float32)
-    dqz = tl.zeros([ROWS, RUN], dtype=tl.float32)
+    if NEED_DQ:
+        dqx = tl.zeros([ROWS, RUN], dtype=tl.float32)
+        dqy = tl.zeros([ROWS, RUN], dtype=tl.float32)
+        dqz = tl.zeros([ROWS, RUN], dtype=tl.float32)
+    zr = tl.zeros([ROWS], dtype=tl.float32)
+    m00, m01, m02, m10, m11, m12, m20, m21, m22 = zr, zr, zr, zr, zr, zr, zr, zr, zr
     for c0 in range(0, C, BLOCK_C):
         c = c0 + tl.arange(0, BLOCK_C)
         cmask = c < C
@@ -373,7 +408,8 @@ def kplanes_bwd_runs_kernel(grad_ptr, pts_ptr, mat_ptr, planes_ptr, gplanes_ptr,
         for k in range(RUN):
             n = row0 + k
             nmask = n < N
-            q0, q1, q2 = _rotate(pts_ptr, mat_ptr, n, nmask, t)
+            px, py, pz = _points(pts_ptr, n, nmask)
+            q0, q1, q2 = _turn(mat_ptr, t, px, py, pz)
             ix, fx, dx = _axis(q0, (RX - 1).to(tl.float32))
             iy, fy, dy = _axis(q1, (RY - 1).to(tl.float32))
             iz, fz, dz = _axis(q2, (RZ - 1).to(tl.float32))
@@ -384,11 +420,15 @@ def kplanes_bwd_runs_kernel(grad_ptr, pts_ptr, mat_ptr, planes_ptr, gplanes_ptr,
                 g, planes_ptr + off_t_xy, planes_ptr + off_t_xz, planes_ptr + off_t_yz,
                 (iy * RX + ix) * C, (iz * RX + ix) * C, (iz * RY + iy) * C, RX, RY, C, c, m2,
                 fx, fy, fz, NEED_S)
-            if NEED_S:
+            if NEED_DQ:
                 col = (kk == k)[None, :]
                 dqx = tl.where(col, dqx + (sx * dx)[:, None], dqx)
                 dqy = tl.where(col, dqy + (sy * dy)[:, None], dqy)
                 dqz = tl.where(col, dqz + (sz * dz)[:, None], dqz)
+            elif NEED_GM:
+                m00, m01, m02 = _outer3(m00, m01, m02, sx * dx, px, py, pz)
+                m10, m11, m12 = _outer3(m10, m11, m12, sy * dy, px, py, pz)
+                m20, m21, m22 = _outer3(m20, m21, m22, sz * dz, px, py, pz)
             # points past N contribute zeros and stay in the previous cell; the first point of a
             # row opens its run (sums zero, nothing flushed)
             ix = tl.where(nmask, ix, pix)
@@ -414,12 +454,14 @@ def kplanes_bwd_runs_kernel(grad_ptr, pts_ptr, mat_ptr, planes_ptr, gplanes_ptr,
         _run_flush(g_xy_base, a00, a01, a10, a11, pix, piy, RX, C, c, m2)
         _run_flush(g_xz_base, b00, b01, b10, b11, pix, piz, RX, C, c, m2)
         _run_flush(g_yz_base, e00, e01, e10, e11, piy, piz, RY, C, c, m2)
-    n2 = row0[:, None] + kk[None, :]
+    gm_slot = gm_ptr + ((gm_slot0 + pid).to(tl.int64) * T + t) * 9
     if NEED_DQ:
+        n2 = row0[:, None] + kk[None, :]
         _store_dq(dq_ptr, dq_stride, n2, n2 < N, t, N, dqx, dqy, dqz, ACCUM_DQ)
-    if NEED_GM:
-        _add_gm(gm_ptr + ((gm_slot0 + pid).to(tl.int64) * T + t) * 9, pts_ptr, n2, n2 < N, dqx, dqy,
-                dqz)
+        if NEED_GM:
+            _add_gm(gm_slot, pts_ptr, n2, n2 < N, dqx, dqy, dqz)
+    elif NEED_GM:
+        _store_gm_rows(gm_slot, m00, m01, m02, m10, m11, m12, m20, m21, m22)
 
 
 # ------------------------------------------------------------------------------------ launchers
