@@ -42,6 +42,10 @@ def test_kernel_tuning_is_a_frozen_argument():
     tu = kp.KPlanesTuning()
     assert [tu.rows(c, side) for c, side in ((8, 256), (8, 512), (8, 1024), (48, 200), (16, 512))] == [16, 16, 8, 8, 16]
     assert kp.KPlanesTuning(few_channel_rows=0).rows(8, 256) == 8
+    # register caps: 128 where a channel chunk is at most 2 elements a thread (they fit it), run_maxnreg elsewhere
+    assert [tu.maxnreg(c, r) for c, r in ((8, 8), (4, 16), (8, 16), (12, 8), (16, 8), (48, 8))] == [
+        128, 128, 168, 168, 168, 168]
+    assert kp.KPlanesTuning(small_tile_maxnreg=None).maxnreg(8, 8) == 168
 
 
 @pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")

@@ -503,6 +503,13 @@ class KPlanesTuning:
     programs an SM (:func:`scale_rows`)."""
     few_channel_max_res: int = 512
     """The largest plane side that takes ``few_channel_rows``."""
+    small_tile_maxnreg: int | None = 128
+    """"runs": register cap, instead of ``run_maxnreg``, for a launch whose channel chunk (rows x
+    BLOCK_C) is at most 64 elements a warp, 2 a thread, such as 8 rows of C = 8 (None:
+    ``run_maxnreg``). Such a walk fits 128 registers without spilling (a local sm_90 compile; 12
+    or 16 channels do not), and it waits on its gathers: 3 warps a scheduler at 168 registers, 4 at
+    128. At the camera2k step's scale 1024 on an H100 its backward took 2.04 ms against 2.18
+    (docs/kernels.md, "Hardware counters")."""
     min_programs_per_sm: int = 16
     """A texel-run program walks its points one after another; with few programs (the embedded
     default: 49 k points, T = 2 -> 768 one-warp programs on 132 SMs) that serial walk is exposed.
@@ -524,6 +531,12 @@ class KPlanesTuning:
         if self.few_channel_rows and channels <= 16 and side <= self.few_channel_max_res:
             return self.few_channel_rows
         return self.run_rows
+
+    def maxnreg(self, channels: int, rows: int) -> int | None:
+        """"runs": the register cap of a launch of ``rows`` rows for ``channels`` channels."""
+        if self.small_tile_maxnreg and rows * _block_c(channels) <= 64 * self.run_warps:
+            return self.small_tile_maxnreg
+        return self.run_maxnreg
 
 
 DEFAULT_TUNING = KPlanesTuning()
@@ -618,7 +631,8 @@ def kplanes_backward(grad: torch.Tensor, points: torch.Tensor, matrices: torch.T
         flags = dict(NEED_DQ=need_dq, ACCUM_DQ=l > 0, NEED_GM=need_gm, NEED_S=need_dq or need_gm)
         if strategy == "runs":
             rows, run = per // tuning.run_len, tuning.run_len
-            extra = {"maxnreg": int(tuning.run_maxnreg)} if tuning.run_maxnreg else {}
+            cap = tuning.maxnreg(C, rows)
+            extra = {"maxnreg": int(cap)} if cap else {}
             launch(kplanes_bwd_runs_kernel, (triton.cdiv(N, rows * run), T), *common, T=T, C=C, ROWS=rows,
                    RUN=run, BLOCK_C=bc, num_warps=tuning.run_warps, **flags, **extra)
         else:
