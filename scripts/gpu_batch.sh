@@ -33,7 +33,8 @@
 # camera2k, bf16, its kernels profiled), camerapatch (camera2k as camera does, with pixels, 2 x 2 and
 # 4 x 4 patches: sampler.patch_size's locality at camera scale, time and quality), knockregs (the
 # texel-run backward at camera2k's shape with rows and register caps for more warps an SM, and at
-# the flagship's, shipped only), kernelgpu (tests/kernels/test_kernels_gpu.py).
+# the flagship's, shipped only), kernelgpu (tests/kernels/test_kernels_gpu.py, recorded as
+# gpu_tests-kernels-<device>-<commit>.json).
 #
 # An A/B against another commit in the same job, on the same machine: GPU_BATCH_BASE names a folder
 # holding that commit's tree (git archive <commit> | tar -x -C <folder>, carried along) and
@@ -104,26 +105,27 @@ step() {  # step NAME COMMAND...: run it, log it, one line in batch.log
   echo "STEP $name rc=$rc $((SECONDS - t0))s" >> "$DIR/batch.log"
 }
 
-suite() {  # the GPU-marked tests and their record
-  local t0=$SECONDS rc
-  python3 -m pytest -q -m gpu -p no:cacheprovider -o addopts='' tests > "$DIR/suite.log" 2>&1
+suite() {  # suite [NAME CASE PATH...]: GPU-marked tests (default: all, as "suite") and their record
+  local name=${1:-suite} case=${2:-all-gpu-marked} t0=$SECONDS rc
+  [ $# -gt 2 ] && shift 2 || set -- tests
+  python3 -m pytest -q -m gpu -p no:cacheprovider -o addopts='' "$@" > "$DIR/$name.log" 2>&1
   rc=$?
-  python3 - "$DIR/suite.log" "$((SECONDS - t0))" "$rc" <<'EOF'
+  python3 - "$DIR/$name.log" "$((SECONDS - t0))" "$rc" "$name" "$case" "$*" <<'EOF'
 import json, re, sys
 sys.path.insert(0, "scripts")
 import torch
 from benchlib import commit, device_name, write_result
-log, seconds, rc = open(sys.argv[1]).read(), float(sys.argv[2]), int(sys.argv[3])
+log, seconds, rc, name, case, paths = open(sys.argv[1]).read(), float(sys.argv[2]), int(sys.argv[3]), *sys.argv[4:7]
 counts = {k: int(n) for n, k in re.findall(r"(\d+) (passed|failed|skipped|errors?)", log.splitlines()[-1] if log else "")}
 device = device_name(torch.device("cuda" if torch.cuda.is_available() else "cpu"))
-write_result("gpu_tests", "all-gpu-marked", device,
-             [{"variant": f"all -m gpu ({commit()})", "passed": counts.get("passed", 0),
+write_result("gpu_tests", case, device,
+             [{"variant": f"{'all' if paths == 'tests' else paths} -m gpu ({commit()})", "passed": counts.get("passed", 0),
                "failed": counts.get("failed", 0), "skipped": counts.get("skipped", 0),
                "errors": counts.get("error", 0) + counts.get("errors", 0), "pytest_rc": rc, "seconds": seconds}],
-             command="python3 -m pytest -q -m gpu -p no:cacheprovider -o addopts='' tests",
-             note="scripts/gpu_batch.sh suite", out_dir=__import__("pathlib").Path(sys.argv[1]).parent)
+             command=f"python3 -m pytest -q -m gpu -p no:cacheprovider -o addopts='' {paths}",
+             note=f"scripts/gpu_batch.sh {name}", out_dir=__import__("pathlib").Path(sys.argv[1]).parent)
 EOF
-  echo "STEP suite rc=$rc $((SECONDS - t0))s" >> "$DIR/batch.log"
+  echo "STEP $name rc=$rc $((SECONDS - t0))s" >> "$DIR/batch.log"
 }
 
 steps=("$@")
@@ -216,8 +218,7 @@ for s in "${steps[@]}"; do
         --variants shipped rows8 rows16 rows8_r128 rows4_r96 --out-dir "$DIR"
       step knockflag python3 scripts/probe_bwd_knockout.py --case flagship --repeat 10 --variants shipped \
         --out-dir "$DIR" ;;
-    kernelgpu) step kernelgpu python3 -m pytest -q -m gpu -p no:cacheprovider -o addopts='' \
-                 tests/kernels/test_kernels_gpu.py ;;
+    kernelgpu) suite kernelgpu kernels tests/kernels/test_kernels_gpu.py ;;
     flagstep) step flagstep python3 scripts/bench_step.py --case flagship --variants triton-bf16 triton-fp32 ;;
     cameraprof) step cameraprof python3 scripts/bench_step.py --case camera2k --variants triton-bf16 --profile 3 ;;
     *) echo "STEP $s unknown (kernels, step, run, runpyc, camera, camera16, quality, suite, imports, smem," \

@@ -36,7 +36,15 @@ def test_suite_step_records_the_gpu_tests(tmp_path):
     record = json.loads((tmp_path / "b" / "gpu_tests-all-gpu-marked-cpu-abc1234.json").read_text())
     row = record["results"][0]
     assert record["commit"] == "abc1234" and row["pytest_rc"] == 0
+    assert row["variant"] == "all -m gpu (abc1234)"
     assert row["passed"] == 0 and row["failed"] == 0 and row["skipped"] >= 60  # no GPU here: all skip
+    # a named subset writes its own record
+    res = _batch(["run", "kernelgpu"], tmp_path / "b", FASTTOMO_COMMIT="abc1234")
+    assert res.returncode == 0, res.stderr
+    assert (tmp_path / "b" / "batch.log").read_text().splitlines()[-2].startswith("STEP kernelgpu rc=0 ")
+    record = json.loads((tmp_path / "b" / "gpu_tests-kernels-cpu-abc1234.json").read_text())
+    assert record["results"][0]["variant"] == "tests/kernels/test_kernels_gpu.py -m gpu (abc1234)"
+    assert record["command"].endswith("tests/kernels/test_kernels_gpu.py") and record["results"][0]["skipped"] > 10
 
 
 def test_start_returns_and_poll_copies_the_folder(tmp_path):
