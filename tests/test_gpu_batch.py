@@ -5,8 +5,8 @@ for the batch's end and copies its folder to $OUT; a tree without .git needs FAS
 from __future__ import annotations
 
 import json
-import re
 import os
+import re
 import shutil
 import subprocess
 import sys
