@@ -84,6 +84,12 @@ def _phase_times(trainer, comps, steps: int) -> dict:
     return {f"{p}_ms": round(sorted(v)[len(v) // 2], 3) for p, v in rows.items()}
 
 
+def _annotation(event) -> bool:
+    """A device-side range of a ``record_function`` (the optimizer's ``Optimizer.step#Adam.step``
+    spans its fused Adam kernels): counted as a kernel it would count their time twice."""
+    return bool(getattr(event, "is_user_annotation", False)) or event.name.startswith("Optimizer.")
+
+
 def _profile(trainer, comps, steps: int, top: int = 25) -> dict:
     """``steps`` EAGER steps under torch.profiler: the ``top`` ops (aten, fasttomo, autograd nodes) by
     their own time per step, each with its input shapes (GPU time on CUDA, CPU time on the CPU:
@@ -122,7 +128,7 @@ def _profile(trainer, comps, steps: int, top: int = 25) -> dict:
     if cuda:
         per_name: dict[str, list[float]] = {}
         for e in prof.events():
-            if e.device_type != DeviceType.CUDA:  # launches and other host-side records
+            if e.device_type != DeviceType.CUDA or _annotation(e):  # host-side records; ranges, not kernels
                 continue
             acc = per_name.setdefault(e.name, [0, 0.0])
             acc[0] += 1

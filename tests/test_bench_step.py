@@ -24,3 +24,20 @@ def test_profile_lists_the_step_ops_with_their_shapes():
     assert times == sorted(times, reverse=True) and times[0] > 0
     # the twin's interpolation samples the planes with grid_sample, one call a plane and scale a step
     assert any(name == "aten::grid_sampler_2d" for _, _, name, _ in ops), ops
+
+
+def test_the_kernel_sum_leaves_out_annotated_ranges():
+    """On a GPU the profile's device-side events include the optimizer's record_function range
+    beside the fused Adam kernels it spans (0.75 ms a camera2k step on an H100); the kernel sum
+    counts the kernels only. The events are stand-ins: this machine has no CUDA profiler."""
+    import importlib.util
+    import types
+
+    spec = importlib.util.spec_from_file_location("bench_step", ROOT / "scripts" / "bench_step.py")
+    bench_step = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench_step)
+    range_ = types.SimpleNamespace(name="Optimizer.step#Adam.step", is_user_annotation=True)
+    old_torch = types.SimpleNamespace(name="Optimizer.step#Adam.step")  # a profiler without the flag
+    kernel = types.SimpleNamespace(name="kplanes_bwd_runs_kernel", is_user_annotation=False)
+    assert bench_step._annotation(range_) and bench_step._annotation(old_torch)
+    assert not bench_step._annotation(kernel)
