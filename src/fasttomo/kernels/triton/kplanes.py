@@ -194,19 +194,22 @@ def _add_gm(gm_ptr, pts_ptr, n, nmask, gx, gy, gz):
     its own slot ``gm_ptr`` of the partials buffer; the host sums the slots in a fixed order, so
     the frame matrices' gradient is deterministic (atomics would not be) and dq need not be written
     out and reduced over N afterwards."""
-    n64 = n.to(tl.int64)
-    x = tl.load(pts_ptr + n64 * 3 + 0, mask=nmask, other=0.0)
-    y = tl.load(pts_ptr + n64 * 3 + 1, mask=nmask, other=0.0)
-    z = tl.load(pts_ptr + n64 * 3 + 2, mask=nmask, other=0.0)
-    tl.store(gm_ptr + 0, tl.sum(tl.reshape(gx * x, [gx.numel]), axis=0))
-    tl.store(gm_ptr + 1, tl.sum(tl.reshape(gx * y, [gx.numel]), axis=0))
-    tl.store(gm_ptr + 2, tl.sum(tl.reshape(gx * z, [gx.numel]), axis=0))
-    tl.store(gm_ptr + 3, tl.sum(tl.reshape(gy * x, [gx.numel]), axis=0))
-    tl.store(gm_ptr + 4, tl.sum(tl.reshape(gy * y, [gx.numel]), axis=0))
-    tl.store(gm_ptr + 5, tl.sum(tl.reshape(gy * z, [gx.numel]), axis=0))
-    tl.store(gm_ptr + 6, tl.sum(tl.reshape(gz * x, [gx.numel]), axis=0))
-    tl.store(gm_ptr + 7, tl.sum(tl.reshape(gz * y, [gx.numel]), axis=0))
-    tl.store(gm_ptr + 8, tl.sum(tl.reshape(gz * z, [gx.numel]), axis=0))
+    x, y, z = _points(pts_ptr, n, nmask)
+    _store_sums9(gm_ptr, gx * x, gx * y, gx * z, gy * x, gy * y, gy * z, gz * x, gz * y, gz * z)
+
+
+@triton.jit
+def _store_sums9(gm_ptr, g00, g01, g02, g10, g11, g12, g20, g21, g22):
+    """A program's dL/dM_t partial: the sums of 9 tensors (any shape) into its slot ``gm_ptr``."""
+    tl.store(gm_ptr + 0, tl.sum(tl.reshape(g00, [g00.numel]), axis=0))
+    tl.store(gm_ptr + 1, tl.sum(tl.reshape(g01, [g00.numel]), axis=0))
+    tl.store(gm_ptr + 2, tl.sum(tl.reshape(g02, [g00.numel]), axis=0))
+    tl.store(gm_ptr + 3, tl.sum(tl.reshape(g10, [g00.numel]), axis=0))
+    tl.store(gm_ptr + 4, tl.sum(tl.reshape(g11, [g00.numel]), axis=0))
+    tl.store(gm_ptr + 5, tl.sum(tl.reshape(g12, [g00.numel]), axis=0))
+    tl.store(gm_ptr + 6, tl.sum(tl.reshape(g20, [g00.numel]), axis=0))
+    tl.store(gm_ptr + 7, tl.sum(tl.reshape(g21, [g00.numel]), axis=0))
+    tl.store(gm_ptr + 8, tl.sum(tl.reshape(g22, [g00.numel]), axis=0))
 
 
 @triton.jit
@@ -298,20 +301,6 @@ def kplanes_bwd_kernel(grad_ptr, pts_ptr, mat_ptr, planes_ptr, gplanes_ptr, dq_p
 @triton.jit
 def _outer3(a0, a1, a2, d, x, y, z):
     return a0 + d * x, a1 + d * y, a2 + d * z
-
-
-@triton.jit
-def _store_gm_rows(gm_ptr, g00, g01, g02, g10, g11, g12, g20, g21, g22):
-    """A program's dL/dM_t partial (9 floats) from its rows' running sums, into its own slot."""
-    tl.store(gm_ptr + 0, tl.sum(g00, axis=0))
-    tl.store(gm_ptr + 1, tl.sum(g01, axis=0))
-    tl.store(gm_ptr + 2, tl.sum(g02, axis=0))
-    tl.store(gm_ptr + 3, tl.sum(g10, axis=0))
-    tl.store(gm_ptr + 4, tl.sum(g11, axis=0))
-    tl.store(gm_ptr + 5, tl.sum(g12, axis=0))
-    tl.store(gm_ptr + 6, tl.sum(g20, axis=0))
-    tl.store(gm_ptr + 7, tl.sum(g21, axis=0))
-    tl.store(gm_ptr + 8, tl.sum(g22, axis=0))
 
 
 @triton.jit
@@ -461,7 +450,7 @@ def kplanes_bwd_runs_kernel(grad_ptr, pts_ptr, mat_ptr, planes_ptr, gplanes_ptr,
         if NEED_GM:
             _add_gm(gm_slot, pts_ptr, n2, n2 < N, dqx, dqy, dqz)
     elif NEED_GM:
-        _store_gm_rows(gm_slot, m00, m01, m02, m10, m11, m12, m20, m21, m22)
+        _store_sums9(gm_slot, m00, m01, m02, m10, m11, m12, m20, m21, m22)  # the rows' running sums
 
 
 # ------------------------------------------------------------------------------------ launchers
