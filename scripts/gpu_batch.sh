@@ -34,8 +34,7 @@
 # 4 x 4 patches: sampler.patch_size's locality at camera scale, time and quality), knockregs (the
 # texel-run backward at camera2k's shape with rows and register caps for more warps an SM, and at
 # the flagship's, shipped only), kernelgpu (tests/kernels/test_kernels_gpu.py, recorded as
-# gpu_tests-kernels-<device>-<commit>.json), scales (every scale in one launch: the forward and
-# the texel-run backward's variants at camera2k's shape, the forward at the flagship's).
+# gpu_tests-kernels-<device>-<commit>.json).
 #
 # An A/B against another commit in the same job, on the same machine: GPU_BATCH_BASE names a folder
 # holding that commit's tree (git archive <commit> | tar -x -C <folder>, carried along) and
@@ -220,15 +219,10 @@ for s in "${steps[@]}"; do
       step knockflag python3 scripts/probe_bwd_knockout.py --case flagship --repeat 10 --variants shipped \
         --out-dir "$DIR" ;;
     kernelgpu) suite kernelgpu kernels tests/kernels/test_kernels_gpu.py ;;
-    scales)
-      step scalescam python3 scripts/probe_bwd_knockout.py --case camera2k --repeat 10 --fwd-scales \
-        --variants shipped scales_r4 scales_r4_c168 scales_r8 --out-dir "$DIR"
-      step scalesflag python3 scripts/probe_bwd_knockout.py --case flagship --repeat 10 --fwd-scales \
-        --variants shipped --out-dir "$DIR" ;;
     flagstep) step flagstep python3 scripts/bench_step.py --case flagship --variants triton-bf16 triton-fp32 ;;
     cameraprof) step cameraprof python3 scripts/bench_step.py --case camera2k --variants triton-bf16 --profile 3 ;;
     *) echo "STEP $s unknown (kernels, step, run, runpyc, camera, camera16, quality, suite, imports, smem," \
-         "camerastep, fusedmlp, knockout, knockcam, knockrows, camerabf16, decoder, decoderab, fusionab, ncu, flagstep, cameraprof, camerapatch, knockregs, kernelgpu, scales; base-STEP)" >> "$DIR/batch.log" ;;
+         "camerastep, fusedmlp, knockout, knockcam, knockrows, camerabf16, decoder, decoderab, fusionab, ncu, flagstep, cameraprof, camerapatch, knockregs, kernelgpu; base-STEP)" >> "$DIR/batch.log" ;;
   esac
 done
 echo DONE >> "$DIR/batch.log"

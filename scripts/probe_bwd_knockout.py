@@ -22,9 +22,6 @@ and candidates, which compute the same result another way (checked against the s
     stages2_nocap    the walk software-pipelined in 2 stages, no register cap (203 registers;
                      both counts from a Triton 3.9 compile for sm_90a on the CPU)
     rows4            4 rows a program instead of 8
-    scales_r4, scales_r4_c168, scales_r8
-                     every scale in one launch (kplanes_bwd_runs_scales_kernel): 4 rows a program
-                     without a register cap and under 168, 8 rows without
     rows8, rows16, rows32, rows32_w2, rows16_len32, len32, rows16_nocap
                      launch settings for planes of few channels (rows a program, points a row,
                      warps, register cap), each for every scale (the shipped tuning takes 16 rows
@@ -37,7 +34,7 @@ instead (8192 rays x 768 samples through a slab a quarter as thick as wide, T = 
 256 / 512 / 1024). CUDA events, medians of ``--repeat``. Prints a table and writes
 benchmarks/results/probe_bwd_knockout-<case>-<device>-<commit>.json.
 
-    python scripts/probe_bwd_knockout.py [--case flagship|camera2k] [--repeat 20] [--fwd-scales] [--out-dir DIR]
+    python scripts/probe_bwd_knockout.py [--case flagship|camera2k] [--repeat 20] [--out-dir DIR]
     python scripts/probe_bwd_knockout.py --cpu-check     # no GPU: every variant through Triton's
                                                          # interpreter on a tiny case
 """
@@ -114,8 +111,8 @@ def _sep_pick(text: str) -> str:
     return text.replace(old, new)
 
 
-def _loop(option: str):  # the one-scale kernel's walk (the first in the file)
-    return lambda text: text.replace("for k in range(RUN):", f"for k in tl.range(RUN, {option}):", 1)
+def _loop(option: str):
+    return lambda text: text.replace("for k in range(RUN):", f"for k in tl.range(RUN, {option}):")
 
 
 # name: (change, lines of kplanes.py it changes or removes, KPlanesTuning fields, same result as shipped)
@@ -146,11 +143,6 @@ VARIANTS = {
     # counters"): 8 rows under 128 registers (4 warps a scheduler), 4 rows under 96 (5)
     "rows8_r128": (lambda t: t, 0, {"few_channel_rows": 0, "run_maxnreg": 128}, True),
     "rows4_r96": (lambda t: t, 0, {"run_rows": 4, "few_channel_rows": 0, "run_maxnreg": 96}, True),
-    # every scale in one launch (kplanes_bwd_runs_scales_kernel; a sm_90 compile of camera2k's
-    # C = 8 without a cap: 224 registers at 4 rows, 255 and 40 bytes of spills at 8)
-    "scales_r4": (lambda t: t, 0, {"bwd_scales_max_c": 64, "scales_rows": 4, "scales_maxnreg": None}, True),
-    "scales_r4_c168": (lambda t: t, 0, {"bwd_scales_max_c": 64, "scales_rows": 4, "scales_maxnreg": 168}, True),
-    "scales_r8": (lambda t: t, 0, {"bwd_scales_max_c": 64, "scales_rows": 8, "scales_maxnreg": None}, True),
 }
 # a variant of launch settings takes run_maxnreg as it was measured with (rows8_r128 measured the
 # small-tile cap that came after it); the knockouts keep the shipped settings
@@ -232,8 +224,6 @@ def main() -> int:
                          "must give the shipped kernel's gradients, knockouts other ones")
     ap.add_argument("--fwd-block-n", type=int, nargs="*", default=[],
                     help="also time the forward at these points a program (the shipped: 32)")
-    ap.add_argument("--fwd-scales", action="store_true",
-                    help="also time the forward with every scale in one launch (kplanes_fwd_scales_kernel)")
     ap.add_argument("--out-dir", default=None)
     args = ap.parse_args()
     if args.cpu_check:
@@ -274,12 +264,6 @@ def main() -> int:
             tu = kp.KPlanesTuning(fwd_block_n=bn)
             row[f"forward_bn{bn}_ms"] = statistics.median(cuda_times_ms(
                 lambda tu=tu: kp.kplanes_forward(pts, mats, planes, lay, False, tu), args.repeat, 3, dev))
-        if args.fwd_scales and 2 <= lay.n_scales <= 3:
-            tu = kp.KPlanesTuning(fwd_scales_max_c=lay.channels)
-            one = kp.kplanes_forward(pts, mats, planes, lay, False, tu)
-            row["forward_scales_err"] = float((one - kp.kplanes_forward(pts, mats, planes, lay, False)).abs().max())
-            row["forward_scales_ms"] = statistics.median(cuda_times_ms(
-                lambda tu=tu: kp.kplanes_forward(pts, mats, planes, lay, False, tu), args.repeat, 3, dev))
         ref = None
         for name, mod in mods.items():
             tuning = mod.KPlanesTuning(**VARIANTS[name][2])
@@ -293,12 +277,11 @@ def main() -> int:
                 row[f"{name}_err_frames"] = float((gm - ref[2]).norm() / ref[2].norm())
             row[f"{name}_ms"] = statistics.median(cuda_times_ms(call, args.repeat, 3, dev))
         rows.append(row)
-        one = f" (one launch {row['forward_scales_ms']:6.2f})" if "forward_scales_ms" in row else ""
-        print(f"{case:<10} fwd {fwd_ms:6.2f}{one} | " + "  ".join(f"{n} {row[f'{n}_ms']:6.2f}" for n in mods), flush=True)
+        print(f"{case:<10} fwd {fwd_ms:6.2f} | " + "  ".join(f"{n} {row[f'{n}_ms']:6.2f}" for n in mods), flush=True)
     path = write_result("probe_bwd_knockout", args.case, device_name(dev), rows,
                         out_dir=Path(args.out_dir) if args.out_dir else None,
                         note="backward ms with need_gm (planes and frames), need_dq off; knockouts' results are wrong "
-                             "on purpose, candidates' (sep_pick, unroll2_nocap, stages2_nocap, the launch settings rows*, len32 and scales_*) are checked "
+                             "on purpose, candidates' (sep_pick, unroll2_nocap, stages2_nocap and the launch settings rows*, len32) are checked "
                              "against the shipped kernel (err_*)")
     print(f"wrote {path}")
     return 0

@@ -51,12 +51,12 @@ def test_every_launch_says_whether_it_fuses_multiply_adds():
     assert len({kernel.__name__ for kernel, *_ in calls}) == 9
     for kernel, _, _, kwargs in calls:
         assert kwargs.get("enable_fp_fusion") is (kernel.__name__ != "ray_points_kernel"), (kernel.__name__, kwargs)
-    fwd = next(c for c in calls if c[0] in (kp.kplanes_fwd_kernel, kp.kplanes_fwd_scales_kernel))
+    fwd = next(c for c in calls if c[0] is kp.kplanes_fwd_kernel)
     sig = {"pts_ptr": "*fp32", "mat_ptr": "*fp32", "planes_ptr": "*fp32", "out_ptr": "*fp32"}
     names = fwd[0].arg_names
     sig.update({n: "i32" for n in names[4:len(fwd[2])]})
     constexprs = {n: v for n, v in fwd[3].items() if n in names}
     sig.update({n: "constexpr" for n in constexprs})
     options = {k: v for k, v in fwd[3].items() if k not in names}
-    assert "fma.rn.f32" in _ptx_sm90(fwd[0], sig, constexprs, options)
-    assert "fma.rn.f32" not in _ptx_sm90(fwd[0], sig, constexprs, dict(options, enable_fp_fusion=False))
+    assert "fma.rn.f32" in _ptx_sm90(kp.kplanes_fwd_kernel, sig, constexprs, options)
+    assert "fma.rn.f32" not in _ptx_sm90(kp.kplanes_fwd_kernel, sig, constexprs, dict(options, enable_fp_fusion=False))

@@ -290,7 +290,6 @@ def plan_jobs(layout, n_points: int, *, train_out_bf16: bool, need_dq: bool, nee
 
 def kernels() -> tuple:
     """The JITFunctions ``plan_jobs``' jobs launch."""
-    return (kp.kplanes_fwd_kernel, kp.kplanes_fwd_scales_kernel, kp.kplanes_bwd_kernel, kp.kplanes_bwd_runs_kernel,
-            kp.kplanes_bwd_runs_scales_kernel, tv.plane_tv_fwd_kernel,
+    return (kp.kplanes_fwd_kernel, kp.kplanes_bwd_kernel, kp.kplanes_bwd_runs_kernel, tv.plane_tv_fwd_kernel,
             tv.plane_tv_bwd_kernel, tv.volume_tv_fwd_kernel, tv.volume_tv_bwd_kernel, mlp.mlp_fwd_kernel,
             mlp.mlp_bwd_kernel, rp.ray_points_kernel)

@@ -213,9 +213,15 @@ def _store_sums9(gm_ptr, g00, g01, g02, g10, g11, g12, g20, g21, g22):
 
 
 @triton.jit
-def _sample_scale(out_ptr, n, F, col0, q0, q1, q2, nmask, planes_ptr, t, off_xy, off_xz, off_yz, RX,
-                  RY, RZ, C: tl.constexpr, BLOCK_C: tl.constexpr, OUT_BF16: tl.constexpr):
-    """One scale's features of rotation t: columns ``col0 + t*C + c`` of points ``n``."""
+def kplanes_fwd_kernel(pts_ptr, mat_ptr, planes_ptr, out_ptr, N, F, col0,
+                       off_xy, off_xz, off_yz, RX, RY, RZ,
+                       T: tl.constexpr, C: tl.constexpr, BLOCK_N: tl.constexpr,
+                       BLOCK_C: tl.constexpr, OUT_BF16: tl.constexpr):
+    pid = tl.program_id(0)
+    t = tl.program_id(1)
+    n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+    nmask = n < N
+    q0, q1, q2 = _rotate(pts_ptr, mat_ptr, n, nmask, t)
     ix, fx, _dx = _axis(q0, (RX - 1).to(tl.float32))
     iy, fy, _dy = _axis(q1, (RY - 1).to(tl.float32))
     iz, fz, _dz = _axis(q2, (RZ - 1).to(tl.float32))
@@ -239,20 +245,6 @@ def _sample_scale(out_ptr, n, F, col0, q0, q1, q2, nmask, planes_ptr, t, off_xy,
         if OUT_BF16:
             s = s.to(tl.bfloat16)
         tl.store(out_row[:, None] + c[None, :], s, mask=m2)
-
-
-@triton.jit
-def kplanes_fwd_kernel(pts_ptr, mat_ptr, planes_ptr, out_ptr, N, F, col0,
-                       off_xy, off_xz, off_yz, RX, RY, RZ,
-                       T: tl.constexpr, C: tl.constexpr, BLOCK_N: tl.constexpr,
-                       BLOCK_C: tl.constexpr, OUT_BF16: tl.constexpr):
-    pid = tl.program_id(0)
-    t = tl.program_id(1)
-    n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
-    nmask = n < N
-    q0, q1, q2 = _rotate(pts_ptr, mat_ptr, n, nmask, t)
-    _sample_scale(out_ptr, n, F, col0, q0, q1, q2, nmask, planes_ptr, t, off_xy, off_xz, off_yz, RX, RY,
-                  RZ, C, BLOCK_C, OUT_BF16)
 
 
 @triton.jit
@@ -360,57 +352,6 @@ def _run_flush(gbase, acc00, acc01, acc10, acc11, pu, pv, Ru, C: tl.constexpr, c
 
 
 @triton.jit
-def _walk_grads(g, q0, q1, q2, planes_ptr, o_xy, o_xz, o_yz, RX, RY, RZ, C: tl.constexpr, c, m2,
-                NEED_S: tl.constexpr):
-    """One point of each row at one scale (plane offsets ``o_*`` of rotation t): its cells and
-    fractions, its three planes' upstream gradients and (NEED_S) its dL/dq, (wx, wy, wz) (zeros
-    otherwise)."""
-    ix, fx, dx = _axis(q0, (RX - 1).to(tl.float32))
-    iy, fy, dy = _axis(q1, (RY - 1).to(tl.float32))
-    iz, fz, dz = _axis(q2, (RZ - 1).to(tl.float32))
-    g_xy, g_xz, g_yz, sx, sy, sz = _chunk_grads(
-        g, planes_ptr + o_xy, planes_ptr + o_xz, planes_ptr + o_yz,
-        (iy * RX + ix) * C, (iz * RX + ix) * C, (iz * RY + iy) * C, RX, RY, C, c, m2,
-        fx, fy, fz, NEED_S)
-    return ix, iy, iz, fx, fy, fz, g_xy, g_xz, g_yz, sx * dx, sy * dy, sz * dz
-
-
-@triton.jit
-def _walk_runs(first, nmask, ix, iy, iz, fx, fy, fz, g_xy, g_xz, g_yz, g_xy_base, g_xz_base,
-               g_yz_base, RX, RY, C: tl.constexpr, c, cmask, a00, a01, a10, a11, b00, b01, b10, b11,
-               e00, e01, e10, e11, pix, piy, piz):
-    """The texel-run step of one scale's three planes (their gradients' bases ``g_*_base``) for
-    the rows' next point: the planes' corner sums and the rows' cells after it."""
-    # points past N contribute zeros and stay in the previous cell; the first point of a
-    # row opens its run (sums zero, nothing flushed)
-    ix = tl.where(nmask, ix, pix)
-    iy = tl.where(nmask, iy, piy)
-    iz = tl.where(nmask, iz, piz)
-    pix = tl.where(first, ix, pix)
-    piy = tl.where(first, iy, piy)
-    piz = tl.where(first, iz, piz)
-    dxi = ix - pix
-    dyi = iy - piy
-    dzi = iz - piz
-    a00, a01, a10, a11 = _run_step(g_xy_base, a00, a01, a10, a11, pix, piy, dxi, dyi, RX,
-                                   C, c, cmask, g_xy, fx, fy)
-    b00, b01, b10, b11 = _run_step(g_xz_base, b00, b01, b10, b11, pix, piz, dxi, dzi, RX,
-                                   C, c, cmask, g_xz, fx, fz)
-    e00, e01, e10, e11 = _run_step(g_yz_base, e00, e01, e10, e11, piy, piz, dyi, dzi, RY,
-                                   C, c, cmask, g_yz, fy, fz)
-    return a00, a01, a10, a11, b00, b01, b10, b11, e00, e01, e10, e11, ix, iy, iz
-
-
-@triton.jit
-def _walk_flush(g_xy_base, g_xz_base, g_yz_base, RX, RY, C: tl.constexpr, c, m2, a00, a01, a10, a11,
-                b00, b01, b10, b11, e00, e01, e10, e11, pix, piy, piz):
-    """The rows' last cells of one scale's three planes, flushed."""
-    _run_flush(g_xy_base, a00, a01, a10, a11, pix, piy, RX, C, c, m2)
-    _run_flush(g_xz_base, b00, b01, b10, b11, pix, piz, RX, C, c, m2)
-    _run_flush(g_yz_base, e00, e01, e10, e11, piy, piz, RY, C, c, m2)
-
-
-@triton.jit
 def kplanes_bwd_runs_kernel(grad_ptr, pts_ptr, mat_ptr, planes_ptr, gplanes_ptr, dq_ptr,
                             dq_stride, gm_ptr, gm_slot0, N, F, col0, off_xy, off_xz, off_yz, RX, RY, RZ,
                             T: tl.constexpr, C: tl.constexpr, ROWS: tl.constexpr,
@@ -458,27 +399,50 @@ def kplanes_bwd_runs_kernel(grad_ptr, pts_ptr, mat_ptr, planes_ptr, gplanes_ptr,
             nmask = n < N
             px, py, pz = _points(pts_ptr, n, nmask)
             q0, q1, q2 = _turn(mat_ptr, t, px, py, pz)
+            ix, fx, dx = _axis(q0, (RX - 1).to(tl.float32))
+            iy, fy, dy = _axis(q1, (RY - 1).to(tl.float32))
+            iz, fz, dz = _axis(q2, (RZ - 1).to(tl.float32))
             m2 = nmask[:, None] & cmask[None, :]
             g = tl.load(grad_ptr + n[:, None] * F + col0 + t * C + c[None, :], mask=m2,
                         other=0.0).to(tl.float32)
-            ix, iy, iz, fx, fy, fz, g_xy, g_xz, g_yz, wx, wy, wz = _walk_grads(
-                g, q0, q1, q2, planes_ptr, off_t_xy, off_t_xz, off_t_yz, RX, RY, RZ, C, c, m2, NEED_S)
+            g_xy, g_xz, g_yz, sx, sy, sz = _chunk_grads(
+                g, planes_ptr + off_t_xy, planes_ptr + off_t_xz, planes_ptr + off_t_yz,
+                (iy * RX + ix) * C, (iz * RX + ix) * C, (iz * RY + iy) * C, RX, RY, C, c, m2,
+                fx, fy, fz, NEED_S)
             if NEED_DQ:
                 col = (kk == k)[None, :]
-                dqx = tl.where(col, dqx + wx[:, None], dqx)
-                dqy = tl.where(col, dqy + wy[:, None], dqy)
-                dqz = tl.where(col, dqz + wz[:, None], dqz)
+                dqx = tl.where(col, dqx + (sx * dx)[:, None], dqx)
+                dqy = tl.where(col, dqy + (sy * dy)[:, None], dqy)
+                dqz = tl.where(col, dqz + (sz * dz)[:, None], dqz)
             elif NEED_GM:
-                m00, m01, m02 = _outer3(m00, m01, m02, wx, px, py, pz)
-                m10, m11, m12 = _outer3(m10, m11, m12, wy, px, py, pz)
-                m20, m21, m22 = _outer3(m20, m21, m22, wz, px, py, pz)
-            (a00, a01, a10, a11, b00, b01, b10, b11, e00, e01, e10, e11, pix, piy,
-             piz) = _walk_runs(k == 0, nmask, ix, iy, iz, fx, fy, fz, g_xy, g_xz, g_yz, g_xy_base,
-                               g_xz_base, g_yz_base, RX, RY, C, c, cmask, a00, a01, a10, a11, b00,
-                               b01, b10, b11, e00, e01, e10, e11, pix, piy, piz)
+                m00, m01, m02 = _outer3(m00, m01, m02, sx * dx, px, py, pz)
+                m10, m11, m12 = _outer3(m10, m11, m12, sy * dy, px, py, pz)
+                m20, m21, m22 = _outer3(m20, m21, m22, sz * dz, px, py, pz)
+            # points past N contribute zeros and stay in the previous cell; the first point of a
+            # row opens its run (sums zero, nothing flushed)
+            ix = tl.where(nmask, ix, pix)
+            iy = tl.where(nmask, iy, piy)
+            iz = tl.where(nmask, iz, piz)
+            first = k == 0
+            pix = tl.where(first, ix, pix)
+            piy = tl.where(first, iy, piy)
+            piz = tl.where(first, iz, piz)
+            dxi = ix - pix
+            dyi = iy - piy
+            dzi = iz - piz
+            a00, a01, a10, a11 = _run_step(g_xy_base, a00, a01, a10, a11, pix, piy, dxi, dyi, RX,
+                                           C, c, cmask, g_xy, fx, fy)
+            b00, b01, b10, b11 = _run_step(g_xz_base, b00, b01, b10, b11, pix, piz, dxi, dzi, RX,
+                                           C, c, cmask, g_xz, fx, fz)
+            e00, e01, e10, e11 = _run_step(g_yz_base, e00, e01, e10, e11, piy, piz, dyi, dzi, RY,
+                                           C, c, cmask, g_yz, fy, fz)
+            pix = ix
+            piy = iy
+            piz = iz
         m2 = (row0 < N)[:, None] & cmask[None, :]
-        _walk_flush(g_xy_base, g_xz_base, g_yz_base, RX, RY, C, c, m2, a00, a01, a10, a11, b00, b01,
-                    b10, b11, e00, e01, e10, e11, pix, piy, piz)
+        _run_flush(g_xy_base, a00, a01, a10, a11, pix, piy, RX, C, c, m2)
+        _run_flush(g_xz_base, b00, b01, b10, b11, pix, piz, RX, C, c, m2)
+        _run_flush(g_yz_base, e00, e01, e10, e11, piy, piz, RY, C, c, m2)
     gm_slot = gm_ptr + ((gm_slot0 + pid).to(tl.int64) * T + t) * 9
     if NEED_DQ:
         n2 = row0[:, None] + kk[None, :]
@@ -487,127 +451,6 @@ def kplanes_bwd_runs_kernel(grad_ptr, pts_ptr, mat_ptr, planes_ptr, gplanes_ptr,
             _add_gm(gm_slot, pts_ptr, n2, n2 < N, dqx, dqy, dqz)
     elif NEED_GM:
         _store_sums9(gm_slot, m00, m01, m02, m10, m11, m12, m20, m21, m22)  # the rows' running sums
-
-
-@triton.jit
-def kplanes_bwd_runs_scales_kernel(grad_ptr, pts_ptr, mat_ptr, planes_ptr, gplanes_ptr, gm_ptr, N, F,
-                                   o0_xy, o0_xz, o0_yz, R0X, R0Y, R0Z, o1_xy, o1_xz, o1_yz, R1X, R1Y,
-                                   R1Z, o2_xy, o2_xz, o2_yz, R2X, R2Y, R2Z, T: tl.constexpr,
-                                   C: tl.constexpr, L: tl.constexpr, ROWS: tl.constexpr,
-                                   RUN: tl.constexpr, BLOCK_C: tl.constexpr, NEED_GM: tl.constexpr):
-    """Texel runs of every scale (L = 2 or 3; a third scale's arguments are unused when L = 2) in
-    one launch, without dL/dq (a training step's planes and frames): each point is loaded and
-    rotated once and walks the planes of all scales, whose gathers are independent of one another,
-    so a warp has L times the loads in flight of a one-scale walk. A program's slot of 9 partial
-    sums holds the frames' gradient of all scales."""
-    pid = tl.program_id(0)
-    t = tl.program_id(1)
-    row0 = (pid * ROWS + tl.arange(0, ROWS)).to(tl.int64) * RUN
-    u0_xy = o0_xy + (t * R0Y * R0X * C).to(tl.int64)
-    u0_xz = o0_xz + (t * R0Z * R0X * C).to(tl.int64)
-    u0_yz = o0_yz + (t * R0Z * R0Y * C).to(tl.int64)
-    u1_xy = o1_xy + (t * R1Y * R1X * C).to(tl.int64)
-    u1_xz = o1_xz + (t * R1Z * R1X * C).to(tl.int64)
-    u1_yz = o1_yz + (t * R1Z * R1Y * C).to(tl.int64)
-    h0_xy = gplanes_ptr + u0_xy
-    h0_xz = gplanes_ptr + u0_xz
-    h0_yz = gplanes_ptr + u0_yz
-    h1_xy = gplanes_ptr + u1_xy
-    h1_xz = gplanes_ptr + u1_xz
-    h1_yz = gplanes_ptr + u1_yz
-    if L == 3:
-        u2_xy = o2_xy + (t * R2Y * R2X * C).to(tl.int64)
-        u2_xz = o2_xz + (t * R2Z * R2X * C).to(tl.int64)
-        u2_yz = o2_yz + (t * R2Z * R2Y * C).to(tl.int64)
-        h2_xy = gplanes_ptr + u2_xy
-        h2_xz = gplanes_ptr + u2_xz
-        h2_yz = gplanes_ptr + u2_yz
-    zr = tl.zeros([ROWS], dtype=tl.float32)
-    m00, m01, m02, m10, m11, m12, m20, m21, m22 = zr, zr, zr, zr, zr, zr, zr, zr, zr
-    for c0 in range(0, C, BLOCK_C):
-        c = c0 + tl.arange(0, BLOCK_C)
-        cmask = c < C
-        zero = tl.zeros([ROWS, BLOCK_C], dtype=tl.float32)
-        zi = tl.zeros([ROWS], dtype=tl.int32)
-        a00, a01, a10, a11, b00, b01, b10, b11 = zero, zero, zero, zero, zero, zero, zero, zero
-        e00, e01, e10, e11, pix, piy, piz = zero, zero, zero, zero, zi, zi, zi  # scale 0
-        i00, i01, i10, i11, j00, j01, j10, j11 = zero, zero, zero, zero, zero, zero, zero, zero
-        k00, k01, k10, k11, pjx, pjy, pjz = zero, zero, zero, zero, zi, zi, zi  # scale 1
-        if L == 3:
-            r00, r01, r10, r11, s00, s01, s10, s11 = zero, zero, zero, zero, zero, zero, zero, zero
-            v00, v01, v10, v11, pkx, pky, pkz = zero, zero, zero, zero, zi, zi, zi  # scale 2
-        for k in range(RUN):
-            n = row0 + k
-            nmask = n < N
-            px, py, pz = _points(pts_ptr, n, nmask)
-            q0, q1, q2 = _turn(mat_ptr, t, px, py, pz)
-            m2 = nmask[:, None] & cmask[None, :]
-            gp = grad_ptr + n[:, None] * F + t * C + c[None, :]
-            ix, iy, iz, fx, fy, fz, g_xy, g_xz, g_yz, wx, wy, wz = _walk_grads(
-                tl.load(gp, mask=m2, other=0.0).to(tl.float32), q0, q1, q2, planes_ptr, u0_xy, u0_xz,
-                u0_yz, R0X, R0Y, R0Z, C, c, m2, NEED_GM)
-            (a00, a01, a10, a11, b00, b01, b10, b11, e00, e01, e10, e11, pix, piy,
-             piz) = _walk_runs(k == 0, nmask, ix, iy, iz, fx, fy, fz, g_xy, g_xz, g_yz, h0_xy, h0_xz,
-                               h0_yz, R0X, R0Y, C, c, cmask, a00, a01, a10, a11, b00, b01, b10, b11,
-                               e00, e01, e10, e11, pix, piy, piz)
-            ix, iy, iz, fx, fy, fz, g_xy, g_xz, g_yz, vx, vy, vz = _walk_grads(
-                tl.load(gp + T * C, mask=m2, other=0.0).to(tl.float32), q0, q1, q2, planes_ptr, u1_xy,
-                u1_xz, u1_yz, R1X, R1Y, R1Z, C, c, m2, NEED_GM)
-            wx += vx
-            wy += vy
-            wz += vz
-            (i00, i01, i10, i11, j00, j01, j10, j11, k00, k01, k10, k11, pjx, pjy,
-             pjz) = _walk_runs(k == 0, nmask, ix, iy, iz, fx, fy, fz, g_xy, g_xz, g_yz, h1_xy, h1_xz,
-                               h1_yz, R1X, R1Y, C, c, cmask, i00, i01, i10, i11, j00, j01, j10, j11,
-                               k00, k01, k10, k11, pjx, pjy, pjz)
-            if L == 3:
-                ix, iy, iz, fx, fy, fz, g_xy, g_xz, g_yz, vx, vy, vz = _walk_grads(
-                    tl.load(gp + 2 * T * C, mask=m2, other=0.0).to(tl.float32), q0, q1, q2, planes_ptr,
-                    u2_xy, u2_xz, u2_yz, R2X, R2Y, R2Z, C, c, m2, NEED_GM)
-                wx += vx
-                wy += vy
-                wz += vz
-                (r00, r01, r10, r11, s00, s01, s10, s11, v00, v01, v10, v11, pkx, pky,
-                 pkz) = _walk_runs(k == 0, nmask, ix, iy, iz, fx, fy, fz, g_xy, g_xz, g_yz, h2_xy,
-                                   h2_xz, h2_yz, R2X, R2Y, C, c, cmask, r00, r01, r10, r11, s00, s01,
-                                   s10, s11, v00, v01, v10, v11, pkx, pky, pkz)
-            if NEED_GM:
-                m00, m01, m02 = _outer3(m00, m01, m02, wx, px, py, pz)
-                m10, m11, m12 = _outer3(m10, m11, m12, wy, px, py, pz)
-                m20, m21, m22 = _outer3(m20, m21, m22, wz, px, py, pz)
-        m2 = (row0 < N)[:, None] & cmask[None, :]
-        _walk_flush(h0_xy, h0_xz, h0_yz, R0X, R0Y, C, c, m2, a00, a01, a10, a11, b00, b01, b10, b11,
-                    e00, e01, e10, e11, pix, piy, piz)
-        _walk_flush(h1_xy, h1_xz, h1_yz, R1X, R1Y, C, c, m2, i00, i01, i10, i11, j00, j01, j10, j11,
-                    k00, k01, k10, k11, pjx, pjy, pjz)
-        if L == 3:
-            _walk_flush(h2_xy, h2_xz, h2_yz, R2X, R2Y, C, c, m2, r00, r01, r10, r11, s00, s01, s10,
-                        s11, v00, v01, v10, v11, pkx, pky, pkz)
-    if NEED_GM:
-        _store_sums9(gm_ptr + (pid.to(tl.int64) * T + t) * 9, m00, m01, m02, m10, m11, m12, m20, m21,
-                     m22)
-
-
-@triton.jit
-def kplanes_fwd_scales_kernel(pts_ptr, mat_ptr, planes_ptr, out_ptr, N, F,
-                              o0_xy, o0_xz, o0_yz, R0X, R0Y, R0Z, o1_xy, o1_xz, o1_yz, R1X, R1Y, R1Z,
-                              o2_xy, o2_xz, o2_yz, R2X, R2Y, R2Z, T: tl.constexpr, C: tl.constexpr,
-                              L: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr,
-                              OUT_BF16: tl.constexpr):
-    """The features of every scale (L = 2 or 3) in one launch: each point loaded and rotated once,
-    the scales' gathers independent of one another."""
-    pid = tl.program_id(0)
-    t = tl.program_id(1)
-    n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
-    nmask = n < N
-    q0, q1, q2 = _rotate(pts_ptr, mat_ptr, n, nmask, t)
-    _sample_scale(out_ptr, n, F, 0, q0, q1, q2, nmask, planes_ptr, t, o0_xy, o0_xz, o0_yz, R0X, R0Y,
-                  R0Z, C, BLOCK_C, OUT_BF16)
-    _sample_scale(out_ptr, n, F, T * C, q0, q1, q2, nmask, planes_ptr, t, o1_xy, o1_xz, o1_yz, R1X,
-                  R1Y, R1Z, C, BLOCK_C, OUT_BF16)
-    if L == 3:
-        _sample_scale(out_ptr, n, F, 2 * T * C, q0, q1, q2, nmask, planes_ptr, t, o2_xy, o2_xz, o2_yz,
-                      R2X, R2Y, R2Z, C, BLOCK_C, OUT_BF16)
 
 
 # ------------------------------------------------------------------------------------ launchers
@@ -656,19 +499,6 @@ class KPlanesTuning:
     or 16 channels do not), and it waits on its gathers: 3 warps a scheduler at 168 registers, 4 at
     128. At the camera2k step's scale 1024 on an H100 its backward took 2.04 ms against 2.18
     (docs/kernels.md, "Hardware counters")."""
-    fwd_scales_max_c: int = 64
-    """Forward: the features of all scales in one launch (``kplanes_fwd_scales_kernel``, layouts of
-    2 or 3 scales) for planes of at most this many channels (0: one launch a scale). Each point is
-    loaded and rotated once and a thread has the gathers of every scale in flight; a sm_90
-    compile takes 40 registers at C = 8 (32 a scale alone) and 54 at C = 48 (54)."""
-    bwd_scales_max_c: int = 0
-    """"runs" without dL/dq: the texel runs of all scales in one launch
-    (``kplanes_bwd_runs_scales_kernel``, layouts of 2 or 3 scales) for planes of at most this many
-    channels (0: one launch a scale)."""
-    scales_rows: int = 8
-    """Rows per program of the all-scales texel-run launch (power of two)."""
-    scales_maxnreg: int | None = 168
-    """Register cap of the all-scales texel-run launch (None: the compiler's choice)."""
     min_programs_per_sm: int = 16
     """A texel-run program walks its points one after another; with few programs (the embedded
     default: 49 k points, T = 2 -> 768 one-warp programs on 132 SMs) that serial walk is exposed.
@@ -677,7 +507,7 @@ class KPlanesTuning:
     def __post_init__(self) -> None:
         if self.backward not in BACKWARDS:
             raise ValueError(f"KPlanesTuning.backward must be one of {BACKWARDS}, got {self.backward!r}")
-        for name in ("run_rows", "run_len", "few_channel_rows", "scales_rows"):
+        for name in ("run_rows", "run_len", "few_channel_rows"):
             v = getattr(self, name)
             if (v < 1 and not (name == "few_channel_rows" and v == 0)) or v & (v - 1):
                 raise ValueError(f"KPlanesTuning.{name} must be a power of two, got {v}")
@@ -716,31 +546,11 @@ def kplanes_forward(points: torch.Tensor, matrices: torch.Tensor, plane_data: to
         return out
     bn = tuning.fwd_block_n
     grid = (triton.cdiv(N, bn), T)
-    if 2 <= layout.n_scales <= 3 and C <= tuning.fwd_scales_max_c:
-        launch(kplanes_fwd_scales_kernel, grid, points, matrices, plane_data, out, N, F, *_scale_args(layout),
-               T=T, C=C, L=layout.n_scales, BLOCK_N=bn, BLOCK_C=_block_c(C), OUT_BF16=out_bf16, num_warps=4)
-        return out
     for l, rx, ry, rz, oxy, oxz, oyz in layout.scales():
         launch(kplanes_fwd_kernel, grid, points, matrices, plane_data, out, N, F, l * T * C,
                oxy, oxz, oyz, rx, ry, rz, T=T, C=C, BLOCK_N=bn,
                BLOCK_C=_block_c(C), OUT_BF16=out_bf16, num_warps=4)
     return out
-
-
-def _scale_args(layout: PlaneLayout) -> list[int]:
-    """The all-scales kernels' per-scale arguments (offsets xy, xz, yz, then RX, RY, RZ), a third
-    scale's zeros when there are two."""
-    args = [v for _, rx, ry, rz, oxy, oxz, oyz in layout.scales() for v in (oxy, oxz, oyz, rx, ry, rz)]
-    return args + [0] * (18 - len(args))
-
-
-def _scales_in_one(n_points: int, n_rot: int, layout: PlaneLayout, need_dq: bool, strategy: str,
-                   device: torch.device, tuning: KPlanesTuning) -> bool:
-    """Whether a backward takes ``kplanes_bwd_runs_scales_kernel``: texel runs without dL/dq, 2 or
-    3 scales of at most ``tuning.bwd_scales_max_c`` channels, enough programs for the GPU."""
-    return (strategy == "runs" and not need_dq and 2 <= layout.n_scales <= 3
-            and layout.channels <= tuning.bwd_scales_max_c
-            and not _few_programs(n_points, n_rot, tuning.scales_rows, device, tuning))
 
 
 def _few_programs(n_points: int, n_rot: int, rows: int, device: torch.device, tuning: KPlanesTuning) -> bool:
@@ -794,8 +604,6 @@ def kplanes_backward(grad: torch.Tensor, points: torch.Tensor, matrices: torch.T
     dq = torch.empty((3, T, N if need_dq else 0), device=points.device, dtype=torch.float32)
     scales = list(layout.scales())
     dev = device_of(points)
-    if _scales_in_one(N, T, layout, need_dq, strategy, dev, tuning):
-        return _backward_scales_in_one(grad, points, matrices, plane_data, layout, need_gm, gplanes, dq, tuning)
     per_program = [scale_rows(N, T, C, max(s[1:4]), dev, tuning) * tuning.run_len if strategy == "runs"
                    else tuning.pairs_block_n for s in scales]
     n_progs = [triton.cdiv(N, n) for n in per_program]
@@ -820,24 +628,5 @@ def kplanes_backward(grad: torch.Tensor, points: torch.Tensor, matrices: torch.T
             bn = tuning.pairs_block_n
             launch(kplanes_bwd_kernel, (triton.cdiv(N, bn), T), *common, T=T, C=C, BLOCK_N=bn, BLOCK_C=bc,
                    num_warps=4, **flags)
-    gm = sum_parts(partials, dim=0).reshape(-1, 3, 3) if need_gm else partials.new_zeros((0, 3, 3))
-    return gplanes, dq, gm
-
-
-def _backward_scales_in_one(grad, points, matrices, plane_data, layout: PlaneLayout, need_gm: bool,
-                            gplanes: torch.Tensor, dq: torch.Tensor, tuning: KPlanesTuning):
-    """:func:`kplanes_backward` of every scale in one texel-run launch (no dL/dq): one slot of 9
-    partial sums of dL/dM per (program, t)."""
-    N = points.shape[0]
-    T, C = layout.n_rot, layout.channels
-    rows, run = tuning.scales_rows, tuning.run_len
-    n_progs = triton.cdiv(N, rows * run)
-    partials = torch.empty((n_progs if need_gm else 0, T, 9), device=points.device, dtype=torch.float32)
-    if N == 0:
-        return gplanes, dq, torch.zeros((T if need_gm else 0, 3, 3), device=points.device, dtype=torch.float32)
-    extra = {"maxnreg": int(tuning.scales_maxnreg)} if tuning.scales_maxnreg else {}
-    launch(kplanes_bwd_runs_scales_kernel, (n_progs, T), grad.contiguous(), points, matrices, plane_data, gplanes,
-           partials, N, layout.n_features, *_scale_args(layout), T=T, C=C, L=layout.n_scales, ROWS=rows, RUN=run,
-           BLOCK_C=_block_c(C), NEED_GM=need_gm, num_warps=tuning.run_warps, **extra)
     gm = sum_parts(partials, dim=0).reshape(-1, 3, 3) if need_gm else partials.new_zeros((0, 3, 3))
     return gplanes, dq, gm
