@@ -234,8 +234,10 @@ def _checks():
     record("kplanes[create_graph]", errs)
     out["kplanes[create_graph]"]["ok"] &= spy == {"torch": 1}  # create_graph backward -> twin formula
 
-    # plane TV
-    for lname, lay in layouts.items():
+    # plane TV (the last layout: planes of several strips, rows of W*C up to 560 elements and up
+    # to 70 rows, neither a multiple of a strip's)
+    strips = {"T2_C8_strips": PlaneLayout(2, 8, ((40, 70, 20), (70, 18, 65)))}
+    for lname, lay in {**layouts, **strips}.items():
         res = [v for r in lay.resolutions for v in r]
         x = torch.randn(lay.numel).requires_grad_()
         ref = reference.plane_tv(x, lay)
@@ -375,7 +377,7 @@ NAMES = (
      for p in ("random_outside", "rays")]
     + ["kplanes[texel_runs_dense_rays]", "kplanes[stride0_grad]", "kplanes[bf16_out]",
        "kplanes[bf16_planes]", "kplanes[create_graph]"]
-    + [f"plane_tv[{l}]" for l in ("T2_C5_two_scales_aniso", "T1_C3_one_scale", "T3_C16_rect")]
+    + [f"plane_tv[{l}]" for l in ("T2_C5_two_scales_aniso", "T1_C3_one_scale", "T3_C16_rect", "T2_C8_strips")]
     + [f"volume_tv[{s}-{k}]" for s in ("5x6x7", "2x3x2x5", "2x2x2") for k in ("squared", "l1")]
     + ["tomo[int64=False]", "tomo[int64=True]"]
     + [f"ray_points[S{s}]" for s in (13, 1, 64)] + ["kplanes_tv"]

@@ -1,10 +1,13 @@
 """Triton kernels of the two total-variation regularizers (forward partial sums + analytic backward).
 
 plane_tv: all planes of all scales and rotations in ONE launch. The flat buffer is cut into groups
-(one per scale and plane kind: the T planes of a group share (H, W)); every program owns BLOCK
-elements of one group, found from a small per-layout table (built once per layout and device, so
-build it before a CUDA-graph capture: the first call does). Forward writes one partial sum per
-program (summed by torch: deterministic); backward writes the whole gradient in one launch.
+(one per scale and plane kind: the T planes of a group share (H, W)); every program owns a strip
+of one plane (PLANE_TV_ROWS rows of PLANE_TV_BW elements of a row of W*C), found from a small
+per-layout table (built once per layout and device, so build it before a CUDA-graph capture: the
+first call does), and walks its rows keeping the row above and below in registers, so each
+element is read from memory about once and the neighbours along w come from the same lines.
+Forward writes one partial sum per program (summed by torch: deterministic); backward writes the
+whole gradient in one launch.
 
 volume_tv: (..., D, H, W) contiguous volume, squared or L1 forward differences along 3 axes.
 """
@@ -18,7 +21,10 @@ import triton.language as tl
 from fasttomo.kernels.layout import PlaneLayout
 from fasttomo.kernels.triton.launch import launch, sum_parts
 
-PLANE_TV_BLOCK = 2048
+PLANE_TV_ROWS = 16
+"""Plane TV: rows of a program's strip."""
+PLANE_TV_BW = 512
+"""Plane TV: elements of a row (of W*C) in a program's strip."""
 VOLUME_TV_BLOCK = 2048
 
 
@@ -31,64 +37,84 @@ def _group_of(pid, blk_ptr, G: tl.constexpr):
 
 
 @triton.jit
-def _group_block(pid, blk_ptr, itab_ptr, ftab_ptr, G: tl.constexpr, BLOCK: tl.constexpr):
-    """Program pid's plane group from the tables: (flat offset, W*C, H*W*C, TV weights along h and
-    w, element indices of this block within the group, their mask)."""
+def _strip(pid, blk_ptr, itab_ptr, ftab_ptr, G: tl.constexpr, ROWS: tl.constexpr, BW: tl.constexpr):
+    """Program pid's strip from the tables: ROWS rows (from h0) of BW elements (columns wc of a
+    row of W*C elements) of one plane of one group, whose first element is at ``base``. Returns
+    (base offset, W*C, H, h0, wc, TV weights along h and w). Scalar index arithmetic only: a
+    group's sizes fit 32 bits (the door takes buffers below 2**31 elements)."""
     grp = _group_of(pid, blk_ptr, G)
-    b0 = tl.load(blk_ptr + grp)
+    local = pid - tl.load(blk_ptr + grp)
     off = tl.load(itab_ptr + grp * 4 + 0)
-    # a group's sizes fit 32 bits (the door takes buffers below 2**31 elements; the element indices
-    # are int32); in 64 bits each `%` below is a call to a software division (16 a thread)
     WC = tl.load(itab_ptr + grp * 4 + 1).to(tl.int32)
-    HWC = tl.load(itab_ptr + grp * 4 + 2).to(tl.int32)
-    numel = tl.load(itab_ptr + grp * 4 + 3).to(tl.int32)
-    wh = tl.load(ftab_ptr + grp * 2 + 0)
-    ww = tl.load(ftab_ptr + grp * 2 + 1)
-    e = (pid - b0) * BLOCK + tl.arange(0, BLOCK)
-    return off, WC, HWC, wh, ww, e, e < numel
+    H = tl.load(itab_ptr + grp * 4 + 2).to(tl.int32)
+    n_cb = tl.load(itab_ptr + grp * 4 + 3).to(tl.int32)
+    n_rb = (H + ROWS - 1) // ROWS
+    cb = local % n_cb
+    rest = local // n_cb
+    h0 = (rest % n_rb) * ROWS
+    plane = rest // n_rb
+    base = off + plane.to(tl.int64) * H * WC
+    wc = cb * BW + tl.arange(0, BW)
+    return base, WC, H, h0, wc, tl.load(ftab_ptr + grp * 2 + 0), tl.load(ftab_ptr + grp * 2 + 1)
 
 
 @triton.jit
 def plane_tv_fwd_kernel(x_ptr, part_ptr, blk_ptr, itab_ptr, ftab_ptr, C, G: tl.constexpr,
-                        BLOCK: tl.constexpr):
+                        ROWS: tl.constexpr, BW: tl.constexpr):
+    """One partial sum per program: its strip's squared differences along w (to the right) and
+    along h (downwards), walking the rows and keeping each one for the next row's difference."""
     pid = tl.program_id(0)
-    off, WC, HWC, wh, ww, e, mask = _group_block(pid, blk_ptr, itab_ptr, ftab_ptr, G, BLOCK)
-    within = e % HWC
-    wc = within % WC
-    mh = mask & (within + WC < HWC)
-    mw = mask & (wc + C < WC)
-    base = x_ptr + off
-    x0 = tl.load(base + e, mask=mask, other=0.0)
-    xh = tl.load(base + e + WC, mask=mh, other=0.0)
-    xw = tl.load(base + e + C, mask=mw, other=0.0)
-    dh = tl.where(mh, xh - x0, 0.0)
-    dw = tl.where(mw, xw - x0, 0.0)
-    s = wh * tl.sum(dh * dh, axis=0) + ww * tl.sum(dw * dw, axis=0)
-    tl.store(part_ptr + pid, s)
+    base, WC, H, h0, wc, wh, ww = _strip(pid, blk_ptr, itab_ptr, ftab_ptr, G, ROWS, BW)
+    row = x_ptr + base + wc
+    mc = wc < WC
+    mw = wc + C < WC
+    x0 = tl.load(row + h0 * WC, mask=mc, other=0.0)
+    acc = tl.zeros([BW], dtype=tl.float32)
+    for i in range(ROWS):
+        h = h0 + i
+        hv = h + 0 * wc  # as a tensor: masks of tensors only
+        mh = mc & (hv + 1 < H)
+        m_w = mw & (hv < H)
+        xw = tl.load(row + h * WC + C, mask=m_w, other=0.0)
+        xh = tl.load(row + (h + 1) * WC, mask=mh, other=0.0)
+        dh = tl.where(mh, xh - x0, 0.0)
+        dw = tl.where(m_w, xw - x0, 0.0)
+        acc += wh * (dh * dh) + ww * (dw * dw)
+        x0 = xh
+    tl.store(part_ptr + pid, tl.sum(acc, axis=0))
 
 
 @triton.jit
 def plane_tv_bwd_kernel(x_ptr, go_ptr, gx_ptr, blk_ptr, itab_ptr, ftab_ptr, C, G: tl.constexpr,
-                        BLOCK: tl.constexpr):
+                        ROWS: tl.constexpr, BW: tl.constexpr):
+    """The gradient of a strip, walking its rows with the rows above and below in registers."""
     pid = tl.program_id(0)
-    off, WC, HWC, wh, ww, e, mask = _group_block(pid, blk_ptr, itab_ptr, ftab_ptr, G, BLOCK)
+    base, WC, H, h0, wc, wh, ww = _strip(pid, blk_ptr, itab_ptr, ftab_ptr, G, ROWS, BW)
     go = tl.load(go_ptr).to(tl.float32)
-    within = e % HWC
-    wc = within % WC
-    m_dn = mask & (within + WC < HWC)
-    m_up = mask & (within >= WC)
-    m_rt = mask & (wc + C < WC)
-    m_lf = mask & (wc >= C)
-    base = x_ptr + off
-    x0 = tl.load(base + e, mask=mask, other=0.0)
-    x_dn = tl.load(base + e + WC, mask=m_dn, other=0.0)
-    x_up = tl.load(base + e - WC, mask=m_up, other=0.0)
-    x_rt = tl.load(base + e + C, mask=m_rt, other=0.0)
-    x_lf = tl.load(base + e - C, mask=m_lf, other=0.0)
-    gh = tl.where(m_dn, x0 - x_dn, 0.0) + tl.where(m_up, x0 - x_up, 0.0)
-    gw = tl.where(m_rt, x0 - x_rt, 0.0) + tl.where(m_lf, x0 - x_lf, 0.0)
-    g = go * (2.0 * wh * gh + 2.0 * ww * gw)
-    tl.store(gx_ptr + off + e, g, mask=mask)
+    row = x_ptr + base + wc
+    out = gx_ptr + base + wc
+    mc = wc < WC
+    m_rt = wc + C < WC
+    m_lf = mc & (wc >= C)
+    x_up = tl.load(row + (h0 - 1) * WC, mask=mc & (h0 + 0 * wc >= 1), other=0.0)
+    x0 = tl.load(row + h0 * WC, mask=mc, other=0.0)
+    for i in range(ROWS):
+        h = h0 + i
+        hv = h + 0 * wc  # as a tensor: masks of tensors only
+        inside = hv < H
+        m_dn = mc & (hv + 1 < H)
+        m_up = mc & (hv >= 1) & inside
+        m_r = m_rt & inside
+        m_l = m_lf & inside
+        x_dn = tl.load(row + (h + 1) * WC, mask=m_dn, other=0.0)
+        x_rt = tl.load(row + h * WC + C, mask=m_r, other=0.0)
+        x_lf = tl.load(row + h * WC - C, mask=m_l, other=0.0)
+        gh = tl.where(m_dn, x0 - x_dn, 0.0) + tl.where(m_up, x0 - x_up, 0.0)
+        gw = tl.where(m_r, x0 - x_rt, 0.0) + tl.where(m_l, x0 - x_lf, 0.0)
+        g = go * (2.0 * wh * gh + 2.0 * ww * gw)
+        tl.store(out + h * WC, g, mask=mc & inside)
+        x_up = x0
+        x0 = x_dn
 
 
 @triton.jit
@@ -161,8 +187,9 @@ _TABLES: dict = {}
 
 def _plane_tables(layout: PlaneLayout, device: torch.device):
     """Per (scale, plane kind) group, in buffer order (``PlaneLayout.groups``): the first program
-    of each group (blk), (offset, W*C, H*W*C, numel) (itab) and the TV weights along H and W
-    (ftab). Built once per layout and device."""
+    of each group (blk: T planes x row blocks x column blocks of strips), (offset, W*C, H,
+    column blocks) (itab) and the TV weights along H and W (ftab). Built once per layout and
+    device."""
     key = (layout, str(device))
     hit = _TABLES.get(key)
     if hit is not None:
@@ -171,9 +198,10 @@ def _plane_tables(layout: PlaneLayout, device: torch.device):
     count = 3 * layout.n_scales * layout.n_rot
     blk, itab, ftab, nb = [0], [], [], 0
     for off, h, w, numel in layout.groups():
-        itab += [off, w * C, h * w * C, numel]
+        n_cb = triton.cdiv(w * C, PLANE_TV_BW)
+        itab += [off, w * C, h, n_cb]
         ftab += [1.0 / ((h - 1) * w * C) / count, 1.0 / (h * (w - 1) * C) / count]
-        nb += triton.cdiv(numel, PLANE_TV_BLOCK)
+        nb += (numel // (h * w * C)) * triton.cdiv(h, PLANE_TV_ROWS) * n_cb
         blk.append(nb)
     hit = (torch.tensor(blk, dtype=torch.int32, device=device),
            torch.tensor(itab, dtype=torch.int64, device=device),
@@ -186,7 +214,7 @@ def plane_tv_forward(plane_data: torch.Tensor, layout: PlaneLayout) -> torch.Ten
     blk, itab, ftab, nb, G = _plane_tables(layout, plane_data.device)
     part = torch.empty(nb, device=plane_data.device, dtype=torch.float32)
     launch(plane_tv_fwd_kernel, (nb,), plane_data, part, blk, itab, ftab, layout.channels, G=G,
-           BLOCK=PLANE_TV_BLOCK, num_warps=8)
+           ROWS=PLANE_TV_ROWS, BW=PLANE_TV_BW, num_warps=4)
     return sum_parts(part)
 
 
@@ -195,7 +223,7 @@ def plane_tv_backward(grad: torch.Tensor, plane_data: torch.Tensor,
     blk, itab, ftab, nb, G = _plane_tables(layout, plane_data.device)
     gx = torch.empty(plane_data.shape, device=plane_data.device, dtype=plane_data.dtype)  # see sum_parts
     launch(plane_tv_bwd_kernel, (nb,), plane_data, grad.contiguous(), gx, blk, itab, ftab, layout.channels,
-           G=G, BLOCK=PLANE_TV_BLOCK, num_warps=8)
+           G=G, ROWS=PLANE_TV_ROWS, BW=PLANE_TV_BW, num_warps=4)
     return gx
 
 
