@@ -9,7 +9,7 @@ one machine. Both are checked against the pure-torch twin. CUDA events, medians 
 Prints a table and writes benchmarks/results/bench_plane_tv-<case>-<device>-<commit>.json.
 
     python scripts/bench_plane_tv.py [--cases camera2k flagship] [--repeat 50] [--base-src DIR]
-        [--base-commit HASH] [--out-dir DIR]
+        [--base-commit HASH] [--shapes ROWSxBW ...] [--out-dir DIR]
     TRITON_INTERPRET=1 python scripts/bench_plane_tv.py --device cpu --cases tiny --repeat 1   # no GPU
 """
 
@@ -44,12 +44,37 @@ def load_tv(src: Path):
     return mod
 
 
+class Strips:
+    """This tree's kernels launched with other strips (ROWS x BW), the module's constants set for
+    each call and restored after it."""
+
+    def __init__(self, mod, rows: int, bw: int, shipped: tuple[int, int]):
+        self.mod, self.shape, self.shipped = mod, (rows, bw), shipped
+
+    def _call(self, fn, *args):
+        self.mod.PLANE_TV_ROWS, self.mod.PLANE_TV_BW = self.shape
+        self.mod._TABLES.clear()
+        try:
+            return fn(*args)
+        finally:
+            self.mod.PLANE_TV_ROWS, self.mod.PLANE_TV_BW = self.shipped
+            self.mod._TABLES.clear()
+
+    def plane_tv_forward(self, *args):
+        return self._call(self.mod.plane_tv_forward, *args)
+
+    def plane_tv_backward(self, *args):
+        return self._call(self.mod.plane_tv_backward, *args)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--cases", nargs="+", default=list(CASES), choices=list(CASES))
     ap.add_argument("--repeat", type=int, default=50)
     ap.add_argument("--base-src", type=Path, default=None, help="another tree's src/ to time beside this one")
     ap.add_argument("--base-commit", default="base", help="the name of --base-src's kernels in the table")
+    ap.add_argument("--shapes", nargs="*", default=[],
+                    help="also this tree's kernels with other strips, ROWSxBW each (e.g. 8x512 16x1024)")
     ap.add_argument("--device", default="cuda", help="cuda, or cpu under TRITON_INTERPRET=1 (the tiny case)")
     ap.add_argument("--out-dir", default=None)
     args = ap.parse_args()
@@ -64,6 +89,9 @@ def main() -> int:
     kernels = {"this tree": tv}
     if args.base_src is not None:
         kernels[args.base_commit] = load_tv(args.base_src)
+    shipped = (tv.PLANE_TV_ROWS, tv.PLANE_TV_BW)
+    for shape in args.shapes:
+        kernels[f"strips {shape}"] = Strips(tv, *map(int, shape.split("x")), shipped)
     for case in args.cases:
         T, C, sides = CASES[case]
         lay = PlaneLayout(T, C, tuple((s,) * 3 for s in sides))
@@ -81,7 +109,7 @@ def main() -> int:
                 times[name]["fwd"] += cuda_times_ms(lambda mod=mod: mod.plane_tv_forward(x, lay), args.repeat, 3, dev)
                 times[name]["bwd"] += cuda_times_ms(lambda mod=mod: mod.plane_tv_backward(go, x, lay), args.repeat, 3, dev)
         print(f"{case}: {lay.numel / 1e6:.1f} M elements ({nbytes / 1e6:.0f} MB)")
-        print(f"  {'kernels':<12} {'fwd ms':>8} {'GB/s':>6} {'bwd ms':>8} {'GB/s':>6}  value err  grad err")
+        print(f"  {'kernels':<16} {'fwd ms':>8} {'GB/s':>6} {'bwd ms':>8} {'GB/s':>6}  value err  grad err")
         for name, mod in kernels.items():
             fwd, bwd = statistics.median(times[name]["fwd"]), statistics.median(times[name]["bwd"])
             v, g = mod.plane_tv_forward(x, lay), mod.plane_tv_backward(go, x, lay)
@@ -90,7 +118,7 @@ def main() -> int:
                    "value_rel_err": float((v.double() - ref.detach().double()).abs() / ref.detach().double().abs()),
                    "grad_rel_err": float((g.double() - gref.double()).norm() / gref.double().norm())}
             rows.append(row)
-            print(f"  {name:<12} {fwd:8.3f} {row['fwd_GBps']:6.0f} {bwd:8.3f} {row['bwd_GBps']:6.0f}"
+            print(f"  {name:<16} {fwd:8.3f} {row['fwd_GBps']:6.0f} {bwd:8.3f} {row['bwd_GBps']:6.0f}"
                   f"  {row['value_rel_err']:.1e}  {row['grad_rel_err']:.1e}", flush=True)
         path = write_result("bench_plane_tv", case, device_name(dev), rows,
                             out_dir=Path(args.out_dir) if args.out_dir else None,

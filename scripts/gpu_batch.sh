@@ -220,7 +220,7 @@ for s in "${steps[@]}"; do
       step knockflag python3 scripts/probe_bwd_knockout.py --case flagship --repeat 10 --variants shipped \
         --out-dir "$DIR" ;;
     kernelgpu) suite kernelgpu kernels tests/kernels/test_kernels_gpu.py ;;
-    planetv) step planetv python3 scripts/bench_plane_tv.py --out-dir "$DIR" \
+    planetv) step planetv python3 scripts/bench_plane_tv.py --out-dir "$DIR" --shapes 8x512 32x512 16x256 16x1024 \
       ${GPU_BATCH_BASE:+--base-src "$GPU_BATCH_BASE/src" --base-commit "${GPU_BATCH_BASE_COMMIT:-base}"} ;;
     flagstep) step flagstep python3 scripts/bench_step.py --case flagship --variants triton-bf16 triton-fp32 ;;
     cameraprof) step cameraprof python3 scripts/bench_step.py --case camera2k --variants triton-bf16 --profile 3 ;;
