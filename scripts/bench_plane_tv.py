@@ -71,7 +71,7 @@ class Strips:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--cases", nargs="+", default=list(CASES), choices=list(CASES))
+    ap.add_argument("--cases", nargs="+", default=["camera2k", "flagship"], choices=list(CASES))
     ap.add_argument("--repeat", type=int, default=50)
     ap.add_argument("--base-src", type=Path, default=None, help="another tree's src/ to time beside this one")
     ap.add_argument("--base-commit", default="base", help="the name of --base-src's kernels in the table")

@@ -7,7 +7,8 @@ against the twin under the same precision (forward output, dL/dx and every weigh
 through autograd; in bf16 the twin runs under autocast, ``reference.decoder_mlp``), then
 CUDA-event medians of the fused pair against the twin's forward and forward + backward, in bf16
 (the path the door takes) and fp32 (which the door leaves to cuBLAS). ``--sweep`` also times the
-backward's launch settings (points a block, warps, programs an SM). Prints a table, writes
+backward's launch settings (points a block, warps, programs an SM, and with ``--sweep-stages``
+the software pipeline's stages). Prints a table, writes
 benchmarks/results/probe_fused_mlp-<case>-<device>-<commit>.json.
 
     python scripts/probe_fused_mlp.py                       # camera2k: N = 8192 x 768, F = 48, H = 32
@@ -97,6 +98,9 @@ def main() -> int:
                          "programs an SM (its registers bound how many programs an SM holds)")
     ap.add_argument("--sweep-blocks", type=int, nargs="+", default=[32, 64], help="points a block (16 or more)")
     ap.add_argument("--sweep-warps", type=int, nargs="+", default=[4, 8])
+    ap.add_argument("--sweep-programs", type=int, nargs="+", default=[2, 4, 8, 16], help="programs an SM")
+    ap.add_argument("--sweep-stages", type=int, nargs="*", default=[],
+                    help="also each of these software-pipeline stages of the backward's walk (Triton's default: 3)")
     ap.add_argument("--cpu-check", action="store_true", help="Triton's interpreter on a tiny case (no GPU)")
     ap.add_argument("--out-dir", default=None)
     args = ap.parse_args()
@@ -141,14 +145,17 @@ def main() -> int:
         x, params, dout = make(args.points, args.features, args.hidden, dev, True)
         for block_n in args.sweep_blocks:
             for warps in args.sweep_warps:
-                for per_sm in (2, 4, 8, 16):
-                    def bwd(block_n=block_n, warps=warps, per_sm=per_sm):
-                        mlp.mlp_backward(x, dout, *params[:5], True, programs=per_sm * sms, block_n=block_n, warps=warps)
-                    ms = statistics.median(cuda_times_ms(bwd, args.repeat, 3, dev))
-                    rows.append({"variant": f"bf16 backward {block_n} points a block, {warps} warps, {per_sm} an SM",
-                                 "fused_bwd_ms": ms})
-                    print(f"  backward: {block_n} points a block, {warps} warps, {per_sm} programs an SM: {ms:.3f} ms",
-                          flush=True)
+                for per_sm in args.sweep_programs:
+                    for stages in [None, *args.sweep_stages]:
+                        def bwd(block_n=block_n, warps=warps, per_sm=per_sm, stages=stages):
+                            mlp.mlp_backward(x, dout, *params[:5], True, programs=per_sm * sms, block_n=block_n,
+                                             warps=warps, stages=stages)
+                        ms = statistics.median(cuda_times_ms(bwd, args.repeat, 3, dev))
+                        staged = "" if stages is None else f", {stages} stages"
+                        rows.append({"variant": f"bf16 backward {block_n} points a block, {warps} warps, {per_sm} an SM"
+                                                f"{staged}", "fused_bwd_ms": ms})
+                        print(f"  backward: {block_n} points a block, {warps} warps, {per_sm} programs an SM{staged}: "
+                              f"{ms:.3f} ms", flush=True)
     case = args.case or f"n{args.points}-f{args.features}-h{args.hidden}"
     path = write_result("probe_fused_mlp", case, device_name(dev), rows,
                         out_dir=Path(args.out_dir) if args.out_dir else None, programs=programs)

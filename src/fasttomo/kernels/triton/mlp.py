@@ -169,10 +169,12 @@ def mlp_forward(x: torch.Tensor, w1: torch.Tensor, b1: torch.Tensor, w2: torch.T
 
 def mlp_backward(x: torch.Tensor, dout: torch.Tensor, w1: torch.Tensor, b1: torch.Tensor, w2: torch.Tensor,
                  b2: torch.Tensor, w3: torch.Tensor, bf16: bool, need_dx: bool = True,
-                 programs: int | None = None, block_n: int = BWD_BLOCK_N, warps: int = BWD_WARPS):
+                 programs: int | None = None, block_n: int = BWD_BLOCK_N, warps: int = BWD_WARPS,
+                 stages: int | None = None):
     """(dx (N, F) in x's dtype, or (0, F) without ``need_dx``; dW1, db1, dW2, db2, dW3, db3 in fp32
     with nn.Linear's shapes, views of one sum) for the output gradient ``dout`` (N,). ``programs``
-    (default ``BWD_PROGRAMS_PER_SM`` an SM), ``block_n`` and ``warps``: the launch (the probe's
+    (default ``BWD_PROGRAMS_PER_SM`` an SM), ``block_n``, ``warps`` and ``stages`` (the software
+    pipeline's stages of the walk over blocks; None: Triton's default): the launch (the probe's
     sweep)."""
     N, F = x.shape
     H = w1.shape[0]
@@ -182,8 +184,9 @@ def mlp_backward(x: torch.Tensor, dout: torch.Tensor, w1: torch.Tensor, b1: torc
     programs = max(1, min(programs, triton.cdiv(N, block_n)))
     dx = torch.empty((N if need_dx else 0, F), device=x.device, dtype=x.dtype)
     part = torch.empty((programs, H * FP + H * H + 3 * H + 1), device=x.device, dtype=torch.float32)
+    extra = {} if stages is None else {"num_stages": stages}
     launch(mlp_bwd_kernel, (programs,), x, dout, w1, b1, w2, b2, w3, dx, part, N, F, programs, FP=FP, H=H,
-           BLOCK_N=block_n, BF16=bf16, PREC=_prec(bf16), NEED_DX=need_dx, num_warps=warps)
+           BLOCK_N=block_n, BF16=bf16, PREC=_prec(bf16), NEED_DX=need_dx, num_warps=warps, **extra)
     s = sum_parts(part, 0)
     o = H * FP
     dw1 = s[:o].reshape(H, FP)[:, :F]
