@@ -45,28 +45,16 @@ def load_tv(src: Path):
 
 
 class Strips:
-    """This tree's kernels launched with other strips (ROWS x BW): the module's constants and its
-    table cache swapped for this shape's during each call (its tables built once, at the warm-up,
-    not inside the timed calls) and restored after it."""
+    """This tree's kernels launched with another strip (ROWS x BW)."""
 
-    def __init__(self, mod, rows: int, bw: int, shipped: tuple[int, int]):
-        self.mod, self.shape, self.shipped, self.tables = mod, (rows, bw), shipped, {}
+    def __init__(self, mod, rows: int, bw: int):
+        self.mod, self.strip = mod, (rows, bw)
 
-    def _call(self, fn, *args):
-        own = self.mod._TABLES
-        self.mod.PLANE_TV_ROWS, self.mod.PLANE_TV_BW = self.shape
-        self.mod._TABLES = self.tables
-        try:
-            return fn(*args)
-        finally:
-            self.mod.PLANE_TV_ROWS, self.mod.PLANE_TV_BW = self.shipped
-            self.mod._TABLES = own
+    def plane_tv_forward(self, plane_data, layout):
+        return self.mod.plane_tv_forward(plane_data, layout, self.strip)
 
-    def plane_tv_forward(self, *args):
-        return self._call(self.mod.plane_tv_forward, *args)
-
-    def plane_tv_backward(self, *args):
-        return self._call(self.mod.plane_tv_backward, *args)
+    def plane_tv_backward(self, grad, plane_data, layout):
+        return self.mod.plane_tv_backward(grad, plane_data, layout, self.strip)
 
 
 def main() -> int:
@@ -91,9 +79,8 @@ def main() -> int:
     kernels = {"this tree": tv}
     if args.base_src is not None:
         kernels[args.base_commit] = load_tv(args.base_src)
-    shipped = (tv.PLANE_TV_ROWS, tv.PLANE_TV_BW)
     for shape in args.shapes:
-        kernels[f"strips {shape}"] = Strips(tv, *map(int, shape.split("x")), shipped)
+        kernels[f"strips {shape}"] = Strips(tv, *map(int, shape.split("x")))
     for case in args.cases:
         T, C, sides = CASES[case]
         lay = PlaneLayout(T, C, tuple((s,) * 3 for s in sides))

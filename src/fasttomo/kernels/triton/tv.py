@@ -185,12 +185,13 @@ def volume_tv_bwd_kernel(x_ptr, go_ptr, gx_ptr, E, D, H, W, wd, wh, ww, L1: tl.c
 _TABLES: dict = {}
 
 
-def _plane_tables(layout: PlaneLayout, device: torch.device):
+def _plane_tables(layout: PlaneLayout, device: torch.device, strip: tuple[int, int]):
     """Per (scale, plane kind) group, in buffer order (``PlaneLayout.groups``): the first program
     of each group (blk: T planes x row blocks x column blocks of strips), (offset, W*C, H,
-    column blocks) (itab) and the TV weights along H and W (ftab). Built once per layout and
-    device."""
-    key = (layout, str(device))
+    column blocks) (itab) and the TV weights along H and W (ftab), for strips of ``strip`` = (rows,
+    elements a row). Built once per layout, device and strip."""
+    rows, bw = strip
+    key = (layout, str(device), strip)
     hit = _TABLES.get(key)
     if hit is not None:
         return hit
@@ -198,10 +199,10 @@ def _plane_tables(layout: PlaneLayout, device: torch.device):
     count = 3 * layout.n_scales * layout.n_rot
     blk, itab, ftab, nb = [0], [], [], 0
     for off, h, w, numel in layout.groups():
-        n_cb = triton.cdiv(w * C, PLANE_TV_BW)
+        n_cb = triton.cdiv(w * C, bw)
         itab += [off, w * C, h, n_cb]
         ftab += [1.0 / ((h - 1) * w * C) / count, 1.0 / (h * (w - 1) * C) / count]
-        nb += (numel // (h * w * C)) * triton.cdiv(h, PLANE_TV_ROWS) * n_cb
+        nb += (numel // (h * w * C)) * triton.cdiv(h, rows) * n_cb
         blk.append(nb)
     hit = (torch.tensor(blk, dtype=torch.int32, device=device),
            torch.tensor(itab, dtype=torch.int64, device=device),
@@ -210,20 +211,25 @@ def _plane_tables(layout: PlaneLayout, device: torch.device):
     return hit
 
 
-def plane_tv_forward(plane_data: torch.Tensor, layout: PlaneLayout) -> torch.Tensor:
-    blk, itab, ftab, nb, G = _plane_tables(layout, plane_data.device)
+def plane_tv_forward(plane_data: torch.Tensor, layout: PlaneLayout,
+                     strip: tuple[int, int] = (PLANE_TV_ROWS, PLANE_TV_BW)) -> torch.Tensor:
+    """The plane TV's value; ``strip`` (rows, elements a row): a program's strip (the bench's
+    shapes)."""
+    blk, itab, ftab, nb, G = _plane_tables(layout, plane_data.device, strip)
     part = torch.empty(nb, device=plane_data.device, dtype=torch.float32)
     launch(plane_tv_fwd_kernel, (nb,), plane_data, part, blk, itab, ftab, layout.channels, G=G,
-           ROWS=PLANE_TV_ROWS, BW=PLANE_TV_BW, num_warps=4)
+           ROWS=strip[0], BW=strip[1], num_warps=4)
     return sum_parts(part)
 
 
-def plane_tv_backward(grad: torch.Tensor, plane_data: torch.Tensor,
-                      layout: PlaneLayout) -> torch.Tensor:
-    blk, itab, ftab, nb, G = _plane_tables(layout, plane_data.device)
+def plane_tv_backward(grad: torch.Tensor, plane_data: torch.Tensor, layout: PlaneLayout,
+                      strip: tuple[int, int] = (PLANE_TV_ROWS, PLANE_TV_BW)) -> torch.Tensor:
+    """The plane TV's gradient for the output gradient ``grad``; ``strip`` as in
+    :func:`plane_tv_forward`."""
+    blk, itab, ftab, nb, G = _plane_tables(layout, plane_data.device, strip)
     gx = torch.empty(plane_data.shape, device=plane_data.device, dtype=plane_data.dtype)  # see sum_parts
     launch(plane_tv_bwd_kernel, (nb,), plane_data, grad.contiguous(), gx, blk, itab, ftab, layout.channels,
-           G=G, ROWS=PLANE_TV_ROWS, BW=PLANE_TV_BW, num_warps=4)
+           G=G, ROWS=strip[0], BW=strip[1], num_warps=4)
     return gx
 
 
