@@ -37,7 +37,8 @@
 # gpu_tests-kernels-<device>-<commit>.json), planetv (bench_plane_tv: the plane TV's kernels at
 # the camera2k and flagship layouts, and GPU_BATCH_BASE's beside them when it is set), mlpstages
 # (probe_fused_mlp's backward at 32 and 64 points a block, 4 and 8 programs an SM, with 1-4
-# software-pipeline stages beside Triton's default).
+# software-pipeline stages beside Triton's default), flagprof (bench_step flagship, bf16 and fp32, its
+# kernels profiled: where the fp32 step's time goes).
 #
 # An A/B against another commit in the same job, on the same machine: GPU_BATCH_BASE names a folder
 # holding that commit's tree (git archive <commit> | tar -x -C <folder>, carried along) and
@@ -224,12 +225,14 @@ for s in "${steps[@]}"; do
     kernelgpu) suite kernelgpu kernels tests/kernels/test_kernels_gpu.py ;;
     mlpstages) step mlpstages python3 scripts/probe_fused_mlp.py --sweep --sweep-blocks 32 64 --sweep-warps 4 \
       --sweep-programs 4 8 --sweep-stages 1 2 3 4 --out-dir "$DIR" ;;
-    planetv) step planetv python3 scripts/bench_plane_tv.py --out-dir "$DIR" --shapes 8x512 32x512 16x256 16x1024 \
+    planetv) step planetv python3 scripts/bench_plane_tv.py --out-dir "$DIR" --shapes 16x512 8x512 16x256 \
       ${GPU_BATCH_BASE:+--base-src "$GPU_BATCH_BASE/src" --base-commit "${GPU_BATCH_BASE_COMMIT:-base}"} ;;
     flagstep) step flagstep python3 scripts/bench_step.py --case flagship --variants triton-bf16 triton-fp32 ;;
     cameraprof) step cameraprof python3 scripts/bench_step.py --case camera2k --variants triton-bf16 --profile 3 ;;
+    flagprof) step flagprof python3 scripts/bench_step.py --case flagship --variants triton-bf16 triton-fp32 --profile 3 \
+      --label prof ;;
     *) echo "STEP $s unknown (kernels, step, run, runpyc, camera, camera16, quality, suite, imports, smem," \
-         "camerastep, fusedmlp, knockout, knockcam, knockrows, camerabf16, decoder, decoderab, fusionab, ncu, flagstep, cameraprof, camerapatch, knockregs, kernelgpu, planetv, mlpstages; base-STEP)" >> "$DIR/batch.log" ;;
+         "camerastep, fusedmlp, knockout, knockcam, knockrows, camerabf16, decoder, decoderab, fusionab, ncu, flagstep, cameraprof, camerapatch, knockregs, kernelgpu, planetv, mlpstages, flagprof; base-STEP)" >> "$DIR/batch.log" ;;
   esac
 done
 echo DONE >> "$DIR/batch.log"

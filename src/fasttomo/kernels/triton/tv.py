@@ -2,7 +2,7 @@
 
 plane_tv: all planes of all scales and rotations in ONE launch. The flat buffer is cut into groups
 (one per scale and plane kind: the T planes of a group share (H, W)); every program owns a strip
-of one plane (PLANE_TV_ROWS rows of PLANE_TV_BW elements of a row of W*C), found from a small
+of one plane (rows of elements of a row of W*C: PLANE_TV_FWD_STRIP, PLANE_TV_BWD_STRIP), found from a small
 per-layout table (built once per layout and device, so build it before a CUDA-graph capture: the
 first call does), and walks its rows keeping the row above and below in registers, so each
 element is read from memory about once and the neighbours along w come from the same lines.
@@ -21,10 +21,11 @@ import triton.language as tl
 from fasttomo.kernels.layout import PlaneLayout
 from fasttomo.kernels.triton.launch import launch, sum_parts
 
-PLANE_TV_ROWS = 16
-"""Plane TV: rows of a program's strip."""
-PLANE_TV_BW = 512
-"""Plane TV: elements of a row (of W*C) in a program's strip."""
+PLANE_TV_FWD_STRIP = (16, 256)
+"""Plane TV forward: a program's strip, (rows, elements of a row of W*C)."""
+PLANE_TV_BWD_STRIP = (8, 512)
+"""Plane TV backward: a program's strip (the fastest of ``scripts/bench_plane_tv.py --shapes`` for
+each kernel at the camera2k and flagship layouts, benchmarks/README.md)."""
 VOLUME_TV_BLOCK = 2048
 
 
@@ -212,7 +213,7 @@ def _plane_tables(layout: PlaneLayout, device: torch.device, strip: tuple[int, i
 
 
 def plane_tv_forward(plane_data: torch.Tensor, layout: PlaneLayout,
-                     strip: tuple[int, int] = (PLANE_TV_ROWS, PLANE_TV_BW)) -> torch.Tensor:
+                     strip: tuple[int, int] = PLANE_TV_FWD_STRIP) -> torch.Tensor:
     """The plane TV's value; ``strip`` (rows, elements a row): a program's strip (the bench's
     shapes)."""
     blk, itab, ftab, nb, G = _plane_tables(layout, plane_data.device, strip)
@@ -223,7 +224,7 @@ def plane_tv_forward(plane_data: torch.Tensor, layout: PlaneLayout,
 
 
 def plane_tv_backward(grad: torch.Tensor, plane_data: torch.Tensor, layout: PlaneLayout,
-                      strip: tuple[int, int] = (PLANE_TV_ROWS, PLANE_TV_BW)) -> torch.Tensor:
+                      strip: tuple[int, int] = PLANE_TV_FWD_STRIP) -> torch.Tensor:
     """The plane TV's gradient for the output gradient ``grad``; ``strip`` as in
     :func:`plane_tv_forward`."""
     blk, itab, ftab, nb, G = _plane_tables(layout, plane_data.device, strip)
