@@ -38,7 +38,9 @@
 # the camera2k and flagship layouts, and GPU_BATCH_BASE's beside them when it is set), mlpstages
 # (probe_fused_mlp's backward at 32 and 64 points a block, 4 and 8 programs an SM, with 1-4
 # software-pipeline stages beside Triton's default), flagprof (bench_step flagship, bf16 and fp32, its
-# kernels profiled: where the fp32 step's time goes).
+# kernels profiled: where the fp32 step's time goes), flagcublas (bench_step flagship, bf16, its decoder
+# on cuBLAS: the A side of the fused decoder after cuBLAS's first product), decodertests (the
+# decoder's GPU tests, recorded as gpu_tests-decoder-kernels-<device>-<commit>.json).
 #
 # An A/B against another commit in the same job, on the same machine: GPU_BATCH_BASE names a folder
 # holding that commit's tree (git archive <commit> | tar -x -C <folder>, carried along) and
@@ -229,10 +231,13 @@ for s in "${steps[@]}"; do
       ${GPU_BATCH_BASE:+--base-src "$GPU_BATCH_BASE/src" --base-commit "${GPU_BATCH_BASE_COMMIT:-base}"} ;;
     flagstep) step flagstep python3 scripts/bench_step.py --case flagship --variants triton-bf16 triton-fp32 ;;
     cameraprof) step cameraprof python3 scripts/bench_step.py --case camera2k --variants triton-bf16 --profile 3 ;;
+    flagcublas) step flagcublas python3 scripts/bench_step.py --case flagship --variants triton-bf16 \
+      --extra kernels.gpu_decoder=cublas --label cublas ;;
+    decodertests) suite decodertests decoder-kernels -k decoder tests/kernels/test_kernels_gpu.py ;;
     flagprof) step flagprof python3 scripts/bench_step.py --case flagship --variants triton-bf16 triton-fp32 --profile 3 \
       --label prof ;;
     *) echo "STEP $s unknown (kernels, step, run, runpyc, camera, camera16, quality, suite, imports, smem," \
-         "camerastep, fusedmlp, knockout, knockcam, knockrows, camerabf16, decoder, decoderab, fusionab, ncu, flagstep, cameraprof, camerapatch, knockregs, kernelgpu, planetv, mlpstages, flagprof; base-STEP)" >> "$DIR/batch.log" ;;
+         "camerastep, fusedmlp, knockout, knockcam, knockrows, camerabf16, decoder, decoderab, fusionab, ncu, flagstep, cameraprof, camerapatch, knockregs, kernelgpu, planetv, mlpstages, flagprof, flagcublas, decodertests; base-STEP)" >> "$DIR/batch.log" ;;
   esac
 done
 echo DONE >> "$DIR/batch.log"

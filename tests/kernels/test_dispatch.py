@@ -149,7 +149,8 @@ def test_reference_coordinates_stay_fp32_under_bf16_autocast():
 def test_the_gpu_decoder_choice_is_checked_and_leaves_the_cpu_decoder_as_it_was():
     """kernels.gpu_decoder takes cublas or fused (a wrong value is refused naming the choices);
     fused concerns CUDA bf16 training alone: a CPU decoder gives the same bits either way and never
-    takes the fused path. The door's width limits are the fused kernels' own."""
+    takes the fused path. The door's width limits are the fused kernels' own; wider features take
+    them after cuBLAS's first product where the hidden width is theirs."""
     from fasttomo.models.decoder import Decoder
 
     with pytest.raises(ValueError, match=r"kernels.gpu_decoder must be one of \['cublas', 'fused'\], got 'fast'"):
@@ -168,6 +169,8 @@ def test_the_gpu_decoder_choice_is_checked_and_leaves_the_cpu_decoder_as_it_was(
 
     assert (dispatch._FUSED_MLP_FEATURES, dispatch._FUSED_MLP_HIDDEN) == (mlp.MAX_FEATURES, mlp.HIDDEN)
     assert dispatch.fused_mlp_fits(64, 32) and not dispatch.fused_mlp_fits(65, 32) and not dispatch.fused_mlp_fits(48, 128)
+    assert dispatch.fused_mlp_widths(64, 32) == (64, 32) and dispatch.fused_mlp_widths(1152, 64) == (64, 64)
+    assert dispatch.fused_mlp_widths(1152, 128) is None and dispatch.fused_mlp_widths(48, 128) is None
 
 
 def test_ray_samples_on_the_cpu_are_the_geometry_twins():

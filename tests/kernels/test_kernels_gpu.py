@@ -357,7 +357,8 @@ def test_the_decoder_where_the_fused_kernels_do_not_apply_is_its_nn_sequential()
     Decoder takes the twin (path 'torch'): the same calls as its nn.Sequential, so outputs and
     gradients are its bits."""
     for features, hidden, autocast, backend, decoder in (
-            (48, 32, False, "auto", "fused"), (96, 32, True, "auto", "fused"), (48, 128, True, "auto", "fused"),
+            (48, 32, False, "auto", "fused"), (96, 32, False, "auto", "fused"), (48, 128, True, "auto", "fused"),
+            (1152, 128, True, "auto", "fused"), (96, 32, True, "auto", "cublas"),
             (48, 32, True, "torch", "fused"), (48, 32, True, "auto", "cublas"), (48, 32, True, "triton", "cublas")):
         dispatch.configure(backend, gpu_decoder=decoder)
         dec = _decoder(features, hidden)
@@ -372,11 +373,11 @@ def test_the_decoder_where_the_fused_kernels_do_not_apply_is_its_nn_sequential()
         assert all(torch.equal(a, b) for a, b in zip(_grads(out, x, dec, g), _grads(ref, x, dec, g)))
 
 
-@pytest.mark.parametrize("features,hidden", [(48, 32), (48, 64), (20, 16), (64, 64)])
+@pytest.mark.parametrize("features,hidden", [(48, 32), (48, 64), (20, 16), (64, 64), (96, 32), (1152, 64)])
 @pytest.mark.parametrize("x_dtype", [torch.bfloat16, torch.float32])
 def test_the_bf16_decoder_takes_the_fused_kernels_and_is_as_close_as_the_twin(features, hidden, x_dtype):
     """Under bf16 autocast, with kernels.gpu_decoder=fused, the Decoder takes the fused kernels (path
-    'triton', fp32 output): output and every gradient (features bf16, as the fused interpolation
+    'triton', fp32 output; features wider than 64 after cuBLAS's first product): output and every gradient (features bf16, as the fused interpolation
     writes them, or fp32) are as close to the fp32 decoder's as the bf16 twin's are, the backward
     is the same bits twice (its partial sums add in one order), and without dL/dx the weights'
     gradients are the same sums."""

@@ -284,6 +284,23 @@ def _checks():
         errs["double"] = _rel(torch.autograd.grad(c1.sum(), [ps[0]])[0], torch.autograd.grad(c2.sum(), [ps[0]])[0])
         record(f"decoder_mlp[n{n}-f{f}-h{h}]", errs)
 
+    # features wider than the kernels hold: the door's cuBLAS product first, the kernels through an
+    # identity first layer; values and every gradient against the twin's (fp32)
+    for n, f, h in ((77, 96, 32), (40, 200, 16)):
+        x = torch.randn(n, f).requires_grad_()
+        ps = [(torch.randn(*shape) * 0.3).requires_grad_() for shape in ((h, f), (h,), (h, h), (h,), (1, h), (1,))]
+        ref = reference.decoder_mlp(x, *ps)
+        dispatch.reset_counters()
+        got = dispatch._fused_decoder(x, tuple(ps), False)
+        g = torch.randn(n)
+        gr = torch.autograd.grad(ref, [x, *ps], g)
+        gg = torch.autograd.grad(got, [x, *ps], g)
+        errs = {"out": _rel(got, ref) + float(got.dtype != torch.float32)}
+        for name, a, b in zip(("x", "w1", "b1", "w2", "b2", "w3", "b3"), gg, gr):
+            errs[f"d_{name}"] = _rel(a, b) + float(a.shape != b.shape)
+        errs["spy"] = float(dispatch.counters.get("decoder_mlp_bwd") != {"triton": 1})
+        record(f"decoder_mlp_wide[n{n}-f{f}-h{h}]", errs)
+
     # the decoder's bf16 path (the one the door takes), with the interpreter's bf16 products widened:
     # the kernels compute exactly their documented rounding points (the emulation above), for bf16
     # and fp32 features; dx comes back in the features' dtype
@@ -382,6 +399,7 @@ NAMES = (
     + ["tomo[int64=False]", "tomo[int64=True]"]
     + [f"ray_points[S{s}]" for s in (13, 1, 64)] + ["kplanes_tv"]
     + [f"decoder_mlp[{c}]" for c in ("n300-f20-h32", "n37-f48-h16", "n5-f64-h64")]
+    + [f"decoder_mlp_wide[{c}]" for c in ("n77-f96-h32", "n40-f200-h16")]
     + [f"decoder_mlp_bf16[{c}-{d}]" for c in ("n300-f20-h32", "n45-f64-h64") for d in ("bfloat16", "float32")]
 )
 

@@ -16,8 +16,8 @@ the layout's shapes outside autocast; ``backend='torch'`` keeps the twin there t
 likewise, and ``decoder_mlp`` (the hybrid decoder: native C kernels in ``kernels/cpu_mlp.py`` on
 the CPU; on CUDA under bf16 autocast, with ``configure(gpu_decoder='fused')``
 (``kernels.gpu_decoder=fused``, the default), fused Triton kernels, ``kernels/triton/mlp.py``, for
-widths they hold in registers; the twin's cuBLAS GEMMs everywhere else, fp32 among them, where
-cuBLAS is faster).
+widths they hold in registers, and after cuBLAS's first product for wider features; the twin's
+cuBLAS GEMMs everywhere else, fp32 among them, where cuBLAS is faster).
 
 Otherwise the pure-torch twin in ``kernels/reference.py`` runs. Under ``backend='triton'`` an input
 the fast path cannot take raises ``KernelUnavailableError`` naming the reason. The path taken is
@@ -304,9 +304,19 @@ def decoder_mlp_native(device: torch.device, dtype: torch.dtype, features: int, 
 
 
 def fused_mlp_fits(features: int, hidden: int) -> bool:
-    """Whether a hybrid decoder of these widths is one the fused GPU kernels take
+    """Whether a hybrid decoder of these widths is one the fused GPU kernels take whole
     (``kernels/triton/mlp.py``: F up to 64, H 16, 32 or 64)."""
     return 1 <= features <= _FUSED_MLP_FEATURES and hidden in _FUSED_MLP_HIDDEN
+
+
+def fused_mlp_widths(features: int, hidden: int) -> Optional[tuple]:
+    """(F, H) of the fused GPU kernels' launches for a hybrid decoder of these widths: its own
+    where they take it whole; (H, H) for a wider first layer (F above 64), which cuBLAS computes
+    (x W1^T, without the bias) before the kernels take the rest through an identity first layer
+    (``decoder_mlp``); None where H is not one of theirs."""
+    if fused_mlp_fits(features, hidden):
+        return (features, hidden)
+    return (hidden, hidden) if features > _FUSED_MLP_FEATURES and hidden in _FUSED_MLP_HIDDEN else None
 
 
 _FUSED_MLP_FEATURES, _FUSED_MLP_HIDDEN = 64, (16, 32, 64)  # kernels/triton/mlp.py's MAX_FEATURES, HIDDEN
@@ -332,9 +342,9 @@ def _why_not_fused_mlp(x: torch.Tensor, params) -> Optional[str]:
         return f"weights of shapes {[tuple(p.shape) for p in params]}, not a Linear-ReLU-Linear-ReLU-Linear(1)'s"
     if x.dim() != 2 or x.dtype not in (torch.bfloat16, torch.float32) or x.shape[1] != F_in:
         return f"features {tuple(x.shape)} {x.dtype}, fast path needs (N, {F_in}) bf16 or float32"
-    if not fused_mlp_fits(F_in, H):
-        return (f"a decoder of {F_in} features and {H} hidden units: the fused kernels take up to "
-                f"{_FUSED_MLP_FEATURES} features and {list(_FUSED_MLP_HIDDEN)} hidden units")
+    if fused_mlp_widths(F_in, H) is None:
+        return (f"a decoder of {F_in} features and {H} hidden units: the fused kernels take "
+                f"{list(_FUSED_MLP_HIDDEN)} hidden units")
     if not 0 < x.shape[0] < _INT32_MAX:
         return f"{x.shape[0]} points"
     if _load_ops() is None:
@@ -348,7 +358,8 @@ def decoder_mlp(x: torch.Tensor, w1: torch.Tensor, b1: torch.Tensor, w2: torch.T
     the native CPU kernels (path 'cpu') for CPU float32/float64 inputs under ``backend=auto``
     outside autocast; the fused Triton kernels (path 'triton') under CUDA bf16 autocast with
     ``gpu_decoder='fused'`` where ``_why_not_fused_mlp`` allows (their output is fp32, the twin's
-    bf16); the twin elsewhere (cuBLAS GEMMs, path 'torch'). Under ``backend=triton`` the decoder
+    bf16; features wider than the kernels hold go through cuBLAS's x W1^T first, ``fused_mlp_widths``);
+    the twin elsewhere (cuBLAS GEMMs, path 'torch'). Under ``backend=triton`` the decoder
     never raises: where the fused kernels do not apply (not chosen, fp32 or fp16, other widths)
     cuBLAS runs it."""
     params = (w1, b1, w2, b2, w3, b3)
@@ -361,9 +372,32 @@ def decoder_mlp(x: torch.Tensor, w1: torch.Tensor, b1: torch.Tensor, w2: torch.T
     if reason is None:
         _note("decoder_mlp", "triton", None)
         _wait_ahead()
-        return torch.ops.fasttomo.decoder_mlp(x, *params, True)
+        return _fused_decoder(x, params, True)
     _note("decoder_mlp", "torch", reason)
     return reference.decoder_mlp(x, *params)
+
+
+def _fused_decoder(x: torch.Tensor, params: tuple, bf16: bool) -> torch.Tensor:
+    """The fused decoder's op on ``x``; features wider than its kernels hold have their first
+    product (x W1^T, the bias left to the kernels) done by cuBLAS (autocast's dtype), which the
+    kernels take through an identity first layer (exact: one product of 1 a sum)."""
+    if x.shape[1] <= _FUSED_MLP_FEATURES:
+        return torch.ops.fasttomo.decoder_mlp(x, *params, bf16)
+    w1 = params[0]
+    u = torch.nn.functional.linear(x, w1)
+    return torch.ops.fasttomo.decoder_mlp(u, _identity(w1.shape[0], x.device), *params[1:], bf16)
+
+
+_IDENTITIES: dict = {}
+
+
+def _identity(n: int, device: torch.device) -> torch.Tensor:
+    """An (n, n) fp32 identity on ``device``, made once (so a captured step's replays read the
+    tensor its capture did): the fused decoder's first layer where cuBLAS has done its product."""
+    key = (n, str(device))
+    if key not in _IDENTITIES:
+        _IDENTITIES[key] = torch.eye(n, device=device, dtype=torch.float32)
+    return _IDENTITIES[key]
 
 
 def volume_tv(volume: torch.Tensor, kind: str = "squared") -> torch.Tensor:
@@ -411,8 +445,7 @@ def _fused_decoder_widths(field) -> tuple | None:
     if getattr(decoder, "kind", None) != "hybrid" or _state["backend"] == "torch" or _state["gpu_decoder"] != "fused":
         return None
     w1 = decoder.net[0].weight
-    F_in, H = w1.shape[1], w1.shape[0]
-    return (F_in, H) if fused_mlp_fits(F_in, H) else None
+    return fused_mlp_widths(w1.shape[1], w1.shape[0])
 
 
 def compile_ahead_summary() -> dict | None:
