@@ -40,7 +40,9 @@
 # software-pipeline stages beside Triton's default), flagprof (bench_step flagship, bf16 and fp32, its
 # kernels profiled: where the fp32 step's time goes), flagcublas (bench_step flagship, bf16, its decoder
 # on cuBLAS: the A side of the fused decoder after cuBLAS's first product), decodertests (the
-# decoder's GPU tests, recorded as gpu_tests-decoder-kernels-<device>-<commit>.json).
+# decoder's GPU tests, recorded as gpu_tests-decoder-kernels-<device>-<commit>.json), decoderwide
+# (bench_quality's field-best, experiment=quality: 192 features, the fused decoder after cuBLAS's
+# first product, against the same recipe with its decoder on cuBLAS, on three specimens).
 #
 # An A/B against another commit in the same job, on the same machine: GPU_BATCH_BASE names a folder
 # holding that commit's tree (git archive <commit> | tar -x -C <folder>, carried along) and
@@ -233,11 +235,14 @@ for s in "${steps[@]}"; do
     cameraprof) step cameraprof python3 scripts/bench_step.py --case camera2k --variants triton-bf16 --profile 3 ;;
     flagcublas) step flagcublas python3 scripts/bench_step.py --case flagship --variants triton-bf16 \
       --extra kernels.gpu_decoder=cublas --label cublas ;;
+    decoderwide) step quality-decoder-wide python3 scripts/bench_quality.py --cases clean128 cell128_d20 catalyst128_d200 \
+      --methods field-best --variant best-cublas="experiment=quality kernels.gpu_decoder=cublas" --jobs 3 \
+      --out-dir "$DIR" ;;
     decodertests) suite decodertests decoder-kernels -k decoder tests/kernels/test_kernels_gpu.py ;;
     flagprof) step flagprof python3 scripts/bench_step.py --case flagship --variants triton-bf16 triton-fp32 --profile 3 \
       --label prof ;;
     *) echo "STEP $s unknown (kernels, step, run, runpyc, camera, camera16, quality, suite, imports, smem," \
-         "camerastep, fusedmlp, knockout, knockcam, knockrows, camerabf16, decoder, decoderab, fusionab, ncu, flagstep, cameraprof, camerapatch, knockregs, kernelgpu, planetv, mlpstages, flagprof, flagcublas, decodertests; base-STEP)" >> "$DIR/batch.log" ;;
+         "camerastep, fusedmlp, knockout, knockcam, knockrows, camerabf16, decoder, decoderab, fusionab, ncu, flagstep, cameraprof, camerapatch, knockregs, kernelgpu, planetv, mlpstages, flagprof, flagcublas, decodertests, decoderwide; base-STEP)" >> "$DIR/batch.log" ;;
   esac
 done
 echo DONE >> "$DIR/batch.log"

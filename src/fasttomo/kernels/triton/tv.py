@@ -224,7 +224,7 @@ def plane_tv_forward(plane_data: torch.Tensor, layout: PlaneLayout,
 
 
 def plane_tv_backward(grad: torch.Tensor, plane_data: torch.Tensor, layout: PlaneLayout,
-                      strip: tuple[int, int] = PLANE_TV_FWD_STRIP) -> torch.Tensor:
+                      strip: tuple[int, int] = PLANE_TV_BWD_STRIP) -> torch.Tensor:
     """The plane TV's gradient for the output gradient ``grad``; ``strip`` as in
     :func:`plane_tv_forward`."""
     blk, itab, ftab, nb, G = _plane_tables(layout, plane_data.device, strip)
