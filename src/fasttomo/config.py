@@ -900,10 +900,11 @@ class KernelsConfig:
     triton (require them) or torch."""
     gpu_decoder: str = "fused"
     """The hybrid decoder in bf16 training on a GPU: fused (two Triton kernels that keep its
-    activations in registers, for up to 64 features and model.hidden 16, 32 or 64: the camera2k
-    step 10.8 ms against 14.0 with cublas on an H100, the same quality; docs/kernels.md, "The camera
-    step") or cublas (torch's GEMMs and elementwise kernels). fp32 and fp16 runs, wider decoders
-    and kernels.backend=torch use cuBLAS either way."""
+    activations in registers, for model.hidden 16, 32 or 64, after cuBLAS's first product where
+    the features are more than 64: the camera2k step 10.8 ms against 14.0 with cublas on an H100,
+    the flagship's 29.45 against 30.71, the same quality; docs/kernels.md, "The camera step") or
+    cublas (torch's GEMMs and elementwise kernels). fp32 and fp16 runs, other hidden widths and
+    kernels.backend=torch use cuBLAS either way."""
     step_fusion: bool = True
     """On a GPU, two fusions of the training step (docs/kernels.md, "The door"): the rays' samples
     in one kernel, and the features' and plane TV's backward into one buffer (the camera2k bf16
