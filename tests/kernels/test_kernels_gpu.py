@@ -379,9 +379,8 @@ def test_the_bf16_decoder_takes_the_fused_kernels_and_is_as_close_as_the_twin(fe
     """Under bf16 autocast, with kernels.gpu_decoder=fused, the Decoder takes the fused kernels (path
     'triton', fp32 output; features wider than 64 after cuBLAS's first product): output and every
     gradient (features bf16, as the fused interpolation writes them, or fp32) are as close to the
-    fp32 decoder's as the bf16 twin's are, the backward
-    is the same bits twice (its partial sums add in one order), and without dL/dx the weights'
-    gradients are the same sums."""
+    fp32 decoder's as the bf16 twin's are, the backward is the same bits twice (its partial sums
+    add in one order), and without dL/dx the weights' gradients are the same sums."""
     dispatch.configure("auto", gpu_decoder="fused")
     torch.manual_seed(0)  # fixed features and output gradient: the test compares two noisy errors
     dec = _decoder(features, hidden)
