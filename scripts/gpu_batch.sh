@@ -42,7 +42,9 @@
 # on cuBLAS: the A side of the fused decoder after cuBLAS's first product), decodertests (the
 # decoder's GPU tests, recorded as gpu_tests-decoder-kernels-<device>-<commit>.json), decoderwide
 # (bench_quality's field-best, experiment=quality: 192 features, the fused decoder after cuBLAS's
-# first product, against the same recipe with its decoder on cuBLAS, on three specimens).
+# first product, against the same recipe with its decoder on cuBLAS, on three specimens), fwdregs
+# (probe_bwd_knockout --fwd-maxnreg: the interpolation's forward under register caps, for more warps
+# an SM, at the flagship and camera2k shapes).
 #
 # An A/B against another commit in the same job, on the same machine: GPU_BATCH_BASE names a folder
 # holding that commit's tree (git archive <commit> | tar -x -C <folder>, carried along) and
@@ -238,11 +240,16 @@ for s in "${steps[@]}"; do
     decoderwide) step quality-decoder-wide python3 scripts/bench_quality.py --cases clean128 cell128_d20 catalyst128_d200 \
       --methods field-best --variant best-cublas="experiment=quality kernels.gpu_decoder=cublas" --jobs 3 \
       --out-dir "$DIR" ;;
+    fwdregs)
+      step fwdregs-flagship python3 scripts/probe_bwd_knockout.py --case flagship --variants shipped --repeat 10 \
+        --fwd-maxnreg 32 40 48 --out-dir "$DIR"
+      step fwdregs-camera2k python3 scripts/probe_bwd_knockout.py --case camera2k --variants shipped --repeat 10 \
+        --fwd-maxnreg 24 40 --out-dir "$DIR" ;;
     decodertests) suite decodertests decoder-kernels -k decoder tests/kernels/test_kernels_gpu.py ;;
     flagprof) step flagprof python3 scripts/bench_step.py --case flagship --variants triton-bf16 triton-fp32 --profile 3 \
       --label prof ;;
     *) echo "STEP $s unknown (kernels, step, run, runpyc, camera, camera16, quality, suite, imports, smem," \
-         "camerastep, fusedmlp, knockout, knockcam, knockrows, camerabf16, decoder, decoderab, fusionab, ncu, flagstep, cameraprof, camerapatch, knockregs, kernelgpu, planetv, mlpstages, flagprof, flagcublas, decodertests, decoderwide; base-STEP)" >> "$DIR/batch.log" ;;
+         "camerastep, fusedmlp, knockout, knockcam, knockrows, camerabf16, decoder, decoderab, fusionab, ncu, flagstep, cameraprof, camerapatch, knockregs, kernelgpu, planetv, mlpstages, flagprof, flagcublas, decodertests, decoderwide, fwdregs; base-STEP)" >> "$DIR/batch.log" ;;
   esac
 done
 echo DONE >> "$DIR/batch.log"

@@ -34,6 +34,9 @@ instead (8192 rays x 768 samples through a slab a quarter as thick as wide, T = 
 256 / 512 / 1024). CUDA events, medians of ``--repeat``. Prints a table and writes
 benchmarks/results/probe_bwd_knockout-<case>-<device>-<commit>.json.
 
+``--fwd-maxnreg R ...`` also times the forward (fp32 and bf16 features) under register caps,
+interleaved with the shipped launch, and checks that each gives its bits.
+
     python scripts/probe_bwd_knockout.py [--case flagship|camera2k] [--repeat 20] [--out-dir DIR]
     python scripts/probe_bwd_knockout.py --cpu-check     # no GPU: every variant through Triton's
                                                          # interpreter on a tiny case
@@ -212,6 +215,29 @@ def cpu_check(kp, mods: dict) -> int:
     return 1 if bad else 0
 
 
+def forward_caps(kp, pts, mats, planes, lay, caps, repeat, dev) -> dict:
+    """The forward's times (fp32 and bf16 features) under each register cap beside the shipped
+    launch's, interleaved, and whether each cap gives the shipped features' bits."""
+    from benchlib import cuda_times_ms
+
+    out = {}
+    for bf16 in (False, True):
+        tag = "bf16" if bf16 else "fp32"
+        tunings = {"shipped": kp.KPlanesTuning(), **{f"maxnreg{c}": kp.KPlanesTuning(fwd_maxnreg=c) for c in caps}}
+        ref = kp.kplanes_forward(pts, mats, planes, lay, bf16)
+        times = {name: [] for name in tunings}
+        for _ in range(3):
+            for name, tu in tunings.items():
+                times[name] += cuda_times_ms(lambda tu=tu: kp.kplanes_forward(pts, mats, planes, lay, bf16, tu),
+                                             repeat, 3, dev)
+        for name, tu in tunings.items():
+            out[f"forward_{tag}_{name}_ms"] = statistics.median(times[name])
+            if name != "shipped":
+                out[f"forward_{tag}_{name}_same_bits"] = bool(torch.equal(
+                    kp.kplanes_forward(pts, mats, planes, lay, bf16, tu), ref))
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--case", choices=("flagship", "camera2k"), default="flagship")
@@ -224,6 +250,9 @@ def main() -> int:
                          "must give the shipped kernel's gradients, knockouts other ones")
     ap.add_argument("--fwd-block-n", type=int, nargs="*", default=[],
                     help="also time the forward at these points a program (the shipped: 32)")
+    ap.add_argument("--fwd-maxnreg", type=int, nargs="*", default=[],
+                    help="also time the forward (fp32 and bf16 features) under these register caps, each "
+                         "checked to give the shipped forward's bits (the shipped: the compiler's choice)")
     ap.add_argument("--out-dir", default=None)
     args = ap.parse_args()
     if args.cpu_check:
@@ -264,6 +293,8 @@ def main() -> int:
             tu = kp.KPlanesTuning(fwd_block_n=bn)
             row[f"forward_bn{bn}_ms"] = statistics.median(cuda_times_ms(
                 lambda tu=tu: kp.kplanes_forward(pts, mats, planes, lay, False, tu), args.repeat, 3, dev))
+        if args.fwd_maxnreg:
+            row.update(forward_caps(kp, pts, mats, planes, lay, args.fwd_maxnreg, args.repeat, dev))
         ref = None
         for name, mod in mods.items():
             tuning = mod.KPlanesTuning(**VARIANTS[name][2])
@@ -278,6 +309,11 @@ def main() -> int:
             row[f"{name}_ms"] = statistics.median(cuda_times_ms(call, args.repeat, 3, dev))
         rows.append(row)
         print(f"{case:<10} fwd {fwd_ms:6.2f} | " + "  ".join(f"{n} {row[f'{n}_ms']:6.2f}" for n in mods), flush=True)
+        if args.fwd_maxnreg:
+            print("  forward " + "  ".join(f"{k[8:-3]} {v:.3f}" for k, v in row.items()
+                                           if k.startswith("forward_") and k.endswith("_ms") and "bn" not in k
+                                           and k != "forward_ms")
+                  + "  same bits: " + str(all(v for k, v in row.items() if k.endswith("_same_bits"))), flush=True)
     path = write_result("probe_bwd_knockout", args.case, device_name(dev), rows,
                         out_dir=Path(args.out_dir) if args.out_dir else None,
                         note="backward ms with need_gm (planes and frames), need_dq off; knockouts' results are wrong "

@@ -470,6 +470,9 @@ class KPlanesTuning:
 
     fwd_block_n: int = 32
     """Forward: points per program."""
+    fwd_maxnreg: int | None = None
+    """Forward: register cap per thread (None: the compiler's choice; ``probe_bwd_knockout.py
+    --fwd-maxnreg`` times caps)."""
     backward: str = "runs"
     """"runs" (texel runs) or "pairs" (pair merge); "runs" falls back to "pairs" on small problems
     (``min_programs_per_sm``)."""
@@ -546,10 +549,11 @@ def kplanes_forward(points: torch.Tensor, matrices: torch.Tensor, plane_data: to
         return out
     bn = tuning.fwd_block_n
     grid = (triton.cdiv(N, bn), T)
+    extra = {"maxnreg": int(tuning.fwd_maxnreg)} if tuning.fwd_maxnreg else {}
     for l, rx, ry, rz, oxy, oxz, oyz in layout.scales():
         launch(kplanes_fwd_kernel, grid, points, matrices, plane_data, out, N, F, l * T * C,
                oxy, oxz, oyz, rx, ry, rz, T=T, C=C, BLOCK_N=bn,
-               BLOCK_C=_block_c(C), OUT_BF16=out_bf16, num_warps=4)
+               BLOCK_C=_block_c(C), OUT_BF16=out_bf16, num_warps=4, **extra)
     return out
 
 
