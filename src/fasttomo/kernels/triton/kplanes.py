@@ -471,8 +471,8 @@ class KPlanesTuning:
     fwd_block_n: int = 32
     """Forward: points per program."""
     fwd_maxnreg: int | None = None
-    """Forward: register cap per thread (None: the compiler's choice; ``probe_bwd_knockout.py
-    --fwd-maxnreg`` times caps)."""
+    """Forward: register cap per thread (None: the compiler's choice, which every cap timed by
+    ``probe_bwd_knockout.py --fwd-maxnreg`` lost to; docs/kernels.md)."""
     backward: str = "runs"
     """"runs" (texel runs) or "pairs" (pair merge); "runs" falls back to "pairs" on small problems
     (``min_programs_per_sm``)."""
