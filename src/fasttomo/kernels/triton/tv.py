@@ -4,8 +4,9 @@ plane_tv: all planes of all scales and rotations in ONE launch. The flat buffer 
 (one per scale and plane kind: the T planes of a group share (H, W)); every program owns a strip
 of one plane (rows of elements of a row of W*C, one shape a kernel: PLANE_TV_FWD_STRIP,
 PLANE_TV_BWD_STRIP), found from a small per-layout table (built once per layout, device and strip,
-so build it before a CUDA-graph capture: the first call does), and walks its rows keeping the row above and below in registers, so each
-element is read from memory about once and the neighbours along w come from the same lines.
+so build it before a CUDA-graph capture: the first call does), and walks its rows keeping the row
+above and below in registers, so each element is read from memory about once and the neighbours
+along w come from the same lines.
 Forward writes one partial sum per program (summed by torch: deterministic); backward writes the
 whole gradient in one launch.
 
