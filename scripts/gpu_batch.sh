@@ -44,7 +44,10 @@
 # (bench_quality's field-best, experiment=quality: 192 features, the fused decoder after cuBLAS's
 # first product, against the same recipe with its decoder on cuBLAS, on three specimens), fwdregs
 # (probe_bwd_knockout --fwd-maxnreg: the interpolation's forward under register caps, for more warps
-# an SM, at the flagship and camera2k shapes).
+# an SM, at the flagship and camera2k shapes), fwdfloor (probe_bwd_knockout --floor: the forward without
+# its feature store, the gathers' own time, beside the shipped forward and backward, fp32 and bf16
+# planes, at both shapes), planes16 (bench_step camera2k and flagship, bf16, with
+# precision.planes=bf16: the A side is camerabf16 and flagstep in the same job).
 #
 # An A/B against another commit in the same job, on the same machine: GPU_BATCH_BASE names a folder
 # holding that commit's tree (git archive <commit> | tar -x -C <folder>, carried along) and
@@ -248,8 +251,18 @@ for s in "${steps[@]}"; do
     decodertests) suite decodertests decoder-kernels -k decoder tests/kernels/test_kernels_gpu.py ;;
     flagprof) step flagprof python3 scripts/bench_step.py --case flagship --variants triton-bf16 triton-fp32 --profile 3 \
       --label prof ;;
+    fwdfloor)
+      step fwdfloor-flagship python3 scripts/probe_bwd_knockout.py --case flagship --variants shipped --repeat 10 \
+        --floor --out-dir "$DIR"
+      step fwdfloor-camera2k python3 scripts/probe_bwd_knockout.py --case camera2k --variants shipped --repeat 10 \
+        --floor --out-dir "$DIR" ;;
+    planes16)
+      step planes16-camera2k python3 scripts/bench_step.py --case camera2k --variants triton-bf16 \
+        --extra precision.planes=bf16 --label planes16
+      step planes16-flagship python3 scripts/bench_step.py --case flagship --variants triton-bf16 \
+        --extra precision.planes=bf16 --label planes16 ;;
     *) echo "STEP $s unknown (kernels, step, run, runpyc, camera, camera16, quality, suite, imports, smem," \
-         "camerastep, fusedmlp, knockout, knockcam, knockrows, camerabf16, decoder, decoderab, fusionab, ncu, flagstep, cameraprof, camerapatch, knockregs, kernelgpu, planetv, mlpstages, flagprof, flagcublas, decodertests, decoderwide, fwdregs; base-STEP)" >> "$DIR/batch.log" ;;
+         "camerastep, fusedmlp, knockout, knockcam, knockrows, camerabf16, decoder, decoderab, fusionab, ncu, flagstep, cameraprof, camerapatch, knockregs, kernelgpu, planetv, mlpstages, flagprof, flagcublas, decodertests, decoderwide, fwdregs, fwdfloor, planes16; base-STEP)" >> "$DIR/batch.log" ;;
   esac
 done
 echo DONE >> "$DIR/batch.log"

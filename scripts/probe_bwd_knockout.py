@@ -37,6 +37,11 @@ benchmarks/results/probe_bwd_knockout-<case>-<device>-<commit>.json.
 ``--fwd-maxnreg R ...`` also times the forward (fp32 and bf16 features) under register caps,
 interleaved with the shipped launch, and checks that each gives its bits.
 
+``--floor`` times what a step's interpolation must at least pay in this design: the forward with
+its feature store knocked out (stored only where a feature is NaN, so every gather and product is
+still computed: the gathers' own time, which the backward repeats), beside the shipped forward
+(fp32 and bf16 features) and backward, each with fp32 planes and with a bf16 copy of them.
+
     python scripts/probe_bwd_knockout.py [--case flagship|camera2k] [--repeat 20] [--out-dir DIR]
     python scripts/probe_bwd_knockout.py --cpu-check     # no GPU: every variant through Triton's
                                                          # interpreter on a tiny case
@@ -215,6 +220,31 @@ def cpu_check(kp, mods: dict) -> int:
     return 1 if bad else 0
 
 
+def _fwd_nostore(text: str) -> str:
+    old = "        tl.store(out_row[:, None] + c[None, :], s, mask=m2)\n"
+    return text.replace(old, "        tl.store(out_row[:, None] + c[None, :], s, mask=m2 & (s != s))\n")
+
+
+def floor_rows(kp, nostore, pts, mats, planes, grad, lay, repeat, dev) -> dict:
+    """The gathers' floor: the shipped forward and backward against the forward without its
+    feature store, with fp32 planes and a bf16 copy, interleaved three times."""
+    from benchlib import cuda_times_ms
+
+    calls = {}
+    for ptag, pd in (("fp32planes", planes), ("bf16planes", planes.to(torch.bfloat16))):
+        for bf16 in (False, True):
+            ftag = "bf16out" if bf16 else "fp32out"
+            calls[f"forward_{ptag}_{ftag}"] = lambda pd=pd, bf16=bf16: kp.kplanes_forward(pts, mats, pd, lay, bf16)
+            calls[f"gathers_{ptag}_{ftag}"] = lambda pd=pd, bf16=bf16: nostore.kplanes_forward(pts, mats, pd, lay, bf16)
+        calls[f"backward_{ptag}"] = lambda pd=pd: kp.kplanes_backward(grad, pts, mats, pd, lay, need_dq=False,
+                                                                      need_gm=True)
+    times = {name: [] for name in calls}
+    for _ in range(3):
+        for name, fn in calls.items():
+            times[name] += cuda_times_ms(fn, repeat, 3, dev)
+    return {f"{name}_ms": statistics.median(v) for name, v in times.items()}
+
+
 def forward_caps(kp, pts, mats, planes, lay, caps, repeat, dev) -> dict:
     """The forward's times (fp32 and bf16 features) under each register cap beside the shipped
     launch's, interleaved, and whether each cap gives the shipped features' bits."""
@@ -253,6 +283,9 @@ def main() -> int:
     ap.add_argument("--fwd-maxnreg", type=int, nargs="*", default=[],
                     help="also time the forward (fp32 and bf16 features) under these register caps, each "
                          "checked to give the shipped forward's bits (the shipped: the compiler's choice)")
+    ap.add_argument("--floor", action="store_true",
+                    help="also time the forward without its feature store (the gathers' own time) beside the "
+                         "shipped forward and backward, with fp32 and bf16 planes")
     ap.add_argument("--out-dir", default=None)
     args = ap.parse_args()
     if args.cpu_check:
@@ -262,6 +295,16 @@ def main() -> int:
     source = Path(kp.__file__).read_text()
     folder = Path(tempfile.mkdtemp(prefix="probe_bwd_knockout_"))
     mods = {name: variant_module(name, source, folder) for name in args.variants}
+    nostore = None
+    if args.floor:
+        text = _fwd_nostore(source)
+        if text == source:
+            raise SystemExit("probe_bwd_knockout: --floor found no feature store to knock out in kplanes.py")
+        (folder / "kplanes_knockout_fwd_nostore.py").write_text(text)
+        spec = importlib.util.spec_from_file_location("kplanes_knockout_fwd_nostore", folder / "kplanes_knockout_fwd_nostore.py")
+        nostore = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = nostore
+        spec.loader.exec_module(nostore)
     if args.check:
         print(f"{len(mods)} variants built and imported from {folder}")
         return 0
@@ -293,6 +336,11 @@ def main() -> int:
             tu = kp.KPlanesTuning(fwd_block_n=bn)
             row[f"forward_bn{bn}_ms"] = statistics.median(cuda_times_ms(
                 lambda tu=tu: kp.kplanes_forward(pts, mats, planes, lay, False, tu), args.repeat, 3, dev))
+        if nostore is not None:
+            row.update(floor_rows(kp, nostore, pts, mats, planes, grad, lay, args.repeat, dev))
+            print(f"  {case}: " + "  ".join(f"{k[:-3]} {v:.3f}" for k, v in row.items()
+                                            if k.startswith(("forward_", "gathers_", "backward_")) and k != "forward_ms"),
+                  flush=True)
         if args.fwd_maxnreg:
             row.update(forward_caps(kp, pts, mats, planes, lay, args.fwd_maxnreg, args.repeat, dev))
         ref = None
