@@ -159,6 +159,10 @@ def main(argv: list[str] | None = None) -> int:
                    help="eager steps under torch.profiler per variant: the ops (with their input shapes) by "
                         "their own GPU time (CPU time on the CPU) and, on CUDA, the kernels (memcpy and memset "
                         "too) by GPU time (one process only; 0: none)")
+    p.add_argument("--loss-tail", type=int, default=0,
+                   help="also record the mean training loss of each variant's last N steps and its loss "
+                        "every 10 steps (a parity check between variants over a whole run: --steps 195 "
+                        "--warmup 5 is 200 steps)")
     p.add_argument("--extra", nargs="*", default=[], help="more config overrides for every variant")
     p.add_argument("--label", default="", help="appended to the record's case name (an A/B's two sides)")
     p.add_argument("--no-write", action="store_true")
@@ -215,6 +219,12 @@ def main(argv: list[str] | None = None) -> int:
         }
         if dev.type == "cuda":
             row["peak_mem_GB"] = round(torch.cuda.max_memory_allocated(dev) / 1e9, 3)
+        if args.loss_tail:
+            curve = [float(v) for v in torch.stack([x.detach().float().reshape(()) for x in losses]).cpu()]
+            row["steps_taken"] = len(curve)
+            row["loss_tail_steps"] = min(args.loss_tail, len(curve))
+            row["loss_tail_mean"] = sum(curve[-args.loss_tail:]) / row["loss_tail_steps"]
+            row["loss_every_10"] = curve[9::10]
         if args.phase_steps and world == 1:
             row["phases_eager"] = _phase_times(trainer, comps, args.phase_steps)
         if args.profile and world == 1:
@@ -245,6 +255,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{r['variant']:<20}{str(r['cuda_graph']):>6}{r['median_ms']:>11.2f}{r['rays_per_s'] / 1e6:>10.3f}"
                   f"{r['points_per_s'] / 1e9:>9.3f}{r.get('peak_mem_GB', 0.0):>9.2f}{r['final_loss']:>12.4e}  "
                   + "/".join(f"{ph.get(f'{q}_ms', float('nan')):.2f}" for q in PHASES))
+        for r in rows:
+            if "loss_tail_mean" in r:
+                print(f"{r['variant']}: mean training loss of the last {r['loss_tail_steps']} of "
+                      f"{r['steps_taken']} steps {r['loss_tail_mean']:.5e}")
         for r in rows:
             prof = r.get("kernels_eager")
             if not prof:
