@@ -192,7 +192,8 @@ def main(argv: list[str] | None = None) -> int:
         def one_step():
             trainer._set_lr(state["step"])
             loss, _ = trainer.train_step(comps.sampler.next_batch())
-            losses.append(loss)
+            # a captured step returns the same output buffer every replay: keep a copy for the curve
+            losses.append(loss.detach().clone() if args.loss_tail else loss)
             state["step"] += 1
 
         if first_step_s is None:

@@ -49,7 +49,8 @@
 # planes, at both shapes), planes16 (bench_step camera2k and flagship, bf16, with
 # precision.planes=bf16: the A side is camerabf16 and flagstep in the same job), parity (bench_step
 # flagship, 200 steps of the torch twin, triton fp32 and triton bf16 at runtime.seed 0, 1 and 2: the
-# mean loss of the last 50 steps of each, against the seeds' spread).
+# mean loss of the last 50 steps of each, against the seeds' spread), parityfused (the same, triton
+# fp32 and bf16 only).
 #
 # An A/B against another commit in the same job, on the same machine: GPU_BATCH_BASE names a folder
 # holding that commit's tree (git archive <commit> | tar -x -C <folder>, carried along) and
@@ -269,8 +270,14 @@ for s in "${steps[@]}"; do
           triton-fp32 triton-bf16 --steps 195 --warmup 5 --phase-steps 0 --loss-tail 50 \
           --extra runtime.seed=$seed --label parity-seed$seed
       done ;;
+    parityfused)
+      for seed in 0 1 2; do
+        step parityfused-seed$seed python3 scripts/bench_step.py --case flagship --variants triton-fp32 triton-bf16 \
+          --steps 195 --warmup 5 --phase-steps 0 --loss-tail 50 --extra runtime.seed=$seed \
+          --label parityfused-seed$seed
+      done ;;
     *) echo "STEP $s unknown (kernels, step, run, runpyc, camera, camera16, quality, suite, imports, smem," \
-         "camerastep, fusedmlp, knockout, knockcam, knockrows, camerabf16, decoder, decoderab, fusionab, ncu, flagstep, cameraprof, camerapatch, knockregs, kernelgpu, planetv, mlpstages, flagprof, flagcublas, decodertests, decoderwide, fwdregs, fwdfloor, planes16, parity; base-STEP)" >> "$DIR/batch.log" ;;
+         "camerastep, fusedmlp, knockout, knockcam, knockrows, camerabf16, decoder, decoderab, fusionab, ncu, flagstep, cameraprof, camerapatch, knockregs, kernelgpu, planetv, mlpstages, flagprof, flagcublas, decodertests, decoderwide, fwdregs, fwdfloor, planes16, parity, parityfused; base-STEP)" >> "$DIR/batch.log" ;;
   esac
 done
 echo DONE >> "$DIR/batch.log"
