@@ -18,7 +18,10 @@ borders: sampler, forward incl. losses and regularizers, backward, optimizer inc
 eager steps the GPU also waits for Python to launch kernels, so the phases of a small problem add
 up to more than its captured step. ``process_to_first_step_s`` is the time from process start
 (interpreter and imports included) to the end of the first variant's first step (synchronized):
-with a warm Triton cache it is what a user waits before training starts.
+with a warm Triton cache it is what a user waits before training starts. ``--loss-tail N`` adds each
+variant's mean training loss over its last N steps and its loss every 10 steps: with one seed the
+variants draw the same batches, so a whole run's parity between them (``--steps 195 --warmup 5``
+is 200 steps) reads against the spread over seeds.
 Writes one JSON record to benchmarks/results/ (and $OUT when set) on rank 0.
 """
 
