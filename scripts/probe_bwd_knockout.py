@@ -166,6 +166,11 @@ def variant_module(name: str, source: str, folder: Path):
     if changed != expected:
         raise SystemExit(f"probe_bwd_knockout: variant {name} should change {expected} lines of kplanes.py and "
                          f"changed {changed}: the kernel changed; update the probe's substitutions")
+    return import_copy(name, text, folder)
+
+
+def import_copy(name: str, text: str, folder: Path):
+    """``text`` (a changed copy of kplanes.py) written to ``folder`` and imported."""
     path = folder / f"kplanes_knockout_{name}.py"
     path.write_text(text)
     spec = importlib.util.spec_from_file_location(f"kplanes_knockout_{name}", path)
@@ -227,7 +232,8 @@ def _fwd_nostore(text: str) -> str:
 
 def floor_rows(kp, nostore, pts, mats, planes, grad, lay, repeat, dev) -> dict:
     """The gathers' floor: the shipped forward and backward against the forward without its
-    feature store, with fp32 planes and a bf16 copy, interleaved three times."""
+    feature store, with fp32 planes and a bf16 copy (made once, outside the timed calls),
+    interleaved three times."""
     from benchlib import cuda_times_ms
 
     calls = {}
@@ -300,11 +306,7 @@ def main() -> int:
         text = _fwd_nostore(source)
         if text == source:
             raise SystemExit("probe_bwd_knockout: --floor found no feature store to knock out in kplanes.py")
-        (folder / "kplanes_knockout_fwd_nostore.py").write_text(text)
-        spec = importlib.util.spec_from_file_location("kplanes_knockout_fwd_nostore", folder / "kplanes_knockout_fwd_nostore.py")
-        nostore = importlib.util.module_from_spec(spec)
-        sys.modules[spec.name] = nostore
-        spec.loader.exec_module(nostore)
+        nostore = import_copy("fwd_nostore", text, folder)
     if args.check:
         print(f"{len(mods)} variants built and imported from {folder}")
         return 0
